@@ -1,0 +1,6 @@
+// attn: the public API in one include.
+#pragma once
+
+#include "attn/sdpa.h"
+#include "attn/status.h"
+#include "attn/tensor.h"

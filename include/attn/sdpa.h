@@ -1,0 +1,63 @@
+// attn: scaled dot-product attention, O = softmax(scale * Q Kᵀ + bias) V, row-wise over the allowed keys.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "attn/status.h"
+#include "attn/tensor.h"
+
+namespace attn {
+
+// Which diagonal a causal mask or a local window is measured from, for query row i and key column j:
+//   top_left:     the diagonal is j = i                       (PyTorch's is_causal)
+//   bottom_right: the diagonal is j = i + (Skv_b - Sq)        (FlashAttention; what a KV cache needs)
+// Skv_b is the batch's key length: kv_lens[b] when key lengths are given, else Skv.
+enum class Align : std::uint8_t { top_left, bottom_right };
+
+enum class Causal : std::uint8_t { none, top_left, bottom_right };
+
+// Local (sliding-window) attention: key j is allowed for query i when
+//   diag(i) - left <= j <= diag(i) + right,   with -1 meaning unbounded on that side.
+struct Window {
+  std::int64_t left = -1;
+  std::int64_t right = -1;
+  Align align = Align::bottom_right;
+  bool enabled() const { return left >= 0 || right >= 0; }
+};
+
+enum class Backend : std::uint8_t {
+  automatic,  // the fastest available implementation (today: flash)
+  reference,  // materialises the scores, accumulates in fp64: the oracle, slow
+  flash,      // tiled, online softmax, never materialises Sq x Skv
+};
+
+struct Params {
+  // Multiplies Q Kᵀ; default 1/sqrt(Dk). Must be finite and > 0.
+  std::optional<double> scale;
+  // Causal mask: key j is allowed for query i when j <= diag(i) (see Align).
+  Causal causal = Causal::none;
+  Window window;
+  // Per-batch key lengths [B] (i32 or i64, 0 <= len <= Skv): keys j >= kv_lens[b] are padding.
+  std::optional<TensorView> kv_lens;
+  // Dense mask broadcastable (NumPy rules, rank 1..4) to [B, Hq, Sq, Skv]:
+  //   f32: added to the scaled scores (finite values or -inf; -inf blocks the key);
+  //   boolean: nonzero = keep, zero = block.
+  std::optional<TensorView> mask;
+  // Threads for this call: 0 = the default (ATTN_NUM_THREADS, else OpenMP's default).
+  int threads = 0;
+  Backend backend = Backend::automatic;
+};
+
+// Computes attention for
+//   q   [B, Hq,  Sq,  Dk]    k [B, Hkv, Skv, Dk]    v [B, Hkv, Skv, Dv]
+//   out [B, Hq,  Sq,  Dv]    lse (optional, f32) [B, Hq, Sq]
+// with Hq % Hkv == 0 (query head h reads KV head h / (Hq / Hkv)): MHA, GQA and MQA.
+// q, k, v, out: f32, bf16 or f16; k and v share a dtype, q and out share a dtype.
+// lse[b,h,i] = log(sum_j exp(score_ij)) over allowed keys, natural log; a row with no allowed
+// key gets out = 0 and lse = -inf. Every argument is validated before anything is written:
+// on error the returned Status names the parameter and the expectation, and out/lse are untouched.
+Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                 const Params& params = {}, const std::optional<TensorView>& lse = std::nullopt);
+
+}  // namespace attn

@@ -1,0 +1,38 @@
+// attn: strided tensor views over caller memory.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+
+namespace attn {
+
+// Element types. Q, K, V and O may be f32, bf16 or f16 (accumulation is always fp32 or better);
+// masks are f32 (additive) or boolean (1 byte, nonzero = keep); key lengths are i32 or i64.
+enum class DType : std::uint8_t { f32, bf16, f16, boolean, i32, i64 };
+
+const char* dtype_name(DType dtype);   // "f32", "bf16", ...
+std::size_t dtype_size(DType dtype);   // bytes per element
+
+// A view of up to 4 dimensions over memory the caller owns. Strides are counted in elements,
+// not bytes; any sign is allowed and 0 broadcasts a dimension (inputs only). Attention tensors
+// use the logical order [batch, heads, seq, dim]; both BHSD (PyTorch) and BSHD (FlashAttention)
+// memory layouts are just different strides.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int rank = 0;
+  std::array<std::int64_t, 4> shape{};
+  std::array<std::int64_t, 4> strides{};
+
+  // Row-major contiguous view, rank = shape.size() (1..4).
+  static TensorView contiguous(const void* data, DType dtype, std::initializer_list<std::int64_t> shape);
+  // Logical [B, H, S, D] view over memory laid out as [B, S, H, D].
+  static TensorView bshd(const void* data, DType dtype, std::int64_t batch, std::int64_t seq,
+                         std::int64_t heads, std::int64_t dim);
+
+  std::int64_t numel() const;
+};
+
+}  // namespace attn

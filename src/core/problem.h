@@ -1,0 +1,45 @@
+// The validated description of one attention call, shared by every backend.
+// Built only by validate(); once it exists, every index a kernel forms is in bounds.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "attn/sdpa.h"
+
+namespace attn::core {
+
+enum class MaskKind : std::uint8_t { none, additive, keep };
+
+// A tensor's data pointer with strides expanded to the logical [B, H, S, D] (or [B, Hq, Sq, Skv]
+// for a broadcast mask), in elements.
+struct Strided {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  std::int64_t stride[4] = {0, 0, 0, 0};
+  std::int64_t offset(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) const {
+    return a * stride[0] + b * stride[1] + c * stride[2] + d * stride[3];
+  }
+};
+
+struct Problem {
+  std::int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, Skv = 0, Dk = 0, Dv = 0;
+  std::int64_t group = 1;  // Hq / Hkv: query head h reads KV head h / group
+  double scale = 1.0;
+  Causal causal = Causal::none;
+  Window window;
+  std::vector<std::int64_t> kv_len;  // [B], always filled (Skv when no key lengths are given)
+  MaskKind mask_kind = MaskKind::none;
+  Strided q, k, v, mask;
+  Strided out;
+  std::optional<Strided> lse;  // [B, Hq, Sq] in stride[0..2]
+  int threads = 0;
+  Backend backend = Backend::automatic;
+};
+
+// Checks every argument; on success fills *problem. Writes nothing anywhere else.
+Status validate(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                const Params& params, const std::optional<TensorView>& lse, Problem* problem);
+
+}  // namespace attn::core

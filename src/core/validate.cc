@@ -1,0 +1,345 @@
+// Argument validation for attention(): every check happens here, before any output is touched.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "core/problem.h"
+
+namespace attn {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::boolean: return "bool";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "unknown";
+}
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
+    case DType::boolean: return 1;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+TensorView TensorView::contiguous(const void* data, DType dtype, std::initializer_list<std::int64_t> shape) {
+  TensorView t;
+  t.data = const_cast<void*>(data);
+  t.dtype = dtype;
+  t.rank = static_cast<int>(shape.size());
+  int i = 0;
+  for (std::int64_t n : shape) {
+    if (i < 4) t.shape[i] = n;
+    ++i;
+  }
+  std::int64_t stride = 1;
+  for (int d = std::min(t.rank, 4) - 1; d >= 0; --d) {
+    t.strides[d] = stride;
+    stride *= t.shape[d];
+  }
+  return t;
+}
+
+TensorView TensorView::bshd(const void* data, DType dtype, std::int64_t batch, std::int64_t seq,
+                            std::int64_t heads, std::int64_t dim) {
+  TensorView t;
+  t.data = const_cast<void*>(data);
+  t.dtype = dtype;
+  t.rank = 4;
+  t.shape = {batch, heads, seq, dim};
+  t.strides = {seq * heads * dim, dim, heads * dim, 1};
+  return t;
+}
+
+std::int64_t TensorView::numel() const {
+  std::int64_t n = 1;
+  for (int d = 0; d < rank && d < 4; ++d) n *= shape[d];
+  return n;
+}
+
+namespace core {
+namespace {
+
+std::string shape_str(const TensorView& t) {
+  std::ostringstream s;
+  s << "[";
+  for (int d = 0; d < t.rank && d < 4; ++d) s << (d ? ", " : "") << t.shape[d];
+  s << "]";
+  return s.str();
+}
+
+std::string dims_str(std::initializer_list<std::int64_t> dims) {
+  std::ostringstream s;
+  s << "[";
+  bool first = true;
+  for (std::int64_t n : dims) {
+    s << (first ? "" : ", ") << n;
+    first = false;
+  }
+  s << "]";
+  return s.str();
+}
+
+bool known_dtype(DType d) { return static_cast<unsigned>(d) <= static_cast<unsigned>(DType::i64); }
+bool float_dtype(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+
+// Byte range [lo, hi) a view can touch; empty (lo == hi) when it has no elements.
+struct Extent {
+  std::uintptr_t lo = 0, hi = 0;
+};
+
+Extent extent_of(const TensorView& t) {
+  Extent e;
+  if (t.numel() == 0) return e;
+  std::int64_t min_off = 0, max_off = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    const std::int64_t span = (t.shape[d] - 1) * t.strides[d];
+    (span < 0 ? min_off : max_off) += span;
+  }
+  const auto es = static_cast<std::int64_t>(dtype_size(t.dtype));
+  const auto base = reinterpret_cast<std::uintptr_t>(t.data);
+  e.lo = base + static_cast<std::uintptr_t>(min_off * es);
+  e.hi = base + static_cast<std::uintptr_t>((max_off + 1) * es);
+  return e;
+}
+
+bool overlaps(const Extent& a, const Extent& b) { return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
+
+// Structural checks common to every view: a known dtype, the expected rank, non-negative sizes,
+// element offsets that fit in 64 bits, and data present when there are elements.
+Status check_view(const std::string& name, const TensorView& t, int expected_rank) {
+  if (t.rank != expected_rank)
+    return Status::Invalid(name, "expected rank " + std::to_string(expected_rank) + ", got rank " +
+                                     std::to_string(t.rank));
+  if (!known_dtype(t.dtype)) return Status::Invalid(name, "unknown dtype value " + std::to_string(int(t.dtype)) + "; expected an attn::DType");
+  std::int64_t numel = 1;
+  __int128 reach = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.shape[d] < 0)
+      return Status::Invalid(name, "dimension " + std::to_string(d) + " is " + std::to_string(t.shape[d]) +
+                                       "; expected a size >= 0");
+    if (__builtin_mul_overflow(numel, t.shape[d], &numel))
+      return Status::Invalid(name, "shape " + shape_str(t) + " has more than 2^63 elements");
+    reach += static_cast<__int128>(t.shape[d]) * (t.strides[d] < 0 ? -t.strides[d] : t.strides[d]);
+  }
+  if (reach > (static_cast<__int128>(1) << 60))
+    return Status::Invalid(name, "strides reach beyond 2^60 elements; expected a view of addressable memory");
+  if (numel > 0 && t.data == nullptr) return Status::Invalid(name, "data is null; expected a pointer to " +
+                                                                       std::to_string(numel) + " elements");
+  return Status::Ok();
+}
+
+// An output may not write one element through two indices.
+Status check_output_strides(const std::string& name, const TensorView& t) {
+  if (t.numel() == 0) return Status::Ok();
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] > 1 && t.strides[d] == 0)
+      return Status::Invalid(name, "stride of dimension " + std::to_string(d) +
+                                       " is 0; expected a non-zero stride for an output");
+  return Status::Ok();
+}
+
+Strided strided4(const TensorView& t) {
+  Strided s;
+  s.data = t.data;
+  s.dtype = t.dtype;
+  for (int d = 0; d < 4; ++d) s.stride[d] = d < t.rank ? t.strides[d] : 0;
+  return s;
+}
+
+template <class T>
+bool finite_or_minus_inf(T x) {
+  return std::isfinite(x) || (std::isinf(x) && x < 0);
+}
+
+// NumPy broadcasting of a rank-1..4 mask to [B, Hq, Sq, Skv]; fills mask strides (0 where broadcast)
+// and scans an additive mask for values that would poison the softmax (NaN, +inf).
+Status check_mask(const TensorView& m, const Problem& p, Strided* out, MaskKind* kind) {
+  if (m.rank < 1 || m.rank > 4)
+    return Status::Invalid("mask", "expected rank 1 to 4 (broadcastable to [B, Hq, Sq, Skv]), got rank " +
+                                       std::to_string(m.rank));
+  if (Status s = check_view("mask", m, m.rank); !s) return s;
+  if (m.dtype != DType::f32 && m.dtype != DType::boolean)
+    return Status::Invalid("mask", std::string("dtype ") + dtype_name(m.dtype) +
+                                       "; expected f32 (additive) or bool (true = keep)");
+  const std::int64_t full[4] = {p.B, p.Hq, p.Sq, p.Skv};
+  const char* names[4] = {"B", "Hq", "Sq", "Skv"};
+  Strided s;
+  s.data = m.data;
+  s.dtype = m.dtype;
+  const int lead = 4 - m.rank;
+  for (int d = 0; d < 4; ++d) {
+    if (d < lead) continue;  // missing leading dims broadcast
+    const std::int64_t n = m.shape[d - lead];
+    if (n != 1 && n != full[d])
+      return Status::Invalid("mask", "shape " + shape_str(m) + " does not broadcast to " +
+                                         dims_str({p.B, p.Hq, p.Sq, p.Skv}) + ": dimension " +
+                                         std::to_string(d - lead) + " is " + std::to_string(n) + "; expected 1 or " +
+                                         std::to_string(full[d]) + " (" + names[d] + ")");
+    s.stride[d] = (n == 1) ? 0 : m.strides[d - lead];
+  }
+  if (m.dtype == DType::f32) {
+    // Walk the mask's own elements once.
+    const auto* base = static_cast<const float*>(m.data);
+    std::int64_t sh[4] = {1, 1, 1, 1}, st[4] = {0, 0, 0, 0};
+    for (int d = 0; d < m.rank; ++d) sh[d + lead] = m.shape[d], st[d + lead] = m.strides[d];
+    for (std::int64_t a = 0; a < sh[0]; ++a)
+      for (std::int64_t b = 0; b < sh[1]; ++b)
+        for (std::int64_t c = 0; c < sh[2]; ++c)
+          for (std::int64_t e = 0; e < sh[3]; ++e) {
+            const float x = base[a * st[0] + b * st[1] + c * st[2] + e * st[3]];
+            if (!finite_or_minus_inf(x))
+              return Status::Invalid("mask", "element " + dims_str({a, b, c, e}) + " is " +
+                                                 (std::isnan(x) ? std::string("NaN") : std::string("+inf")) +
+                                                 "; expected finite values or -inf");
+          }
+  }
+  *out = s;
+  *kind = m.dtype == DType::f32 ? MaskKind::additive : MaskKind::keep;
+  return Status::Ok();
+}
+
+Status check_kv_lens(const TensorView& t, Problem* p) {
+  if (Status s = check_view("kv_lens", t, 1); !s) return s;
+  if (t.dtype != DType::i32 && t.dtype != DType::i64)
+    return Status::Invalid("kv_lens", std::string("dtype ") + dtype_name(t.dtype) + "; expected i32 or i64");
+  if (t.shape[0] != p->B)
+    return Status::Invalid("kv_lens", "shape " + shape_str(t) + "; expected [" + std::to_string(p->B) + "] (B)");
+  for (std::int64_t b = 0; b < p->B; ++b) {
+    const std::int64_t off = b * t.strides[0];
+    const std::int64_t len = t.dtype == DType::i32 ? static_cast<const std::int32_t*>(t.data)[off]
+                                                   : static_cast<const std::int64_t*>(t.data)[off];
+    if (len < 0 || len > p->Skv)
+      return Status::Invalid("kv_lens", "kv_lens[" + std::to_string(b) + "] = " + std::to_string(len) +
+                                            "; expected 0 <= length <= Skv = " + std::to_string(p->Skv));
+    p->kv_len[b] = len;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status validate(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                const Params& params, const std::optional<TensorView>& lse, Problem* problem) {
+  Problem p;
+  const struct {
+    const char* name;
+    const TensorView& t;
+  } qkvo[] = {{"q", q}, {"k", k}, {"v", v}, {"out", out}};
+  for (const auto& [name, t] : qkvo) {
+    if (Status s = check_view(name, t, 4); !s) return s;
+    if (!float_dtype(t.dtype))
+      return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32, bf16 or f16");
+  }
+  p.B = q.shape[0], p.Hq = q.shape[1], p.Sq = q.shape[2], p.Dk = q.shape[3];
+  p.Hkv = k.shape[1], p.Skv = k.shape[2], p.Dv = v.shape[3];
+  const std::string qdesc = " (q is " + shape_str(q) + ")";
+  if (p.Hq < 1) return Status::Invalid("q", "shape " + shape_str(q) + " has Hq = 0; expected at least one head");
+  if (p.Dk < 1) return Status::Invalid("q", "shape " + shape_str(q) + " has Dk = 0; expected Dk >= 1");
+  if (k.shape[0] != p.B) return Status::Invalid("k", "batch " + std::to_string(k.shape[0]) + "; expected B = " + std::to_string(p.B) + qdesc);
+  if (p.Hkv < 1) return Status::Invalid("k", "shape " + shape_str(k) + " has Hkv = 0; expected at least one head");
+  if (k.shape[3] != p.Dk)
+    return Status::Invalid("k", "head dim " + std::to_string(k.shape[3]) + "; expected Dk = " + std::to_string(p.Dk) + qdesc);
+  if (p.Hq % p.Hkv != 0)
+    return Status::Invalid("k", "Hkv = " + std::to_string(p.Hkv) + " does not divide Hq = " + std::to_string(p.Hq) +
+                                    "; expected Hq % Hkv == 0 (MHA, GQA or MQA)");
+  if (v.shape[0] != p.B || v.shape[1] != p.Hkv || v.shape[2] != p.Skv)
+    return Status::Invalid("v", "shape " + shape_str(v) + "; expected [" + std::to_string(p.B) + ", " +
+                                    std::to_string(p.Hkv) + ", " + std::to_string(p.Skv) + ", Dv] to match k " + shape_str(k));
+  if (p.Dv < 1) return Status::Invalid("v", "shape " + shape_str(v) + " has Dv = 0; expected Dv >= 1");
+  if (out.shape != std::array<std::int64_t, 4>{p.B, p.Hq, p.Sq, p.Dv})
+    return Status::Invalid("out", "shape " + shape_str(out) + "; expected " + dims_str({p.B, p.Hq, p.Sq, p.Dv}) +
+                                      " ([B, Hq, Sq, Dv])");
+  if (v.dtype != k.dtype)
+    return Status::Invalid("v", std::string("dtype ") + dtype_name(v.dtype) + "; expected the dtype of k (" +
+                                    dtype_name(k.dtype) + ")");
+  if (out.dtype != q.dtype)
+    return Status::Invalid("out", std::string("dtype ") + dtype_name(out.dtype) + "; expected the dtype of q (" +
+                                      dtype_name(q.dtype) + ")");
+  if (Status s = check_output_strides("out", out); !s) return s;
+  p.group = p.Hq / p.Hkv;
+
+  if (lse) {
+    if (Status s = check_view("lse", *lse, 3); !s) return s;
+    if (lse->dtype != DType::f32)
+      return Status::Invalid("lse", std::string("dtype ") + dtype_name(lse->dtype) + "; expected f32");
+    if (lse->shape[0] != p.B || lse->shape[1] != p.Hq || lse->shape[2] != p.Sq)
+      return Status::Invalid("lse", "shape " + shape_str(*lse) + "; expected " + dims_str({p.B, p.Hq, p.Sq}) +
+                                        " ([B, Hq, Sq])");
+    if (Status s = check_output_strides("lse", *lse); !s) return s;
+  }
+
+  // Scale.
+  p.scale = params.scale ? *params.scale : 1.0 / std::sqrt(static_cast<double>(p.Dk));
+  if (!std::isfinite(p.scale) || p.scale <= 0)
+    return Status::Invalid("scale", "is " + std::to_string(p.scale) + "; expected a finite value > 0");
+
+  // Causal mask and window.
+  if (static_cast<unsigned>(params.causal) > static_cast<unsigned>(Causal::bottom_right))
+    return Status::Invalid("causal", "unknown value; expected none, top_left or bottom_right");
+  p.causal = params.causal;
+  const Window& w = params.window;
+  if (w.left < -1 || w.right < -1)
+    return Status::Invalid("window", "(" + std::to_string(w.left) + ", " + std::to_string(w.right) +
+                                         "); expected left and right >= 0, or -1 for unbounded");
+  if (static_cast<unsigned>(w.align) > static_cast<unsigned>(Align::bottom_right))
+    return Status::Invalid("window.align", "unknown value; expected top_left or bottom_right");
+  p.window = w;
+
+  // Key lengths.
+  p.kv_len.assign(static_cast<std::size_t>(p.B), p.Skv);
+  if (params.kv_lens)
+    if (Status s = check_kv_lens(*params.kv_lens, &p); !s) return s;
+
+  // Dense mask.
+  if (params.mask)
+    if (Status s = check_mask(*params.mask, p, &p.mask, &p.mask_kind); !s) return s;
+
+  if (params.threads < 0)
+    return Status::Invalid("threads", std::to_string(params.threads) + "; expected 0 (default) or a positive count");
+  p.threads = params.threads;
+  if (static_cast<unsigned>(params.backend) > static_cast<unsigned>(Backend::flash))
+    return Status::Invalid("backend", "unknown value; expected automatic, reference or flash");
+  p.backend = params.backend;
+
+  // Outputs must not alias inputs (or each other): results would depend on the order of writes.
+  const Extent eo = extent_of(out);
+  const struct {
+    const char* name;
+    const TensorView* t;
+  } inputs[] = {{"q", &q}, {"k", &k}, {"v", &v},
+                {"mask", params.mask ? &*params.mask : nullptr},
+                {"kv_lens", params.kv_lens ? &*params.kv_lens : nullptr}};
+  for (const auto& [name, t] : inputs) {
+    if (!t) continue;
+    const Extent ei = extent_of(*t);
+    if (overlaps(eo, ei))
+      return Status::Invalid("out", std::string("memory overlaps input ") + name + "; expected a separate buffer");
+    if (lse && overlaps(extent_of(*lse), ei))
+      return Status::Invalid("lse", std::string("memory overlaps input ") + name + "; expected a separate buffer");
+  }
+  if (lse && overlaps(extent_of(*lse), eo))
+    return Status::Invalid("lse", "memory overlaps out; expected a separate buffer");
+
+  p.q = strided4(q);
+  p.k = strided4(k);
+  p.v = strided4(v);
+  p.out = strided4(out);
+  if (lse) p.lse = strided4(*lse);
+  *problem = std::move(p);
+  return Status::Ok();
+}
+
+}  // namespace core
+}  // namespace attn

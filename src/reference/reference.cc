@@ -1,0 +1,125 @@
+#include "reference/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/convert.h"
+
+namespace attn::reference {
+namespace {
+
+double load(const core::Strided& t, std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
+  const std::int64_t off = t.offset(a, b, c, d);
+  switch (t.dtype) {
+    case DType::f32: return static_cast<const float*>(t.data)[off];
+    case DType::bf16: return core::to_float(static_cast<const core::bf16*>(t.data)[off]);
+    case DType::f16: return core::to_float(static_cast<const core::f16*>(t.data)[off]);
+    case DType::boolean: return static_cast<const unsigned char*>(t.data)[off] != 0;
+    default: return std::numeric_limits<double>::quiet_NaN();
+  }
+}
+
+// The dense mask's contribution to score (b, h, i, j): the additive value, or 0 / -inf for keep/block.
+double bias(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+  switch (p.mask_kind) {
+    case core::MaskKind::none: return 0.0;
+    case core::MaskKind::additive: return load(p.mask, b, h, i, j);
+    case core::MaskKind::keep:
+      return load(p.mask, b, h, i, j) != 0.0 ? 0.0 : -std::numeric_limits<double>::infinity();
+  }
+  return 0.0;
+}
+
+}  // namespace
+
+bool allowed(const core::Problem& p, std::int64_t b, std::int64_t i, std::int64_t j) {
+  const std::int64_t len = p.kv_len[static_cast<std::size_t>(b)];
+  if (j >= len) return false;
+  if (p.causal == Causal::top_left && j > i) return false;
+  if (p.causal == Causal::bottom_right && j > i + len - p.Sq) return false;
+  if (p.window.enabled()) {
+    const std::int64_t diag = p.window.align == Align::top_left ? i : i + len - p.Sq;
+    if (p.window.left >= 0 && j < diag - p.window.left) return false;
+    if (p.window.right >= 0 && j > diag + p.window.right) return false;
+  }
+  return true;
+}
+
+template <class Acc>
+Result attention(const core::Problem& p, bool keep_probs) {
+  const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
+  Result r;
+  r.out.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq * p.Dv), 0.0);
+  r.lse.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq), 0.0);
+  if (keep_probs) r.probs.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq * p.Skv), 0.0);
+  std::vector<Acc> s(static_cast<std::size_t>(p.Sq * p.Skv));  // the score matrix of one head
+
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t h = 0; h < p.Hq; ++h) {
+      const std::int64_t hk = h / p.group;
+      // 1. scores: S = scale · Q Kᵀ + mask
+      for (std::int64_t i = 0; i < p.Sq; ++i)
+        for (std::int64_t j = 0; j < p.Skv; ++j) {
+          Acc& sij = s[i * p.Skv + j];
+          const Acc m = static_cast<Acc>(bias(p, b, h, i, j));
+          if (!allowed(p, b, i, j) || m == neg_inf) {
+            sij = neg_inf;
+            continue;
+          }
+          Acc dot = 0;
+          for (std::int64_t d = 0; d < p.Dk; ++d)
+            dot += static_cast<Acc>(load(p.q, b, h, i, d)) * static_cast<Acc>(load(p.k, b, hk, j, d));
+          sij = static_cast<Acc>(p.scale) * dot + m;
+        }
+      // 2. row-wise softmax, 3. O = P V
+      for (std::int64_t i = 0; i < p.Sq; ++i) {
+        Acc* row = &s[i * p.Skv];
+        const std::size_t orow = static_cast<std::size_t>(((b * p.Hq + h) * p.Sq + i));
+        const Acc mx = p.Skv ? *std::max_element(row, row + p.Skv) : neg_inf;
+        if (mx == neg_inf) {  // no key allowed: out = 0, lse = -inf
+          r.lse[orow] = -std::numeric_limits<double>::infinity();
+          continue;
+        }
+        Acc sum = 0;
+        for (std::int64_t j = 0; j < p.Skv; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        for (std::int64_t j = 0; j < p.Skv; ++j) row[j] /= sum;
+        for (std::int64_t d = 0; d < p.Dv; ++d) {
+          Acc acc = 0;
+          for (std::int64_t j = 0; j < p.Skv; ++j)
+            if (row[j] != 0) acc += row[j] * static_cast<Acc>(load(p.v, b, hk, j, d));
+          r.out[orow * p.Dv + d] = acc;
+        }
+        r.lse[orow] = static_cast<double>(mx + std::log(sum));
+        if (keep_probs)
+          for (std::int64_t j = 0; j < p.Skv; ++j) r.probs[orow * p.Skv + j] = row[j];
+      }
+    }
+  return r;
+}
+
+template Result attention<double>(const core::Problem&, bool);
+template Result attention<float>(const core::Problem&, bool);
+
+void store(const core::Problem& p, const Result& r) {
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t h = 0; h < p.Hq; ++h)
+      for (std::int64_t i = 0; i < p.Sq; ++i) {
+        const std::size_t row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i);
+        for (std::int64_t d = 0; d < p.Dv; ++d) {
+          const float x = static_cast<float>(r.out[row * p.Dv + d]);
+          void* base = const_cast<void*>(p.out.data);
+          const std::int64_t off = p.out.offset(b, h, i, d);
+          switch (p.out.dtype) {
+            case DType::f32: static_cast<float*>(base)[off] = x; break;
+            case DType::bf16: static_cast<core::bf16*>(base)[off] = core::from_float<core::bf16>(x); break;
+            case DType::f16: static_cast<core::f16*>(base)[off] = core::from_float<core::f16>(x); break;
+            default: break;
+          }
+        }
+        if (p.lse) static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(b, h, i, 0)] =
+                       static_cast<float>(r.lse[row]);
+      }
+}
+
+}  // namespace attn::reference

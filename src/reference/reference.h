@@ -1,0 +1,32 @@
+// The oracle: attention computed the way the formula reads, materialising the scores of each head.
+// Written independently of the tiled kernels (its masks are evaluated element by element from their
+// definitions) and never optimised. Acc = double is the fp64 reference every test compares against;
+// Acc = float is the "naive same-precision" computation the tolerance rule measures against.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/problem.h"
+
+namespace attn::reference {
+
+struct Result {
+  std::vector<double> out;    // [B, Hq, Sq, Dv], contiguous
+  std::vector<double> lse;    // [B, Hq, Sq], natural log, -inf for a row with no allowed key
+  std::vector<double> probs;  // [B, Hq, Sq, Skv] softmax weights, filled only when asked for
+};
+
+// True when key j may be seen by query i of batch b (causal, window, key length; not the dense mask).
+bool allowed(const core::Problem& p, std::int64_t b, std::int64_t i, std::int64_t j);
+
+template <class Acc>
+Result attention(const core::Problem& p, bool keep_probs = false);
+
+extern template Result attention<double>(const core::Problem&, bool);
+extern template Result attention<float>(const core::Problem&, bool);
+
+// Writes a result into the problem's out (and lse) views, converting to their dtypes.
+void store(const core::Problem& p, const Result& r);
+
+}  // namespace attn::reference

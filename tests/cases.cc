@@ -1,0 +1,185 @@
+#include "cases.h"
+
+#include <functional>
+#include <set>
+
+namespace attn::test {
+namespace {
+
+std::string num(std::int64_t x) { return x < 0 ? "m" + std::to_string(-x) : std::to_string(x); }
+
+const char* causal_name(Causal c) { return c == Causal::none ? "" : c == Causal::top_left ? "_causalTL" : "_causalBR"; }
+
+const char* mask_name(MaskCase m) {
+  switch (m) {
+    case MaskCase::none: return "";
+    case MaskCase::additive_full: return "_maskAdd4d";
+    case MaskCase::additive_2d: return "_maskAdd2d";
+    case MaskCase::keep_per_batch: return "_maskKeepB1";
+    case MaskCase::keep_keys: return "_maskKeepKeys";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string Case::name() const {
+  std::string n = "B" + num(B) + "_H" + num(Hq) + "x" + num(Hkv) + "_q" + num(Sq) + "_k" + num(Skv) + "_d" + num(Dk) +
+                  "x" + num(Dv) + causal_name(causal) + mask_name(mask);
+  if (window.enabled())
+    n += "_win" + num(window.left) + "_" + num(window.right) + (window.align == Align::top_left ? "TL" : "BR");
+  if (kv_lens) n += "_lens";
+  if (layout != Layout::bhsd) n += std::string("_") + layout_name(layout);
+  if (dtype != DType::f32 || kv_dtype != DType::f32) n += std::string("_") + dtype_name(dtype) + "_" + dtype_name(kv_dtype);
+  if (amplitude != 1.0) n += "_amp" + num(static_cast<std::int64_t>(amplitude));
+  if (scale) n += "_scale" + num(static_cast<std::int64_t>(*scale * 1000));
+  return n;
+}
+
+std::vector<Case> registry() {
+  std::vector<Case> out;
+  std::set<std::string> seen;
+  auto add = [&](const Case& c) {
+    if (seen.insert(c.name()).second) out.push_back(c);
+  };
+  const Causal causals[] = {Causal::none, Causal::top_left, Causal::bottom_right};
+
+  // Every head dim, GQA, cross-attention lengths (not tile multiples), three layouts.
+  for (std::int64_t d : {1, 16, 40, 64, 80, 128, 256}) {
+    add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = d, .Dv = d});
+    add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = d, .Dv = d, .causal = Causal::bottom_right,
+         .layout = Layout::padded});
+    add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 203, .Skv = 113, .Dk = d, .Dv = d, .causal = Causal::top_left,
+         .layout = Layout::bshd});
+  }
+  // Every pair of ragged lengths with every causal alignment (Sq < Skv, Sq = Skv, Sq > Skv).
+  for (std::int64_t sq : {1, 7, 113, 203})
+    for (std::int64_t skv : {1, 7, 113, 203})
+      for (Causal c : causals) add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = sq, .Skv = skv, .Dk = 64, .Dv = 64, .causal = c});
+  // Long sequences.
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 1023, .Skv = 1023, .Dk = 64, .Dv = 64, .causal = Causal::top_left});
+  add({.B = 1, .Hq = 1, .Hkv = 1, .Sq = 1023, .Skv = 1023, .Dk = 40, .Dv = 40, .layout = Layout::bshd});
+  add({.B = 2, .Hq = 8, .Hkv = 1, .Sq = 1, .Skv = 1023, .Dk = 128, .Dv = 128});
+  add({.B = 1, .Hq = 4, .Hkv = 2, .Sq = 7, .Skv = 1023, .Dk = 128, .Dv = 128, .causal = Causal::bottom_right});
+  add({.B = 1, .Hq = 2, .Hkv = 2, .Sq = 1023, .Skv = 113, .Dk = 16, .Dv = 16, .causal = Causal::bottom_right});
+  // GQA ratios: MHA, GQA, MQA.
+  for (std::int64_t hkv : {8, 4, 2, 1}) {
+    add({.B = 2, .Hq = 8, .Hkv = hkv, .Sq = 7, .Skv = 203, .Dk = 64, .Dv = 64, .layout = Layout::bshd});
+    add({.B = 1, .Hq = 8, .Hkv = hkv, .Sq = 113, .Skv = 113, .Dk = 64, .Dv = 64, .causal = Causal::top_left});
+  }
+  // Dv != Dk.
+  for (auto [dk, dv] : {std::pair{64, 32}, {40, 128}, {1, 7}, {256, 16}, {16, 80}}) {
+    add({.B = 2, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = dk, .Dv = dv});
+    add({.B = 1, .Hq = 2, .Hkv = 2, .Sq = 203, .Skv = 7, .Dk = dk, .Dv = dv, .causal = Causal::bottom_right,
+         .layout = Layout::padded});
+  }
+  // Dense masks, alone and with causal masks and key lengths.
+  for (MaskCase m : {MaskCase::additive_full, MaskCase::additive_2d, MaskCase::keep_per_batch, MaskCase::keep_keys})
+    for (Causal c : causals) {
+      add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = 32, .Dv = 32, .causal = c, .mask = m});
+      add({.B = 3, .Hq = 2, .Hkv = 1, .Sq = 7, .Skv = 113, .Dk = 16, .Dv = 24, .causal = c, .mask = m,
+           .kv_lens = true, .layout = Layout::bshd});
+    }
+  // Key lengths (padding).
+  for (Causal c : causals) {
+    add({.B = 5, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .causal = c, .kv_lens = true});
+    add({.B = 4, .Hq = 4, .Hkv = 4, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 64, .causal = c, .kv_lens = true,
+         .layout = Layout::padded});
+  }
+  // Local windows, both alignments, with and without causal masks, self and cross lengths.
+  const Window windows[] = {{3, 0}, {16, -1}, {-1, 5}, {0, 0}, {64, 64}, {200, 3}};
+  for (Window w : windows)
+    for (Align a : {Align::top_left, Align::bottom_right}) {
+      w.align = a;
+      add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 203, .Skv = 113, .Dk = 32, .Dv = 32, .window = w});
+      add({.B = 2, .Hq = 2, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = 32, .Dv = 32, .causal = Causal::bottom_right,
+           .window = w, .kv_lens = true});
+    }
+  // Large logits: inputs x30 (|logits| ~ 10^3), and with scale 1 (|logits| ~ 10^4).
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .amplitude = 30});
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .causal = Causal::top_left,
+       .mask = MaskCase::additive_full, .amplitude = 30, .scale = 1.0});
+  add({.B = 1, .Hq = 1, .Hkv = 1, .Sq = 203, .Skv = 203, .Dk = 128, .Dv = 128, .amplitude = 30, .scale = 1.0});
+  // Explicit scales.
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 113, .Dk = 64, .Dv = 64, .scale = 0.01});
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 113, .Dk = 64, .Dv = 64, .scale = 2.5});
+  // Empty sizes: no keys at all, no queries, no batch.
+  add({.B = 2, .Hq = 2, .Hkv = 1, .Sq = 7, .Skv = 0, .Dk = 16, .Dv = 16});
+  add({.B = 2, .Hq = 2, .Hkv = 1, .Sq = 0, .Skv = 7, .Dk = 16, .Dv = 16});
+  add({.B = 0, .Hq = 2, .Hkv = 1, .Sq = 7, .Skv = 7, .Dk = 16, .Dv = 16});
+  // Low precision storage (accumulation stays fp32).
+  const std::pair<DType, DType> dtypes[] = {
+      {DType::bf16, DType::bf16}, {DType::f16, DType::f16}, {DType::f32, DType::bf16}, {DType::f32, DType::f16}};
+  for (auto [qd, kd] : dtypes) {
+    add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .causal = Causal::bottom_right,
+         .dtype = qd, .kv_dtype = kd});
+    add({.B = 1, .Hq = 8, .Hkv = 1, .Sq = 1, .Skv = 1023, .Dk = 128, .Dv = 128, .layout = Layout::bshd, .dtype = qd,
+         .kv_dtype = kd});
+    add({.B = 2, .Hq = 2, .Hkv = 1, .Sq = 7, .Skv = 113, .Dk = 80, .Dv = 40, .mask = MaskCase::keep_per_batch,
+         .kv_lens = true, .dtype = qd, .kv_dtype = kd});
+  }
+  return out;
+}
+
+Instance instantiate(const Case& c) {
+  std::mt19937_64 rng(std::hash<std::string>{}(c.name()));
+  Instance in;
+  in.q = Tensor(c.dtype, c.B, c.Hq, c.Sq, c.Dk, c.layout);
+  in.k = Tensor(c.kv_dtype, c.B, c.Hkv, c.Skv, c.Dk, c.layout);
+  in.v = Tensor(c.kv_dtype, c.B, c.Hkv, c.Skv, c.Dv, c.layout);
+  in.out = Tensor(c.dtype, c.B, c.Hq, c.Sq, c.Dv, c.layout);
+  in.lse = Tensor::plain(DType::f32, {c.B, c.Hq, c.Sq});
+  in.q.randomize(rng, c.amplitude);
+  in.k.randomize(rng, c.amplitude);
+  in.v.randomize(rng, 1.0);
+  in.out.poison();
+  in.lse.poison();
+
+  Params& p = in.params;
+  p.scale = c.scale;
+  p.causal = c.causal;
+  p.window = c.window;
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  switch (c.mask) {
+    case MaskCase::none: break;
+    case MaskCase::additive_full:
+    case MaskCase::additive_2d: {
+      in.mask = c.mask == MaskCase::additive_full ? Tensor::plain(DType::f32, {c.B, c.Hq, c.Sq, c.Skv})
+                                                  : Tensor::plain(DType::f32, {c.Sq, c.Skv});
+      const double inf = std::numeric_limits<double>::infinity();
+      in.mask.for_each_index([&](auto a, auto b, auto i, auto j) {
+        const double r = u(rng);
+        in.mask.set(r < 0.15 ? -inf : 4.0 * (u(rng) - 0.5), a, b, i, j);
+      });
+      if (c.Sq > 2)  // one fully blocked row
+        for (std::int64_t j = 0; j < c.Skv; ++j)
+          c.mask == MaskCase::additive_full ? in.mask.set(-inf, 0, 0, 1, j) : in.mask.set(-inf, 1, j);
+      p.mask = in.mask.view;
+      break;
+    }
+    case MaskCase::keep_per_batch:
+      in.mask = Tensor::plain(DType::boolean, {c.B, 1, c.Sq, c.Skv});
+      in.mask.for_each_index([&](auto a, auto b, auto i, auto j) {
+        const bool row_blocked = c.Sq > 2 && i == c.Sq / 2 && a == 0;
+        in.mask.set(!row_blocked && u(rng) < 0.7, a, b, i, j);
+      });
+      p.mask = in.mask.view;
+      break;
+    case MaskCase::keep_keys:
+      in.mask = Tensor::plain(DType::boolean, {c.Skv});
+      in.mask.for_each_index([&](auto a, auto, auto, auto) { in.mask.set(u(rng) < 0.8, a); });
+      p.mask = in.mask.view;
+      break;
+  }
+  if (c.kv_lens) {
+    in.kv_lens = Tensor::plain(c.B % 2 ? DType::i32 : DType::i64, {c.B});
+    for (std::int64_t b = 0; b < c.B; ++b) {
+      const std::int64_t len = b == 0 ? 0 : b == 1 ? c.Skv : static_cast<std::int64_t>(u(rng) * (c.Skv + 1));
+      in.kv_lens.set(static_cast<double>(std::min(len, c.Skv)), b);
+    }
+    p.kv_lens = in.kv_lens.view;
+  }
+  return in;
+}
+
+}  // namespace attn::test

@@ -1,0 +1,48 @@
+// One registry of attention cases, driving the correctness tests (and, later, the benchmarks).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support.h"
+
+namespace attn::test {
+
+enum class MaskCase {
+  none,
+  additive_full,     // f32 [B, Hq, Sq, Skv] with some -inf entries
+  additive_2d,       // f32 [Sq, Skv] broadcast over batch and heads
+  keep_per_batch,    // bool [B, 1, Sq, Skv] broadcast over heads, some rows fully blocked
+  keep_keys,         // bool [Skv] (rank 1: a key padding mask)
+};
+
+struct Case {
+  std::int64_t B = 1, Hq = 1, Hkv = 1, Sq = 1, Skv = 1, Dk = 16, Dv = 16;
+  Causal causal = Causal::none;
+  Window window;
+  MaskCase mask = MaskCase::none;
+  bool kv_lens = false;  // random per-batch key lengths in [0, Skv], including 0 and Skv
+  Layout layout = Layout::bhsd;
+  DType dtype = DType::f32;     // q and out
+  DType kv_dtype = DType::f32;  // k and v
+  double amplitude = 1.0;       // inputs uniform in [-amplitude, amplitude]
+  std::optional<double> scale;
+
+  std::string name() const;  // a gtest-safe unique name
+};
+
+std::vector<Case> registry();
+inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
+
+// Inputs and poisoned outputs for one case, built deterministically from the case's name.
+struct Instance {
+  Tensor q, k, v, out, lse, mask, kv_lens;
+  Params params;
+};
+Instance instantiate(const Case& c);
+
+}  // namespace attn::test

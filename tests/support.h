@@ -1,0 +1,167 @@
+// Test support: owned tensors in any layout, random fill, NaN poisoning, and the tolerance rule.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/attn.h"
+#include "core/convert.h"
+#include "core/problem.h"
+#include "reference/reference.h"
+
+namespace attn::test {
+
+enum class Layout { bhsd, bshd, padded };  // padded: BHSD with gaps between rows and a reversed head order
+
+inline const char* layout_name(Layout l) { return l == Layout::bhsd ? "bhsd" : l == Layout::bshd ? "bshd" : "padded"; }
+
+// A [B, H, S, D] tensor that owns its storage (with extra room in the padded layout) and exposes a view.
+struct Tensor {
+  std::vector<unsigned char> storage;
+  TensorView view;
+
+  Tensor() = default;
+  Tensor(DType dtype, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d, Layout layout = Layout::bhsd) {
+    const std::int64_t es = static_cast<std::int64_t>(dtype_size(dtype));
+    view.dtype = dtype;
+    view.rank = 4;
+    view.shape = {b, h, s, d};
+    std::int64_t elems = 0;
+    std::int64_t base = 0;
+    switch (layout) {
+      case Layout::bhsd:
+        view.strides = {h * s * d, s * d, d, 1};
+        elems = b * h * s * d;
+        break;
+      case Layout::bshd:
+        view.strides = {s * h * d, d, h * d, 1};
+        elems = b * h * s * d;
+        break;
+      case Layout::padded: {  // row pitch d + 3, heads stored in reverse order (negative head stride)
+        const std::int64_t pitch = d + 3, head = s * pitch + 5;
+        view.strides = {h * head + 7, -head, pitch, 1};
+        base = (h - 1) * head;
+        elems = b * (h * head + 7) + 8;
+        break;
+      }
+    }
+    storage.assign(static_cast<std::size_t>(std::max<std::int64_t>(elems, 1) * es), 0);
+    view.data = storage.data() + base * es;
+  }
+  // A rank-1..4 contiguous tensor (masks, key lengths, lse).
+  static Tensor plain(DType dtype, std::vector<std::int64_t> shape) {
+    Tensor t;
+    t.view.dtype = dtype;
+    t.view.rank = static_cast<int>(shape.size());
+    std::int64_t n = 1;
+    for (std::size_t i = 0; i < shape.size(); ++i) t.view.shape[i] = shape[i], n *= shape[i];
+    std::int64_t stride = 1;
+    for (int i = t.view.rank - 1; i >= 0; --i) t.view.strides[i] = stride, stride *= t.view.shape[i];
+    t.storage.assign(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * dtype_size(dtype), 0);
+    t.view.data = t.storage.data();
+    return t;
+  }
+
+  std::int64_t offset(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) const {
+    const std::int64_t idx[4] = {a, b, c, d};
+    std::int64_t off = 0;
+    for (int i = 0; i < view.rank; ++i) off += idx[i] * view.strides[i];
+    return off;
+  }
+  double get(std::int64_t a, std::int64_t b = 0, std::int64_t c = 0, std::int64_t d = 0) const {
+    const std::int64_t off = offset(a, b, c, d);
+    switch (view.dtype) {
+      case DType::f32: return static_cast<const float*>(view.data)[off];
+      case DType::bf16: return core::to_float(static_cast<const core::bf16*>(view.data)[off]);
+      case DType::f16: return core::to_float(static_cast<const core::f16*>(view.data)[off]);
+      case DType::boolean: return static_cast<const unsigned char*>(view.data)[off];
+      case DType::i32: return static_cast<const std::int32_t*>(view.data)[off];
+      case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(view.data)[off]);
+    }
+    return 0;
+  }
+  void set(double x, std::int64_t a, std::int64_t b = 0, std::int64_t c = 0, std::int64_t d = 0) {
+    const std::int64_t off = offset(a, b, c, d);
+    switch (view.dtype) {
+      case DType::f32: static_cast<float*>(view.data)[off] = static_cast<float>(x); break;
+      case DType::bf16: static_cast<core::bf16*>(view.data)[off] = core::from_float<core::bf16>(static_cast<float>(x)); break;
+      case DType::f16: static_cast<core::f16*>(view.data)[off] = core::from_float<core::f16>(static_cast<float>(x)); break;
+      case DType::boolean: static_cast<unsigned char*>(view.data)[off] = x != 0; break;
+      case DType::i32: static_cast<std::int32_t*>(view.data)[off] = static_cast<std::int32_t>(x); break;
+      case DType::i64: static_cast<std::int64_t*>(view.data)[off] = static_cast<std::int64_t>(x); break;
+    }
+  }
+  template <class F>
+  void for_each_index(F&& f) const {
+    std::int64_t s[4] = {1, 1, 1, 1};
+    for (int i = 0; i < view.rank; ++i) s[i] = view.shape[i];
+    for (std::int64_t a = 0; a < s[0]; ++a)
+      for (std::int64_t b = 0; b < s[1]; ++b)
+        for (std::int64_t c = 0; c < s[2]; ++c)
+          for (std::int64_t d = 0; d < s[3]; ++d) f(a, b, c, d);
+  }
+  // Uniform in [-amp, amp], never exactly zero.
+  void randomize(std::mt19937_64& rng, double amp = 1.0) {
+    std::uniform_real_distribution<double> u(-amp, amp);
+    for_each_index([&](auto a, auto b, auto c, auto d) {
+      double x = u(rng);
+      if (x == 0.0) x = amp / 3;
+      set(x, a, b, c, d);
+    });
+  }
+  // Fills every byte of storage (in and outside the view) with NaN patterns, so an unwritten
+  // element is visible and a write outside the view is detectable.
+  void poison() {
+    if (view.dtype == DType::f32) {
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      for (std::size_t i = 0; i + 4 <= storage.size(); i += 4) std::memcpy(&storage[i], &nan, 4);
+    } else {
+      std::fill(storage.begin(), storage.end(), 0xFF);  // 0xFFFF is a NaN in bf16 and f16
+    }
+  }
+};
+
+// The rule from DEVELOPERS.md (as FlashAttention tests it):
+//   max|fast - ref64| <= factor * max|naive - ref64| + atol, and no NaN where ref64 is finite.
+struct Agreement {
+  double fast_err = 0, naive_err = 0, atol = 0;
+  std::int64_t nonfinite_mismatch = 0;
+  bool ok(double factor = 2.0) const { return nonfinite_mismatch == 0 && fast_err <= factor * naive_err + atol; }
+  std::string describe() const {
+    return "max|fast-ref| = " + std::to_string(fast_err) + ", max|naive-ref| = " + std::to_string(naive_err) +
+           ", atol = " + std::to_string(atol) + ", non-finite mismatches = " + std::to_string(nonfinite_mismatch);
+  }
+};
+
+inline double unit_roundoff(DType d) {
+  return d == DType::bf16 ? std::ldexp(1.0, -8) : d == DType::f16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -24);
+}
+
+// Compares values (fast, naive) against the fp64 reference; both are read through a getter (index ->
+// value). Non-finite reference values (a -inf LSE) must be matched exactly.
+template <class GetFast, class GetNaive>
+Agreement agree(const std::vector<double>& ref, GetFast fast, GetNaive naive, double atol) {
+  Agreement a;
+  a.atol = atol;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double r = ref[i], f = fast(i), n = naive(i);
+    if (!std::isfinite(r)) {
+      if (f != r) ++a.nonfinite_mismatch;
+      continue;
+    }
+    if (!std::isfinite(f)) {
+      ++a.nonfinite_mismatch;
+      continue;
+    }
+    a.fast_err = std::max(a.fast_err, std::fabs(f - r));
+    if (std::isfinite(n)) a.naive_err = std::max(a.naive_err, std::fabs(n - r));
+  }
+  return a;
+}
+
+}  // namespace attn::test

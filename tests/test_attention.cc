@@ -1,0 +1,103 @@
+// Every case of the registry, every backend: against the fp64 reference under the tolerance rule.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "cases.h"
+
+namespace attn::test {
+namespace {
+
+// The naive same-precision result as the caller would see it: computed in fp32, stored in the output dtype.
+double round_to(DType d, double x) {
+  const float f = static_cast<float>(x);
+  switch (d) {
+    case DType::bf16: return core::to_float(core::from_float<core::bf16>(f));
+    case DType::f16: return core::to_float(core::from_float<core::f16>(f));
+    default: return f;
+  }
+}
+
+// Byte offsets (within storage) that a view covers.
+std::vector<bool> covered_bytes(const Tensor& t) {
+  std::vector<bool> mask(t.storage.size(), false);
+  const auto es = static_cast<std::int64_t>(dtype_size(t.view.dtype));
+  const auto base = static_cast<const unsigned char*>(t.view.data) - t.storage.data();
+  t.for_each_index([&](auto a, auto b, auto c, auto d) {
+    const std::int64_t off = base + t.offset(a, b, c, d) * es;
+    for (std::int64_t i = 0; i < es; ++i) mask[static_cast<std::size_t>(off + i)] = true;
+  });
+  return mask;
+}
+
+struct Outputs {
+  std::vector<double> out, lse;
+};
+
+Outputs run_backend(const Case& c, Instance& in, Backend backend, int threads) {
+  in.out.poison();
+  in.lse.poison();
+  const std::vector<unsigned char> poisoned = in.out.storage;
+  Params p = in.params;
+  p.backend = backend;
+  p.threads = threads;
+  const Status s = attention(in.q.view, in.k.view, in.v.view, in.out.view, p, in.lse.view);
+  EXPECT_TRUE(s.ok()) << s.message();
+  // Nothing outside the output view may change.
+  const std::vector<bool> covered = covered_bytes(in.out);
+  for (std::size_t i = 0; i < covered.size(); ++i)
+    if (!covered[i]) EXPECT_EQ(in.out.storage[i], poisoned[i]) << "byte " << i << " outside the view was written";
+  Outputs r;
+  in.out.for_each_index([&](auto b, auto h, auto i, auto d) { r.out.push_back(in.out.get(b, h, i, d)); });
+  in.lse.for_each_index([&](auto b, auto h, auto i, auto) { r.lse.push_back(in.lse.get(b, h, i)); });
+  (void)c;
+  return r;
+}
+
+class AttentionCase : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionCase, MatchesFp64Reference) {
+  const Case& c = GetParam();
+  Instance in = instantiate(c);
+  core::Problem prob;
+  ASSERT_TRUE(core::validate(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view, &prob).ok());
+  const reference::Result ref = reference::attention<double>(prob);
+  const reference::Result naive = reference::attention<float>(prob);
+
+  double max_out = 0, max_lse = 1;
+  for (double x : ref.out) max_out = std::max(max_out, std::fabs(x));
+  for (double x : ref.lse)
+    if (std::isfinite(x)) max_lse = std::max(max_lse, std::fabs(x));
+  const double u = unit_roundoff(c.dtype);
+  const double atol_out = 2 * u * std::max(max_out, 1e-3);
+  const double atol_lse = 8 * std::ldexp(1.0, -24) * max_lse;
+
+  for (Backend backend : {Backend::flash, Backend::reference}) {
+    SCOPED_TRACE(backend == Backend::flash ? "flash" : "reference");
+    const Outputs r = run_backend(c, in, backend, 0);
+    const Agreement o = agree(ref.out, [&](std::size_t i) { return r.out[i]; },
+                              [&](std::size_t i) { return round_to(c.dtype, naive.out[i]); }, atol_out);
+    EXPECT_TRUE(o.ok()) << "out: " << o.describe();
+    const Agreement l = agree(ref.lse, [&](std::size_t i) { return r.lse[i]; },
+                              [&](std::size_t i) { return naive.lse[i]; }, atol_lse);
+    EXPECT_TRUE(l.ok()) << "lse: " << l.describe();
+  }
+}
+
+// Blocks are independent, so the thread count never changes a bit of the result.
+TEST_P(AttentionCase, FlashIsIdenticalAtEveryThreadCount) {
+  const Case& c = GetParam();
+  Instance in = instantiate(c);
+  const Outputs one = run_backend(c, in, Backend::flash, 1);
+  const Outputs two = run_backend(c, in, Backend::flash, 2);
+  const Outputs three = run_backend(c, in, Backend::flash, 3);
+  ASSERT_EQ(std::memcmp(one.out.data(), two.out.data(), one.out.size() * sizeof(double)), 0);
+  ASSERT_EQ(std::memcmp(one.out.data(), three.out.data(), one.out.size() * sizeof(double)), 0);
+  ASSERT_EQ(std::memcmp(one.lse.data(), two.lse.data(), one.lse.size() * sizeof(double)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, AttentionCase, ::testing::ValuesIn(registry()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
+
+}  // namespace
+}  // namespace attn::test

@@ -1,0 +1,134 @@
+// Bad input: every invalid argument gives a clear error that names the parameter, and leaves the
+// outputs untouched (byte for byte).
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "cases.h"
+
+namespace attn::test {
+namespace {
+
+struct Env {
+  Tensor q{DType::f32, 2, 4, 5, 8}, k{DType::f32, 2, 2, 6, 8}, v{DType::f32, 2, 2, 6, 3}, out{DType::f32, 2, 4, 5, 3};
+  Tensor lse = Tensor::plain(DType::f32, {2, 4, 5});
+  Tensor mask = Tensor::plain(DType::f32, {5, 6});
+  Tensor bmask = Tensor::plain(DType::boolean, {2, 1, 5, 6});
+  Tensor lens = Tensor::plain(DType::i32, {2});
+  Tensor big = Tensor::plain(DType::f32, {4096});  // scratch memory for aliasing cases
+  TensorView qv, kv, vv, ov;
+  std::optional<TensorView> lsev;
+  Params p;
+  Env() {
+    std::mt19937_64 rng(1);
+    q.randomize(rng), k.randomize(rng), v.randomize(rng), mask.randomize(rng);
+    bmask.for_each_index([&](auto a, auto b, auto c, auto d) { bmask.set((a + c + d) % 2, a, b, c, d); });
+    lens.set(3, 0), lens.set(6, 1);
+    out.poison(), lse.poison();
+    qv = q.view, kv = k.view, vv = v.view, ov = out.view, lsev = lse.view;
+  }
+};
+
+struct BadCase {
+  const char* name;
+  const char* param;  // must appear in the message
+  std::function<void(Env&)> mutate;
+};
+
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+std::vector<BadCase> bad_cases() {
+  return {
+      {"q_rank3", "q", [](Env& s) { s.qv.rank = 3; }},
+      {"k_rank5", "k", [](Env& s) { s.kv.rank = 5; }},
+      {"v_rank2", "v", [](Env& s) { s.vv.rank = 2; }},
+      {"out_rank3", "out", [](Env& s) { s.ov.rank = 3; }},
+      {"q_negative_dim", "q", [](Env& s) { s.qv.shape[2] = -1; }},
+      {"q_null_data", "q", [](Env& s) { s.qv.data = nullptr; }},
+      {"q_dtype_bool", "q", [](Env& s) { s.qv.dtype = DType::boolean; }},
+      {"k_dtype_i32", "k", [](Env& s) { s.kv.dtype = DType::i32; }},
+      {"q_dtype_garbage", "q", [](Env& s) { s.qv.dtype = static_cast<DType>(77); }},
+      {"k_batch_mismatch", "k", [](Env& s) { s.kv.shape[0] = 3; }},
+      {"dk_mismatch", "k", [](Env& s) { s.kv.shape[3] = 7; }},
+      {"heads_not_divisible", "k", [](Env& s) { s.kv.shape[1] = 3, s.vv.shape[1] = 3; }},
+      {"zero_kv_heads", "k", [](Env& s) { s.kv.shape[1] = 0; }},
+      {"zero_head_dim", "q", [](Env& s) { s.qv.shape[3] = 0, s.kv.shape[3] = 0; }},
+      {"v_seq_mismatch", "v", [](Env& s) { s.vv.shape[2] = 5; }},
+      {"v_heads_mismatch", "v", [](Env& s) { s.vv.shape[1] = 1; }},
+      {"out_dv_mismatch", "out", [](Env& s) { s.ov.shape[3] = 8; }},
+      {"out_sq_mismatch", "out", [](Env& s) { s.ov.shape[2] = 4; }},
+      {"out_heads_mismatch", "out", [](Env& s) { s.ov.shape[1] = 2; }},
+      {"kv_dtype_differs", "v", [](Env& s) { s.vv.dtype = DType::bf16; }},
+      {"out_dtype_differs", "out", [](Env& s) { s.ov.dtype = DType::f16; }},
+      {"out_zero_stride", "out", [](Env& s) { s.ov.strides[2] = 0; }},
+      {"lse_shape", "lse", [](Env& s) { s.lsev->shape[2] = 4; }},
+      {"lse_rank", "lse", [](Env& s) { s.lsev->rank = 4; }},
+      {"lse_dtype", "lse", [](Env& s) { s.lsev->dtype = DType::f16; }},
+      {"scale_zero", "scale", [](Env& s) { s.p.scale = 0.0; }},
+      {"scale_negative", "scale", [](Env& s) { s.p.scale = -0.5; }},
+      {"scale_nan", "scale", [](Env& s) { s.p.scale = std::nan(""); }},
+      {"scale_inf", "scale", [](Env& s) { s.p.scale = INFINITY; }},
+      {"causal_garbage", "causal", [](Env& s) { s.p.causal = static_cast<Causal>(9); }},
+      {"window_left_bad", "window", [](Env& s) { s.p.window = {-2, 0}; }},
+      {"window_right_bad", "window", [](Env& s) { s.p.window = {0, -5}; }},
+      {"window_align_garbage", "window", [](Env& s) { s.p.window = {1, 1, static_cast<Align>(4)}; }},
+      {"kv_lens_too_long", "kv_lens", [](Env& s) { s.lens.set(7, 1), s.p.kv_lens = s.lens.view; }},
+      {"kv_lens_negative", "kv_lens", [](Env& s) { s.lens.set(-1, 0), s.p.kv_lens = s.lens.view; }},
+      {"kv_lens_shape", "kv_lens", [](Env& s) { s.p.kv_lens = s.lens.view, s.p.kv_lens->shape[0] = 1; }},
+      {"kv_lens_dtype", "kv_lens", [](Env& s) { s.p.kv_lens = s.mask.view, s.p.kv_lens->rank = 1; }},
+      {"kv_lens_rank", "kv_lens", [](Env& s) { s.p.kv_lens = s.mask.view; s.p.kv_lens->dtype = DType::i32; }},
+      {"mask_not_broadcastable", "mask", [](Env& s) { s.p.mask = s.mask.view, s.p.mask->shape[1] = 4; }},
+      {"mask_bad_batch", "mask", [](Env& s) { s.p.mask = s.bmask.view, s.p.mask->shape[0] = 3; }},
+      {"mask_rank5", "mask", [](Env& s) { s.p.mask = s.mask.view, s.p.mask->rank = 5; }},
+      {"mask_rank0", "mask", [](Env& s) { s.p.mask = s.mask.view, s.p.mask->rank = 0; }},
+      {"mask_dtype_i64", "mask", [](Env& s) { s.p.mask = s.mask.view, s.p.mask->dtype = DType::i64; }},
+      {"mask_nan", "mask", [](Env& s) { s.mask.set(kNaN, 2, 3), s.p.mask = s.mask.view; }},
+      {"mask_plus_inf", "mask", [](Env& s) { s.mask.set(INFINITY, 0, 0), s.p.mask = s.mask.view; }},
+      {"threads_negative", "threads", [](Env& s) { s.p.threads = -1; }},
+      {"backend_garbage", "backend", [](Env& s) { s.p.backend = static_cast<Backend>(42); }},
+      {"out_aliases_q", "out", [](Env& s) {
+         s.ov.data = s.q.view.data, s.ov.shape = s.qv.shape, s.ov.shape[3] = 3;
+       }},
+      {"out_aliases_v", "out", [](Env& s) { s.ov.data = static_cast<float*>(s.v.view.data) + 10; }},
+      {"lse_aliases_out", "lse", [](Env& s) { s.lsev->data = s.out.view.data; }},
+      {"strides_overflow", "q", [](Env& s) { s.qv.strides[0] = std::int64_t{1} << 62; }},
+  };
+}
+
+class BadInput : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadInput, ClearErrorAndOutputsUntouched) {
+  for (Backend backend : {Backend::flash, Backend::reference, Backend::automatic}) {
+    Env s;
+    s.p.backend = backend;
+    const std::vector<unsigned char> out_before = s.out.storage, lse_before = s.lse.storage;
+    GetParam().mutate(s);
+    const Status st = attention(s.qv, s.kv, s.vv, s.ov, s.p, s.lsev);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), StatusCode::invalid_argument);
+    const std::string& m = st.message();
+    EXPECT_EQ(m.rfind(std::string(GetParam().param), 0), 0u) << "message should start with the parameter: " << m;
+    EXPECT_NE(m.find("expected"), std::string::npos) << "message should say what was expected: " << m;
+    EXPECT_EQ(s.out.storage, out_before) << "out was written";
+    EXPECT_EQ(s.lse.storage, lse_before) << "lse was written";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Errors, BadInput, ::testing::ValuesIn(bad_cases()),
+                         [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.name); });
+
+TEST(BadInputList, HasAtLeastThirtyCases) { EXPECT_GE(bad_cases().size(), 30u); }
+
+// The valid setup itself passes, so every failure above is due to its one mutation.
+TEST(BadInputList, BaselineIsValid) {
+  Env s;
+  s.p.mask = s.mask.view;
+  s.p.kv_lens = s.lens.view;
+  const Status st = attention(s.qv, s.kv, s.vv, s.ov, s.p, s.lsev);
+  EXPECT_TRUE(st.ok()) << st.message();
+}
+
+}  // namespace
+}  // namespace attn::test

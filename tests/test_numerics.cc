@@ -1,0 +1,212 @@
+// Numerics: the seeds' worked example, fully masked rows, huge logits, -inf arithmetic, the state merge.
+#include <gtest/gtest.h>
+
+#include "cases.h"
+#include "core/online_softmax.h"
+
+namespace attn::test {
+namespace {
+
+const Backend kBackends[] = {Backend::flash, Backend::reference};
+const char* backend_name(Backend b) { return b == Backend::flash ? "flash" : "reference"; }
+
+// Seed 000: Q 2x2, K and V 3x2, d_k = 2. Its stated result is [[1.604, 0.797], [1.401, 1.203]].
+TEST(Numerics, SeedWorkedExample) {
+  const float q[] = {1, 0, 0, 1};
+  const float k[] = {1, 0, 0, 1, 1, 1};
+  const float v[] = {1, 0, 0, 2, 3, 1};
+  const double expected[] = {1.604, 0.797, 1.401, 1.203};
+  for (Backend backend : kBackends) {
+    SCOPED_TRACE(backend_name(backend));
+    float out[4], lse[2];
+    std::fill(out, out + 4, std::numeric_limits<float>::quiet_NaN());
+    Params p;
+    p.backend = backend;
+    const Status s = attention(TensorView::contiguous(q, DType::f32, {1, 1, 2, 2}),
+                               TensorView::contiguous(k, DType::f32, {1, 1, 3, 2}),
+                               TensorView::contiguous(v, DType::f32, {1, 1, 3, 2}),
+                               TensorView::contiguous(out, DType::f32, {1, 1, 2, 2}), p,
+                               TensorView::contiguous(lse, DType::f32, {1, 1, 2}));
+    ASSERT_TRUE(s.ok()) << s.message();
+    for (int i = 0; i < 4; ++i) EXPECT_NEAR(out[i], expected[i], 5e-4) << "element " << i;
+    // Each row's LSE is log(e^0.7071 + 1 + e^0.7071) = log(5.0562...).
+    for (int i = 0; i < 2; ++i) EXPECT_NEAR(lse[i], std::log(2 * std::exp(1 / std::sqrt(2.0)) + 1), 1e-6);
+  }
+}
+
+// Rows with no allowed key: out = 0 and lse = -inf, never NaN, for every way a row can be emptied.
+TEST(Numerics, FullyMaskedRowsGiveZeroAndMinusInf) {
+  const std::int64_t B = 2, H = 2, Sq = 90, Skv = 70, D = 16;
+  std::mt19937_64 rng(7);
+  for (Backend backend : kBackends)
+    for (int how = 0; how < 5; ++how) {
+      SCOPED_TRACE(std::string(backend_name(backend)) + " way " + std::to_string(how));
+      Tensor q(DType::f32, B, H, Sq, D), k(DType::f32, B, H, Skv, D), v(DType::f32, B, H, Skv, D);
+      Tensor out(DType::f32, B, H, Sq, D);
+      Tensor lse = Tensor::plain(DType::f32, {B, H, Sq});
+      q.randomize(rng);
+      k.randomize(rng);
+      v.randomize(rng);
+      out.poison();
+      lse.poison();
+      Params p;
+      p.backend = backend;
+      Tensor mask, lens;
+      std::vector<std::pair<std::int64_t, std::int64_t>> empty;  // (batch, row) that must be empty
+      switch (how) {
+        case 0:  // additive -inf over a whole row, in both batches
+          mask = Tensor::plain(DType::f32, {B, 1, Sq, Skv});
+          mask.randomize(rng);
+          for (std::int64_t j = 0; j < Skv; ++j) mask.set(-INFINITY, 0, 0, 3, j), mask.set(-INFINITY, 1, 0, 89, j);
+          p.mask = mask.view;
+          empty = {{0, 3}, {1, 89}};
+          break;
+        case 1:  // boolean mask blocking a row
+          mask = Tensor::plain(DType::boolean, {Sq, Skv});
+          mask.for_each_index([&](auto i, auto j, auto, auto) { mask.set(i != 5, i, j); });
+          p.mask = mask.view;
+          empty = {{0, 5}, {1, 5}};
+          break;
+        case 2:  // zero key length
+          lens = Tensor::plain(DType::i64, {B});
+          lens.set(0, 0), lens.set(Skv, 1);
+          p.kv_lens = lens.view;
+          for (std::int64_t i = 0; i < Sq; ++i) empty.push_back({0, i});
+          break;
+        case 3:  // bottom-right causal with Sq > Skv_b: the first rows see nothing
+          lens = Tensor::plain(DType::i32, {B});
+          lens.set(40, 0), lens.set(Skv, 1);
+          p.kv_lens = lens.view;
+          p.causal = Causal::bottom_right;
+          for (std::int64_t i = 0; i < Sq - 40; ++i) empty.push_back({0, i});
+          break;
+        case 4:  // a top-left window that lies beyond the keys for late rows
+          p.window = {2, 1, Align::top_left};
+          for (std::int64_t i = Skv + 2; i < Sq; ++i) empty.push_back({0, i}), empty.push_back({1, i});
+          break;
+      }
+      ASSERT_TRUE(attention(q.view, k.view, v.view, out.view, p, lse.view).ok());
+      out.for_each_index([&](auto b, auto h, auto i, auto d) { ASSERT_FALSE(std::isnan(out.get(b, h, i, d))); });
+      for (auto [b, i] : empty)
+        for (std::int64_t h = 0; h < H; ++h) {
+          EXPECT_EQ(lse.get(b, h, i), -INFINITY) << "b " << b << " row " << i;
+          for (std::int64_t d = 0; d < D; ++d) ASSERT_EQ(out.get(b, h, i, d), 0.0) << "b " << b << " row " << i;
+        }
+    }
+}
+
+// Logits of magnitude ~1e4 stay finite and agree with the fp64 reference.
+TEST(Numerics, HugeLogitsStayFinite) {
+  const std::int64_t Sq = 65, Skv = 130, D = 64;
+  std::mt19937_64 rng(11);
+  Tensor q(DType::f32, 1, 2, Sq, D), k(DType::f32, 1, 2, Skv, D), v(DType::f32, 1, 2, Skv, D);
+  Tensor out(DType::f32, 1, 2, Sq, D);
+  Tensor lse = Tensor::plain(DType::f32, {1, 2, Sq});
+  q.randomize(rng, 30.0);
+  k.randomize(rng, 30.0);
+  v.randomize(rng);
+  Params p;
+  p.scale = 1.0;
+  core::Problem prob;
+  ASSERT_TRUE(core::validate(q.view, k.view, v.view, out.view, p, lse.view, &prob).ok());
+  const reference::Result ref = reference::attention<double>(prob);
+  double max_logit = 0;
+  for (double x : ref.lse) max_logit = std::max(max_logit, std::fabs(x));
+  EXPECT_GT(max_logit, 5e3);
+  for (Backend backend : kBackends) {
+    p.backend = backend;
+    ASSERT_TRUE(attention(q.view, k.view, v.view, out.view, p, lse.view).ok());
+    std::size_t n = 0;
+    out.for_each_index([&](auto b, auto h, auto i, auto d) {
+      const double x = out.get(b, h, i, d);
+      ASSERT_TRUE(std::isfinite(x));
+      EXPECT_NEAR(x, ref.out[n++], 2e-2);  // fp32 logits of 1e4 carry ~1e-3 absolute error
+    });
+    lse.for_each_index([&](auto b, auto h, auto i, auto) {
+      EXPECT_NEAR(lse.get(b, h, i), ref.lse[(b * 2 + h) * Sq + i], 1e-5 * max_logit);
+    });
+  }
+}
+
+// -inf in the additive mask combined with every other mask never yields NaN.
+TEST(Numerics, MinusInfinityMaskArithmetic) {
+  const std::int64_t Sq = 9, Skv = 9, D = 8;
+  std::mt19937_64 rng(3);
+  Tensor q(DType::f32, 1, 1, Sq, D), k(DType::f32, 1, 1, Skv, D), v(DType::f32, 1, 1, Skv, D);
+  q.randomize(rng), k.randomize(rng), v.randomize(rng);
+  Tensor mask = Tensor::plain(DType::f32, {Sq, Skv});
+  mask.for_each_index([&](auto i, auto j, auto, auto) { mask.set((i + j) % 3 == 0 ? -INFINITY : 0.5, i, j); });
+  for (Backend backend : kBackends)
+    for (Causal c : {Causal::none, Causal::top_left, Causal::bottom_right}) {
+      Tensor out(DType::f32, 1, 1, Sq, D);
+      Tensor lse = Tensor::plain(DType::f32, {1, 1, Sq});
+      out.poison(), lse.poison();
+      Params p;
+      p.backend = backend;
+      p.causal = c;
+      p.mask = mask.view;
+      ASSERT_TRUE(attention(q.view, k.view, v.view, out.view, p, lse.view).ok());
+      out.for_each_index([&](auto b, auto h, auto i, auto d) { ASSERT_FALSE(std::isnan(out.get(b, h, i, d))); });
+      lse.for_each_index([&](auto b, auto h, auto i, auto) { ASSERT_FALSE(std::isnan(lse.get(b, h, i))); });
+      // Row 0 with a top-left causal mask sees only key 0, which the mask blocks: empty.
+      if (c == Causal::top_left) EXPECT_EQ(lse.get(0, 0, 0), -INFINITY);
+    }
+}
+
+// The state merge: merging per-half states equals processing all keys, and empty states are safe.
+TEST(Numerics, SoftmaxStateMerge) {
+  using core::SoftmaxState;
+  const float s[6] = {0.5f, -1.0f, 2.0f, 0.25f, -3.0f, 1.5f};
+  const float v[6] = {1, 2, 3, 4, 5, 6};
+  auto over = [&](int lo, int hi, float* o) {
+    SoftmaxState st;
+    *o = 0;
+    for (int j = lo; j < hi; ++j) {
+      *o *= st.advance(s[j]);
+      const float w = core::exp_diff(s[j], st.m);
+      st.l += w;
+      *o += w * v[j];
+    }
+    return st;
+  };
+  float o_all, o_a, o_b;
+  const SoftmaxState all = over(0, 6, &o_all);
+  SoftmaxState a = over(0, 2, &o_a);
+  const SoftmaxState b = over(2, 6, &o_b);
+  core::merge(a, &o_a, b, &o_b, 1);
+  EXPECT_NEAR(a.m, all.m, 0);
+  EXPECT_NEAR(a.l, all.l, 1e-6);
+  EXPECT_NEAR(o_a / a.l, o_all / all.l, 1e-6);
+  // Empty with empty stays empty; empty with full is the full one.
+  SoftmaxState e1, e2;
+  float oe1 = 0, oe2 = 0;
+  core::merge(e1, &oe1, e2, &oe2, 1);
+  EXPECT_EQ(e1.m, -INFINITY);
+  EXPECT_EQ(e1.l, 0.0f);
+  EXPECT_EQ(e1.lse(), -INFINITY);
+  EXPECT_FALSE(std::isnan(oe1));
+  core::merge(e1, &oe1, all, &o_all, 1);
+  EXPECT_EQ(e1.l, all.l);
+  EXPECT_EQ(oe1, o_all);
+}
+
+// BHSD and BSHD views of the same logical tensors give the same bits.
+TEST(Numerics, LayoutsAgreeBitwise) {
+  const std::int64_t B = 2, H = 3, S = 37, D = 24;
+  std::mt19937_64 rng(5);
+  Tensor q1(DType::f32, B, H, S, D), k1(DType::f32, B, H, S, D), v1(DType::f32, B, H, S, D), o1(DType::f32, B, H, S, D);
+  Tensor q2(DType::f32, B, H, S, D, Layout::bshd), k2(DType::f32, B, H, S, D, Layout::bshd),
+      v2(DType::f32, B, H, S, D, Layout::bshd), o2(DType::f32, B, H, S, D, Layout::bshd);
+  q1.randomize(rng), k1.randomize(rng), v1.randomize(rng);
+  q1.for_each_index([&](auto a, auto b, auto c, auto d) {
+    q2.set(q1.get(a, b, c, d), a, b, c, d), k2.set(k1.get(a, b, c, d), a, b, c, d), v2.set(v1.get(a, b, c, d), a, b, c, d);
+  });
+  Params p;
+  p.causal = Causal::top_left;
+  ASSERT_TRUE(attention(q1.view, k1.view, v1.view, o1.view, p).ok());
+  ASSERT_TRUE(attention(q2.view, k2.view, v2.view, o2.view, p).ok());
+  o1.for_each_index([&](auto a, auto b, auto c, auto d) { ASSERT_EQ(o1.get(a, b, c, d), o2.get(a, b, c, d)); });
+}
+
+}  // namespace
+}  // namespace attn::test
