@@ -1,0 +1,43 @@
+# ctest driver: install the built attn into a scratch prefix, extract the C++ example from README.md,
+# build it against the installed package with find_package(attn), run it.
+# Inputs: -DBUILD_DIR -DSOURCE_DIR -DWORK_DIR [-DEXTRA_FLAGS]
+file(REMOVE_RECURSE "${WORK_DIR}")
+file(MAKE_DIRECTORY "${WORK_DIR}")
+
+execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix"
+                RESULT_VARIABLE rc OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "cmake --install failed (${rc})")
+endif()
+
+# The example is the first ```cpp block after the marker line in the README.
+file(READ "${SOURCE_DIR}/README.md" readme)
+string(FIND "${readme}" "<!-- readme-example: compiled and run by tests/package -->" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "README.md has no readme-example marker")
+endif()
+string(SUBSTRING "${readme}" ${at} -1 rest)
+string(FIND "${rest}" "```cpp\n" open)
+string(SUBSTRING "${rest}" ${open} -1 rest)
+string(LENGTH "```cpp\n" skip)
+string(SUBSTRING "${rest}" ${skip} -1 rest)
+string(FIND "${rest}" "```" close)
+string(SUBSTRING "${rest}" 0 ${close} code)
+file(WRITE "${WORK_DIR}/readme_example.cc" "${code}")
+
+execute_process(COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/package" -B "${WORK_DIR}/build"
+                        "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix" "-DEXAMPLE_SOURCE=${WORK_DIR}/readme_example.cc"
+                        "-DCMAKE_CXX_FLAGS=${EXTRA_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${EXTRA_FLAGS}"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE log ERROR_VARIABLE log)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configuring the consumer failed:\n${log}")
+endif()
+execute_process(COMMAND "${CMAKE_COMMAND}" --build "${WORK_DIR}/build" RESULT_VARIABLE rc OUTPUT_VARIABLE log ERROR_VARIABLE log)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "building the README example failed:\n${log}")
+endif()
+execute_process(COMMAND "${WORK_DIR}/build/readme_example" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+message("${out}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the README example exited with ${rc}")
+endif()
