@@ -1,9 +1,11 @@
 // Every case of the registry, every backend: against the fp64 reference under the tolerance rule.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "cases.h"
+#include "cpu/kernels.h"
 
 namespace attn::test {
 namespace {
@@ -29,6 +31,19 @@ std::vector<bool> covered_bytes(const Tensor& t) {
   });
   return mask;
 }
+
+// Every instruction-set level this machine supports, forced in turn through ATTN_ISA.
+std::vector<cpu::Isa> supported_isas() {
+  std::vector<cpu::Isa> out;
+  for (cpu::Isa isa : {cpu::Isa::sse2, cpu::Isa::avx2, cpu::Isa::avx512})
+    if (static_cast<int>(isa) <= static_cast<int>(cpu::best_isa())) out.push_back(isa);
+  return out;
+}
+
+struct ForceIsa {
+  explicit ForceIsa(cpu::Isa isa) { setenv("ATTN_ISA", cpu::isa_name(isa), 1); }
+  ~ForceIsa() { unsetenv("ATTN_ISA"); }
+};
 
 struct Outputs {
   std::vector<double> out, lse;
@@ -72,8 +87,7 @@ TEST_P(AttentionCase, MatchesFp64Reference) {
   const double atol_out = 2 * u * std::max(max_out, 1e-3);
   const double atol_lse = 8 * std::ldexp(1.0, -24) * max_lse;
 
-  for (Backend backend : {Backend::flash, Backend::reference}) {
-    SCOPED_TRACE(backend == Backend::flash ? "flash" : "reference");
+  auto check = [&](Backend backend) {
     const Outputs r = run_backend(c, in, backend, 0);
     const Agreement o = agree(ref.out, [&](std::size_t i) { return r.out[i]; },
                               [&](std::size_t i) { return round_to(c.dtype, naive.out[i]); }, atol_out);
@@ -81,19 +95,31 @@ TEST_P(AttentionCase, MatchesFp64Reference) {
     const Agreement l = agree(ref.lse, [&](std::size_t i) { return r.lse[i]; },
                               [&](std::size_t i) { return naive.lse[i]; }, atol_lse);
     EXPECT_TRUE(l.ok()) << "lse: " << l.describe();
+  };
+  for (cpu::Isa isa : supported_isas()) {
+    SCOPED_TRACE(std::string("flash, ") + cpu::isa_name(isa));
+    ForceIsa force(isa);
+    ASSERT_EQ(cpu::active_isa(), isa);
+    check(Backend::flash);
   }
+  SCOPED_TRACE("reference");
+  check(Backend::reference);
 }
 
 // Blocks are independent, so the thread count never changes a bit of the result.
 TEST_P(AttentionCase, FlashIsIdenticalAtEveryThreadCount) {
   const Case& c = GetParam();
   Instance in = instantiate(c);
+  for (cpu::Isa isa : supported_isas()) {
+  SCOPED_TRACE(cpu::isa_name(isa));
+  ForceIsa force(isa);
   const Outputs one = run_backend(c, in, Backend::flash, 1);
   const Outputs two = run_backend(c, in, Backend::flash, 2);
   const Outputs three = run_backend(c, in, Backend::flash, 3);
   ASSERT_EQ(std::memcmp(one.out.data(), two.out.data(), one.out.size() * sizeof(double)), 0);
   ASSERT_EQ(std::memcmp(one.out.data(), three.out.data(), one.out.size() * sizeof(double)), 0);
   ASSERT_EQ(std::memcmp(one.lse.data(), two.lse.data(), one.lse.size() * sizeof(double)), 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, AttentionCase, ::testing::ValuesIn(registry()),

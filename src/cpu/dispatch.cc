@@ -1,17 +1,55 @@
 // Kernel selection, decided once per call at the entry point.
-#include <cstdlib>
-#include <string>
-
 #include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "cpu/kernels.h"
 
 namespace attn::cpu {
 
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::sse2: return "sse2";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+  }
+  return "unknown";
+}
+
+Isa best_isa() {
+  // __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0).
+  static const Isa best = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma"))
+      return Isa::avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+      return Isa::avx2;
+    return Isa::sse2;
+  }();
+  return best;
+}
+
+Isa active_isa() {
+  Isa isa = best_isa();
+  if (const char* env = std::getenv("ATTN_ISA")) {
+    for (Isa level : {Isa::sse2, Isa::avx2, Isa::avx512})
+      if (std::strcmp(env, isa_name(level)) == 0 && static_cast<int>(level) < static_cast<int>(isa)) isa = level;
+    if (std::strcmp(env, "scalar") == 0 || std::strcmp(env, "baseline") == 0) isa = Isa::sse2;
+  }
+  return isa;
+}
+
 Choice select_flash(const core::Problem& p) {
   Choice c;
-  c.fn = portable::flash_kernel(p.q.dtype, p.k.dtype, p.mask_kind);
-  c.isa = "portable";
+  c.isa = active_isa();
+  switch (c.isa) {
+    case Isa::avx512: c.fn = avx512::flash_kernel(p.q.dtype, p.k.dtype, p.mask_kind); break;
+    case Isa::avx2: c.fn = avx2::flash_kernel(p.q.dtype, p.k.dtype, p.mask_kind); break;
+    case Isa::sse2: c.fn = sse2::flash_kernel(p.q.dtype, p.k.dtype, p.mask_kind); break;
+  }
   return c;
 }
 
@@ -23,6 +61,12 @@ int resolve_threads(int requested) {
     if (end != env && *end == '\0' && n > 0 && n <= 4096) return static_cast<int>(n);
   }
   return omp_get_max_threads();
+}
+
+std::int64_t flash_workspace_bytes(std::int64_t dk, std::int64_t dv) {
+  const std::int64_t w = active_isa() == Isa::avx512 ? 16 : active_isa() == Isa::avx2 ? 8 : 4;
+  const std::int64_t br = 4 * w, bc = 64;
+  return 4 * (dk * br + bc * dk + bc * dv + bc * br + dv * br + 2 * br);
 }
 
 }  // namespace attn::cpu

@@ -1,13 +1,15 @@
-// The tiled (FlashAttention-style) forward, written once.
+// The tiled (FlashAttention-style) forward, written once and compiled per instruction set.
 //
-// For one (batch, query head, block of query rows) the kernel walks the key tiles the masks leave
-// visible, keeps one online-softmax state per row, and never holds more than one Br x Bc tile of
-// scores. The inner steps (load a tile, scores, mask, row max, exp, P·V) are small functions in
-// TileOps so that a SIMD micro-kernel can replace each of them; this header is meant to be included
-// by one translation unit per instruction set (src/cpu/flash_<isa>.cc). That unit includes its
-// dependencies first, then this header inside `#pragma GCC target(...)`, with ATTN_ISA_NS naming a
-// namespace of its own: the kernel's symbols never collide across instruction sets, and the library
-// and std code it calls stay compiled for the baseline (the same scheme as google/highway).
+// For one (batch, query head, block of Br query rows) the kernel walks the key tiles the masks leave
+// visible, keeps the online-softmax state of every row, and never holds more than one Bc x Br tile of
+// scores. Queries live in SIMD lanes: the block is held transposed (Qᵀ, Sᵀ = K Qᵀ, Oᵀ), so the
+// row-wise softmax (max, exp, sum, rescale) is plain vertical vector arithmetic, and K and V are read
+// as broadcast scalars straight from their rows (no transposes, no packing for fp32 inputs).
+//
+// Included by one translation unit per instruction set (src/cpu/flash_<isa>.cc). That unit includes
+// its dependencies first, then this header inside `#pragma GCC target(...)`, with ATTN_ISA_NS naming
+// a namespace of its own: kernel symbols never collide across instruction sets, and the library and
+// std code they call stay compiled for the baseline (the scheme of google/highway).
 #ifndef ATTN_ISA_NS
 #error "define ATTN_ISA_NS (the per-ISA namespace) before including flash_kernel.h"
 #endif
@@ -24,138 +26,201 @@
 
 namespace attn::cpu::ATTN_ISA_NS {
 
-// Per-thread scratch: one query block, one K and V tile, one score tile, the row accumulators.
+#include "cpu/vec.h"
+
+using V = Vec::T;
+constexpr int W = Vec::W;
+constexpr int QV = 4;            // query vectors per block
+constexpr std::int64_t BR = QV * W;  // query rows per block (lanes)
+constexpr std::int64_t BC = 64;      // keys per tile
+constexpr int RK = W == 16 ? 6 : 2;  // keys per step of the Sᵀ micro-kernel (RK x QV accumulators)
+constexpr int RD = W == 16 ? 6 : 2;  // value dims per step of the Oᵀ micro-kernel (RD x QV accumulators)
+
+// A block of rows [s0, s0 + rows) of one head as fp32 rows with unit stride: the caller's memory when
+// it already is fp32 with unit stride, else converted into `buf`.
+template <class T>
+const float* rows_as_f32(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
+                         std::int64_t dim, float* buf, std::int64_t* ld) {
+  const T* base = static_cast<const T*>(t.data) + t.offset(b, h, s0, 0);
+  if constexpr (std::is_same_v<T, float>) {
+    if (t.stride[3] == 1) {
+      *ld = t.stride[2];
+      return base;
+    }
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* src = base + r * t.stride[2];
+    float* dst = buf + r * dim;
+    std::int64_t d = 0;
+    if constexpr (!std::is_same_v<T, float>) {
+      if (t.stride[3] == 1)
+        for (; d + W <= dim; d += W) {
+          const auto* p = reinterpret_cast<const std::uint16_t*>(src + d);
+          Vec::store(dst + d, std::is_same_v<T, core::bf16> ? Vec::load_bf16(p) : Vec::load_f16(p));
+        }
+    }
+    for (; d < dim; ++d) dst[d] = core::to_float(src[d * t.stride[3]]);
+  }
+  *ld = dim;
+  return buf;
+}
+
+// Per-thread scratch, all fp32: Qᵀ [Dk][BR], K and V tiles [BC][D] (used only when a conversion is
+// needed), Sᵀ/Pᵀ [BC][BR], Oᵀ [Dv][BR], and the state of each row (m, l).
 struct Workspace {
-  std::vector<float> q, k, v, s, o;
-  std::vector<core::SoftmaxState> state;
-
-  Workspace(const TileShape& t, std::int64_t dk, std::int64_t dv)
-      : q(t.br * dk), k(t.bc * dk), v(t.bc * dv), s(t.br * t.bc), o(t.br * dv), state(t.br) {}
+  std::vector<float> qt, k, v, st, ot, m, l;
+  Workspace(std::int64_t dk, std::int64_t dv)
+      : qt(dk * BR), k(BC * dk), v(BC * dv), st(BC * BR), ot(dv * BR), m(BR), l(BR) {}
 };
 
-// Portable tile steps. Matrices are row-major and dense: q [rows][dk], k [cols][dk], v [cols][dv],
-// s [rows][bc], o [rows][dv].
-struct TileOps {
-  // dst[r][d] = float(src[b, h, s0 + r, d]) * mul
-  template <class T>
-  static void load(const core::Strided& src, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
-                   std::int64_t dim, float* dst, float mul) {
-    const T* base = static_cast<const T*>(src.data);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* row = base + src.offset(b, h, s0 + r, 0);
-      for (std::int64_t d = 0; d < dim; ++d) dst[r * dim + d] = core::to_float(row[d * src.stride[3]]) * mul;
+// Sᵀ[c][·] = Σ_d K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and all BR query lanes.
+template <int R>
+inline void scores_step(const float* qt, const float* k, std::int64_t ldk, std::int64_t dk, float* st, std::int64_t c0) {
+  V acc[R][QV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < QV; ++v) acc[r][v] = Vec::zero();
+  for (std::int64_t d = 0; d < dk; ++d) {
+    V q[QV];
+    for (int v = 0; v < QV; ++v) q[v] = Vec::load(qt + d * BR + v * W);
+    for (int r = 0; r < R; ++r) {
+      const V kb = Vec::set1(k[(c0 + r) * ldk + d]);
+      for (int v = 0; v < QV; ++v) acc[r][v] = Vec::fmadd(kb, q[v], acc[r][v]);
     }
   }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < QV; ++v) Vec::store(st + (c0 + r) * BR + v * W, acc[r][v]);
+}
 
-  // s[r][c] = Σ_d q[r][d] k[c][d]
-  static void scores(const float* q, const float* k, float* s, std::int64_t rows, std::int64_t cols,
-                     std::int64_t ldS, std::int64_t dk) {
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = 0; c < cols; ++c) {
-        float acc = 0.0f;
-        for (std::int64_t d = 0; d < dk; ++d) acc += q[r * dk + d] * k[c * dk + d];
-        s[r * ldS + c] = acc;
-      }
-  }
-
-  static float row_max(const float* s, std::int64_t cols) {
-    float m = core::kNegInf;
-    for (std::int64_t c = 0; c < cols; ++c) m = std::max(m, s[c]);
-    return m;
-  }
-
-  // s[c] = 2^(s[c]·log2e + offset) = e^(s[c] - m); returns Σ s[c].
-  static float exp_sum(float* s, std::int64_t cols, double offset) {
-    float sum = 0.0f;
-    for (std::int64_t c = 0; c < cols; ++c)
-      sum += (s[c] = std::exp2(static_cast<float>(s[c] * core::kLog2e + offset)));
-    return sum;
-  }
-
-  static void scale(float* o, std::int64_t dv, float alpha) {
-    for (std::int64_t d = 0; d < dv; ++d) o[d] *= alpha;
-  }
-
-  // o[r][d] += Σ_c p[r][c] v[c][d]
-  static void accumulate_pv(const float* p, const float* v, float* o, std::int64_t rows, std::int64_t cols,
-                            std::int64_t ldP, std::int64_t dv) {
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = 0; c < cols; ++c) {
-        const float w = p[r * ldP + c];
-        if (w == 0.0f) continue;
-        for (std::int64_t d = 0; d < dv; ++d) o[r * dv + d] += w * v[c * dv + d];
-      }
-  }
-
-  // out[b, h, s0 + r, d] = T(o[r][d])
-  template <class T>
-  static void store(const core::Strided& dst, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
-                    std::int64_t dim, const float* o) {
-    T* base = static_cast<T*>(const_cast<void*>(dst.data));
-    for (std::int64_t r = 0; r < rows; ++r) {
-      T* row = base + dst.offset(b, h, s0 + r, 0);
-      for (std::int64_t d = 0; d < dim; ++d) row[d * dst.stride[3]] = core::from_float<T>(o[r * dim + d]);
+// Oᵀ[d][·] += Σ_c V[c][d] Pᵀ[c][·] for value dims d0 .. d0+R-1.
+template <int R>
+inline void pv_step(const float* pt, const float* vv, std::int64_t ldv, std::int64_t cols, float* ot, std::int64_t d0) {
+  V acc[R][QV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < QV; ++v) acc[r][v] = Vec::load(ot + (d0 + r) * BR + v * W);
+  for (std::int64_t c = 0; c < cols; ++c) {
+    V p[QV];
+    for (int v = 0; v < QV; ++v) p[v] = Vec::load(pt + c * BR + v * W);
+    for (int r = 0; r < R; ++r) {
+      const V vb = Vec::set1(vv[c * ldv + d0 + r]);
+      for (int v = 0; v < QV; ++v) acc[r][v] = Vec::fmadd(vb, p[v], acc[r][v]);
     }
   }
-};
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < QV; ++v) Vec::store(ot + (d0 + r) * BR + v * W, acc[r][v]);
+}
 
-// Turns raw dot products into scores: s = scale·s + bias (one rounding), -inf for keys the row may not
-// see. Tiles that every row sees in full and that have no dense mask only need the scale.
-template <class DenseMask, class Ops>
+// Sᵀ = K Qᵀ over `cols` keys.
+inline void scores(const float* qt, const float* k, std::int64_t ldk, std::int64_t dk, std::int64_t cols, float* st) {
+  std::int64_t c = 0;
+  for (; c + RK <= cols; c += RK) scores_step<RK>(qt, k, ldk, dk, st, c);
+  for (; c < cols; ++c) scores_step<1>(qt, k, ldk, dk, st, c);
+}
+
+// Oᵀ += Vᵀ Pᵀ over `cols` keys.
+inline void accumulate_pv(const float* pt, const float* vv, std::int64_t ldv, std::int64_t dv, std::int64_t cols,
+                          float* ot) {
+  std::int64_t d = 0;
+  for (; d + RD <= dv; d += RD) pv_step<RD>(pt, vv, ldv, cols, ot, d);
+  for (; d < dv; ++d) pv_step<1>(pt, vv, ldv, cols, ot, d);
+}
+
+// Turns dot products into scores: s = scale·s + mask, and -inf for keys a row may not see. Tiles every
+// row sees in full and without a dense mask only need the scale.
+template <class DenseMask>
 void finish_scores(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
-                   std::int64_t j0, std::int64_t cols, bool interior, float* s, std::int64_t ldS) {
+                   std::int64_t j0, std::int64_t cols, bool interior, float* st) {
   if (interior && !DenseMask::kActive) {
-    for (std::int64_t r = 0; r < rows; ++r) Ops::scale(s + r * ldS, cols, static_cast<float>(p.scale));
+    const V scale = Vec::set1(static_cast<float>(p.scale));
+    for (std::int64_t c = 0; c < cols; ++c)
+      for (int v = 0; v < QV; ++v) Vec::store(st + c * BR + v * W, Vec::mul(Vec::load(st + c * BR + v * W), scale));
     return;
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     const core::KeyRange range = core::key_range(p, b, i0 + r);
-    const auto bias = DenseMask::row(p, b, h, i0 + r);
-    float* sr = s + r * ldS;
+    const auto mask = DenseMask::row(p, b, h, i0 + r);
     for (std::int64_t c = 0; c < cols; ++c) {
       const std::int64_t j = j0 + c;
-      sr[c] = (j < range.lo || j >= range.hi) ? core::kNegInf
-                                              : static_cast<float>(sr[c] * p.scale + bias.bias(j));
+      float& s = st[c * BR + r];
+      s = (j < range.lo || j >= range.hi) ? core::kNegInf : static_cast<float>(s * p.scale + mask.bias(j));
     }
   }
 }
 
-// One block of query rows [i0, i0 + rows) of head h in batch b.
-template <class QT, class KVT, class DenseMask, class Ops = TileOps>
-void flash_block(const core::Problem& p, const TileShape& t, std::int64_t b, std::int64_t h, std::int64_t i0,
-                 std::int64_t rows, Workspace& ws) {
-  const std::int64_t hk = h / p.group, dk = p.Dk, dv = p.Dv, ld = t.bc;
-  // Keys that some row of the block may see (the union) and keys that every row sees (the intersection):
-  // both ends of a row's range are non-decreasing in the row index.
+// The online-softmax step for one tile, lane by lane (the vector form of core::SoftmaxState::advance and
+// its weights): m' = max(m, max_c Sᵀ[c]); α = e^(m - m'); l = α·l + Σ_c e^(Sᵀ[c] - m'); Oᵀ *= α;
+// and Sᵀ is replaced by Pᵀ = e^(Sᵀ - m'). Empty rows (m' = -inf) keep α = 0 and weights 0, never NaN.
+inline void softmax_step(float* st, std::int64_t cols, float* m, float* l, float* ot, std::int64_t dv) {
+  const V log2e = Vec::set1(static_cast<float>(core::kLog2e)), neg_inf = Vec::set1(core::kNegInf);
+  V alpha[QV], offset[QV], sum[QV];
+  for (int v = 0; v < QV; ++v) {
+    V mx = neg_inf;
+    for (std::int64_t c = 0; c < cols; ++c) mx = Vec::max(mx, Vec::load(st + c * BR + v * W));
+    const V m_old = Vec::load(m + v * W), m_new = Vec::max(m_old, mx);
+    // e^(m_old - m_new); m_old = -inf gives 0 (and so does m_new = -inf, harmlessly: l and Oᵀ are 0).
+    alpha[v] = exp2v(Vec::select_lt(m_old, Vec::set1(-3.0e38f), neg_inf,
+                                    Vec::mul(Vec::add(m_old, Vec::mul(m_new, Vec::set1(-1.0f))), log2e)));
+    // exponent offset -m'·log2e, or 0 while the row has seen no key
+    offset[v] = Vec::select_lt(m_new, Vec::set1(-3.0e38f), Vec::zero(), Vec::mul(m_new, Vec::set1(-core::kLog2e)));
+    Vec::store(m + v * W, m_new);
+    sum[v] = Vec::zero();
+  }
+  for (std::int64_t c = 0; c < cols; ++c)
+    for (int v = 0; v < QV; ++v) {
+      const V pw = exp2v(Vec::fmadd(Vec::load(st + c * BR + v * W), log2e, offset[v]));
+      Vec::store(st + c * BR + v * W, pw);
+      sum[v] = Vec::add(sum[v], pw);
+    }
+  for (int v = 0; v < QV; ++v) Vec::store(l + v * W, Vec::fmadd(Vec::load(l + v * W), alpha[v], sum[v]));
+  for (std::int64_t d = 0; d < dv; ++d)
+    for (int v = 0; v < QV; ++v) Vec::store(ot + d * BR + v * W, Vec::mul(Vec::load(ot + d * BR + v * W), alpha[v]));
+}
+
+// One block of query rows [i0, i0 + rows) of head h in batch b, over keys [kv_lo, kv_hi) only
+// (the whole visible range, or one split of it). Leaves the unnormalised state in ws (m, l, Oᵀ).
+template <class QT, class KVT, class DenseMask>
+void flash_block_partial(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
+                         std::int64_t kv_lo, std::int64_t kv_hi, Workspace& ws) {
+  const std::int64_t hk = h / p.group, dk = p.Dk, dv = p.Dv;
+  // Keys some row of the block may see (the union) and keys every row sees (the intersection):
+  // both ends of a row's key range are non-decreasing in the row index.
   const core::KeyRange first = core::key_range(p, b, i0), last = core::key_range(p, b, i0 + rows - 1);
-  const std::int64_t visible_lo = first.lo, visible_hi = last.hi;
+  const std::int64_t visible_lo = std::max(first.lo, kv_lo), visible_hi = std::min(last.hi, kv_hi);
   const std::int64_t shared_lo = last.lo, shared_hi = first.hi;
 
-  Ops::template load<QT>(p.q, b, h, i0, rows, dk, ws.q.data(), 1.0f);
-  std::fill(ws.o.begin(), ws.o.begin() + rows * dv, 0.0f);
-  std::fill(ws.state.begin(), ws.state.begin() + rows, core::SoftmaxState{});
-
-  for (std::int64_t j0 = visible_lo; j0 < visible_hi; j0 += t.bc) {
-    const std::int64_t cols = std::min(t.bc, visible_hi - j0);
-    const bool interior = j0 >= shared_lo && j0 + cols <= shared_hi;
-    Ops::template load<KVT>(p.k, b, hk, j0, cols, dk, ws.k.data(), 1.0f);                   // K tile
-    Ops::template load<KVT>(p.v, b, hk, j0, cols, dv, ws.v.data(), 1.0f);                   // V tile
-    Ops::scores(ws.q.data(), ws.k.data(), ws.s.data(), rows, cols, ld, dk);                 // S = Q Kᵀ
-    finish_scores<DenseMask, Ops>(p, b, h, i0, rows, j0, cols, interior, ws.s.data(), ld);  // S = scale·S + mask
-    for (std::int64_t r = 0; r < rows; ++r) {
-      core::SoftmaxState& st = ws.state[r];
-      float* sr = ws.s.data() + r * ld;
-      Ops::scale(ws.o.data() + r * dv, dv, st.advance(Ops::row_max(sr, cols)));  // m = max(m, rowmax S); O *= e^(m_old - m)
-      st.l += Ops::exp_sum(sr, cols, st.log2_offset());                           // P = e^(S - m); l += rowsum P
-    }
-    Ops::accumulate_pv(ws.s.data(), ws.v.data(), ws.o.data(), rows, cols, ld, dv);  // O += P V
+  // Qᵀ, zero in the lanes past the last row.
+  std::fill(ws.qt.begin(), ws.qt.end(), 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const QT* q = static_cast<const QT*>(p.q.data) + p.q.offset(b, h, i0 + r, 0);
+    for (std::int64_t d = 0; d < dk; ++d) ws.qt[d * BR + r] = core::to_float(q[d * p.q.stride[3]]);
   }
+  std::fill(ws.ot.begin(), ws.ot.end(), 0.0f);
+  std::fill(ws.m.begin(), ws.m.end(), core::kNegInf);
+  std::fill(ws.l.begin(), ws.l.end(), 0.0f);
 
-  for (std::int64_t r = 0; r < rows; ++r) ws.state[r].normalize(ws.o.data() + r * dv, dv);
-  Ops::template store<QT>(p.out, b, h, i0, rows, dv, ws.o.data());
-  if (p.lse) {
-    float* lse = static_cast<float*>(const_cast<void*>(p.lse->data));
-    for (std::int64_t r = 0; r < rows; ++r) lse[p.lse->offset(b, h, i0 + r, 0)] = ws.state[r].lse();
+  for (std::int64_t j0 = visible_lo; j0 < visible_hi; j0 += BC) {
+    const std::int64_t cols = std::min(BC, visible_hi - j0);
+    const bool interior = j0 >= shared_lo && j0 + cols <= shared_hi;
+    std::int64_t ldk, ldv;
+    const float* k = rows_as_f32<KVT>(p.k, b, hk, j0, cols, dk, ws.k.data(), &ldk);        // K tile
+    const float* v = rows_as_f32<KVT>(p.v, b, hk, j0, cols, dv, ws.v.data(), &ldv);        // V tile
+    scores(ws.qt.data(), k, ldk, dk, cols, ws.st.data());                                  // Sᵀ = K Qᵀ
+    finish_scores<DenseMask>(p, b, h, i0, rows, j0, cols, interior, ws.st.data());         // Sᵀ = scale·Sᵀ + mask
+    softmax_step(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.ot.data(), dv);          // Pᵀ, m, l, Oᵀ *= α
+    accumulate_pv(ws.st.data(), v, ldv, dv, cols, ws.ot.data());                           // Oᵀ += Vᵀ Pᵀ
+  }
+}
+
+// Writes Oᵀ / l and the LSE of a finished block.
+template <class QT>
+void store_block(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
+                 const Workspace& ws) {
+  QT* out = static_cast<QT*>(const_cast<void*>(p.out.data));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const core::SoftmaxState st{ws.m[r], ws.l[r]};
+    const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;
+    QT* o = out + p.out.offset(b, h, i0 + r, 0);
+    for (std::int64_t d = 0; d < p.Dv; ++d) o[d * p.out.stride[3]] = core::from_float<QT>(ws.ot[d * BR + r] * inv);
+    if (p.lse) static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(b, h, i0 + r, 0)] = st.lse();
   }
 }
 
@@ -163,17 +228,17 @@ void flash_block(const core::Problem& p, const TileShape& t, std::int64_t b, std
 // depend on the thread count or the schedule.
 template <class QT, class KVT, class DenseMask>
 void flash_forward(const core::Problem& p, int threads) {
-  const TileShape t{};
-  const std::int64_t blocks = (p.Sq + t.br - 1) / t.br;
+  const std::int64_t blocks = (p.Sq + BR - 1) / BR;
   const std::int64_t items = p.B * p.Hq * blocks;
 #pragma omp parallel num_threads(threads) if (items > 1)
   {
-    Workspace ws(t, p.Dk, p.Dv);
+    Workspace ws(p.Dk, p.Dv);
 #pragma omp for schedule(dynamic)
     for (std::int64_t it = 0; it < items; ++it) {
       const std::int64_t blk = it % blocks, h = (it / blocks) % p.Hq, b = it / (blocks * p.Hq);
-      const std::int64_t i0 = blk * t.br;
-      flash_block<QT, KVT, DenseMask>(p, t, b, h, i0, std::min(t.br, p.Sq - i0), ws);
+      const std::int64_t i0 = blk * BR, rows = std::min(BR, p.Sq - i0);
+      flash_block_partial<QT, KVT, DenseMask>(p, b, h, i0, rows, 0, p.Skv, ws);
+      store_block<QT>(p, b, h, i0, rows, ws);
     }
   }
 }

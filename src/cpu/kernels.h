@@ -1,39 +1,50 @@
-// What the CPU kernels offer the entry point: one function per instruction set that answers
-// "which kernel runs this problem?" (null = none).
+// What the CPU kernels offer the entry point. Each instruction set's translation unit exports one
+// function that answers "which kernel runs these dtypes and this mask?" (null = none), and
+// select_flash() is the one place that decides, per call, which instruction set to use.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "attn/tensor.h"
 #include "core/problem.h"
 
 namespace attn::cpu {
 
-// The tile of the flash kernels: query rows per block, keys per tile.
-struct TileShape {
-  std::int64_t br = 64;
-  std::int64_t bc = 64;
-};
-
-// Bytes of scratch one thread of the flash kernel holds (its whole working set beyond inputs/outputs).
-inline std::int64_t flash_workspace_bytes(std::int64_t dk, std::int64_t dv, const TileShape& t = {}) {
-  return 4 * (t.br * dk + t.bc * dk + t.bc * dv + t.br * t.bc + t.br * dv) + 8 * t.br;
-}
-
 using FlashFn = void (*)(const core::Problem& problem, int threads);
 
-namespace portable {
+// Instruction-set levels, lowest first.
+enum class Isa : int { sse2, avx2, avx512 };
+const char* isa_name(Isa isa);
+
+namespace sse2 {
 FlashFn flash_kernel(DType q, DType kv, core::MaskKind mask);
 }
+namespace avx2 {
+FlashFn flash_kernel(DType q, DType kv, core::MaskKind mask);
+}
+namespace avx512 {
+FlashFn flash_kernel(DType q, DType kv, core::MaskKind mask);
+}
+
+// The best level this CPU and OS support.
+Isa best_isa();
+// The level calls use: best_isa(), lowered by the ATTN_ISA environment variable
+// (sse2 | avx2 | avx512; a level above what the machine supports is clamped to best_isa()).
+Isa active_isa();
 
 // Chooses the kernel for a validated problem; the only place a kernel is selected.
 struct Choice {
   FlashFn fn = nullptr;
-  const char* isa = "none";
+  Isa isa = Isa::sse2;
 };
 Choice select_flash(const core::Problem& problem);
 
 // The thread count a call will use: params.threads, else ATTN_NUM_THREADS, else OpenMP's default.
 int resolve_threads(int requested);
+
+// Bytes of scratch one thread of the flash kernel holds (its whole working set beyond inputs/outputs),
+// at the active instruction set's tile shape.
+std::int64_t flash_workspace_bytes(std::int64_t dk, std::int64_t dv);
 
 }  // namespace attn::cpu

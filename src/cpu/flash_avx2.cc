@@ -1,6 +1,9 @@
-// The flash kernel compiled for the baseline instruction set (plain C++, auto-vectorised at most).
+// The flash kernel compiled for AVX2 + FMA + F16C.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/convert.h"
@@ -9,9 +12,13 @@
 #include "core/problem.h"
 #include "cpu/kernels.h"
 
-#define ATTN_ISA_NS portable
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define ATTN_ISA_NS avx2
+#define ATTN_VEC_AVX2
 #include "cpu/flash_kernel.h"
 
-namespace attn::cpu::portable {
+namespace attn::cpu::avx2 {
 FlashFn flash_kernel(DType q, DType kv, core::MaskKind mask) { return pick_flash(q, kv, mask); }
-}  // namespace attn::cpu::portable
+}  // namespace attn::cpu::avx2
+#pragma GCC pop_options

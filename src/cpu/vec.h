@@ -1,0 +1,115 @@
+// One SIMD vector of fp32 lanes for the instruction set this translation unit is compiled for.
+//
+// Included only by src/cpu/flash_<isa>.cc, inside that unit's `#pragma GCC target` region and its
+// ISA namespace, after ATTN_VEC_{SSE2,AVX2,AVX512} is defined. Each variant is a thin wrapper over
+// intrinsics with the same static interface; everything above it (exp2, the kernels) is written once.
+// The including unit has already included <immintrin.h> and <cstdint> at file scope.
+
+#if defined(ATTN_VEC_AVX512)
+
+struct Vec {
+  static constexpr int W = 16;
+  using T = __m512;
+  static T zero() { return _mm512_setzero_ps(); }
+  static T set1(float x) { return _mm512_set1_ps(x); }
+  static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, T x) { _mm512_storeu_ps(p, x); }
+  static T add(T a, T b) { return _mm512_add_ps(a, b); }
+  static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T max(T a, T b) { return _mm512_max_ps(a, b); }
+  static T round(T x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // x · 2^n for integral n in [-127, 127].
+  static T ldexp(T x, T n) {
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(x, _mm512_castsi512_ps(e));
+  }
+  // a < b ? x : y, lane by lane
+  static T select_lt(T a, T b, T x, T y) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x); }
+  static T load_bf16(const std::uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+  }
+  static T load_f16(const std::uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+};
+
+#elif defined(ATTN_VEC_AVX2)
+
+struct Vec {
+  static constexpr int W = 8;
+  using T = __m256;
+  static T zero() { return _mm256_setzero_ps(); }
+  static T set1(float x) { return _mm256_set1_ps(x); }
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T x) { _mm256_storeu_ps(p, x); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T max(T a, T b) { return _mm256_max_ps(a, b); }
+  static T round(T x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static T ldexp(T x, T n) {
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(x, _mm256_castsi256_ps(e));
+  }
+  static T select_lt(T a, T b, T x, T y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
+  static T load_bf16(const std::uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+  }
+  static T load_f16(const std::uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+};
+
+#elif defined(ATTN_VEC_SSE2)
+
+// The x86-64 baseline: SSE2, no FMA (fmadd is a multiply and an add).
+struct Vec {
+  static constexpr int W = 4;
+  using T = __m128;
+  static T zero() { return _mm_setzero_ps(); }
+  static T set1(float x) { return _mm_set1_ps(x); }
+  static T load(const float* p) { return _mm_loadu_ps(p); }
+  static void store(float* p, T x) { _mm_storeu_ps(p, x); }
+  static T add(T a, T b) { return _mm_add_ps(a, b); }
+  static T mul(T a, T b) { return _mm_mul_ps(a, b); }
+  static T fmadd(T a, T b, T c) { return _mm_add_ps(_mm_mul_ps(a, b), c); }
+  static T max(T a, T b) { return _mm_max_ps(a, b); }
+  static T round(T x) { return _mm_cvtepi32_ps(_mm_cvtps_epi32(x)); }  // |x| <= 127 here: exact
+  static T ldexp(T x, T n) {
+    const __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n), _mm_set1_epi32(127)), 23);
+    return _mm_mul_ps(x, _mm_castsi128_ps(e));
+  }
+  static T select_lt(T a, T b, T x, T y) {
+    const __m128 m = _mm_cmplt_ps(a, b);
+    return _mm_or_ps(_mm_and_ps(m, x), _mm_andnot_ps(m, y));
+  }
+  static T load_bf16(const std::uint16_t* p) {
+    const __m128i h = _mm_loadl_epi64((const __m128i*)p);
+    return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
+  }
+  static T load_f16(const std::uint16_t* p) {  // no F16C at the baseline: convert lane by lane
+    alignas(16) float f[4];
+    for (int i = 0; i < 4; ++i) f[i] = core::to_float(core::f16{p[i]});
+    return _mm_load_ps(f);
+  }
+};
+
+#else
+#error "define one of ATTN_VEC_AVX512, ATTN_VEC_AVX2, ATTN_VEC_SSE2"
+#endif
+
+// 2^x for every lane, written once over the wrapper: x = n + f with n = round(x), |f| <= 1/2, and
+// 2^f from its degree-7 Taylor polynomial (relative error below 1e-8, under fp32 rounding).
+// Lanes with x < -126 (including -inf) give exactly 0, so masked scores carry no weight.
+inline Vec::T exp2v(Vec::T x) {
+  const Vec::T lo = Vec::set1(-126.0f);
+  const Vec::T xc = Vec::max(x, lo);
+  const Vec::T n = Vec::round(xc);
+  const Vec::T f = Vec::add(xc, Vec::mul(n, Vec::set1(-1.0f)));
+  Vec::T p = Vec::set1(1.5252733804059840e-5f);
+  p = Vec::fmadd(p, f, Vec::set1(1.5403530393381606e-4f));
+  p = Vec::fmadd(p, f, Vec::set1(1.3333558146428443e-3f));
+  p = Vec::fmadd(p, f, Vec::set1(9.6181291076284772e-3f));
+  p = Vec::fmadd(p, f, Vec::set1(5.5504108664821580e-2f));
+  p = Vec::fmadd(p, f, Vec::set1(2.4022650695910071e-1f));
+  p = Vec::fmadd(p, f, Vec::set1(6.9314718055994531e-1f));
+  p = Vec::fmadd(p, f, Vec::set1(1.0f));
+  return Vec::select_lt(x, lo, Vec::zero(), Vec::ldexp(p, n));
+}
