@@ -1,0 +1,548 @@
+// Tests for the `attn` command line: attn::tools::main runs in-process on files in a fresh temporary
+// directory per test; results are checked against attn::attention with the reference backend.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attn/attn.h"
+#include "commands.h"
+#include "core/convert.h"
+#include "npy.h"
+
+namespace attn {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int code = -1;
+  std::string out, err;
+};
+
+struct Dims {
+  std::int64_t B = 2, Hq = 4, Hkv = 2, Sq = 5, Skv = 7, Dk = 8, Dv = 6;
+};
+
+std::vector<float> random_floats(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& e : x) e = u(rng);
+  return x;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("attn_cli_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Runs `attn <args...>` in-process.
+  static Outcome cli(std::vector<std::string> args) {
+    args.insert(args.begin(), "attn");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::ostringstream out, err;
+    Outcome r;
+    r.code = tools::main(static_cast<int>(args.size()), argv.data(), out, err);
+    r.out = out.str();
+    r.err = err.str();
+    return r;
+  }
+
+  template <class T>
+  void save(const std::string& name, DType dtype, const std::vector<std::int64_t>& shape, const std::vector<T>& data) {
+    ASSERT_TRUE(npy::write(path(name), dtype, shape, data.data()).ok()) << name;
+  }
+
+  // Writes random q.npy, k.npy, v.npy (float32) of the given dimensions.
+  void write_qkv(const Dims& d) {
+    dims_ = d;
+    q_ = random_floats(static_cast<std::size_t>(d.B * d.Hq * d.Sq * d.Dk), 1);
+    k_ = random_floats(static_cast<std::size_t>(d.B * d.Hkv * d.Skv * d.Dk), 2);
+    v_ = random_floats(static_cast<std::size_t>(d.B * d.Hkv * d.Skv * d.Dv), 3);
+    save("q.npy", DType::f32, {d.B, d.Hq, d.Sq, d.Dk}, q_);
+    save("k.npy", DType::f32, {d.B, d.Hkv, d.Skv, d.Dk}, k_);
+    save("v.npy", DType::f32, {d.B, d.Hkv, d.Skv, d.Dv}, v_);
+  }
+
+  // "run --q q.npy --k k.npy --v v.npy --out o.npy" followed by `extra`.
+  std::vector<std::string> run_args(const std::vector<std::string>& extra) const {
+    std::vector<std::string> args = {"run", "--q", path("q.npy"), "--k", path("k.npy"), "--v", path("v.npy"),
+                                     "--out", path("o.npy")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  // What attn::attention with the reference backend gives for q_, k_, v_ and `params`.
+  void expected(Params params, std::vector<float>* o, std::vector<float>* lse) const {
+    const Dims& d = dims_;
+    o->assign(static_cast<std::size_t>(d.B * d.Hq * d.Sq * d.Dv), 0.0f);
+    lse->assign(static_cast<std::size_t>(d.B * d.Hq * d.Sq), 0.0f);
+    params.backend = Backend::reference;
+    const Status s = attention(TensorView::contiguous(q_.data(), DType::f32, {d.B, d.Hq, d.Sq, d.Dk}),
+                               TensorView::contiguous(k_.data(), DType::f32, {d.B, d.Hkv, d.Skv, d.Dk}),
+                               TensorView::contiguous(v_.data(), DType::f32, {d.B, d.Hkv, d.Skv, d.Dv}),
+                               TensorView::contiguous(o->data(), DType::f32, {d.B, d.Hq, d.Sq, d.Dv}), params,
+                               TensorView::contiguous(lse->data(), DType::f32, {d.B, d.Hq, d.Sq}));
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+
+  static void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel,
+                           const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      if (std::isinf(want[i])) {
+        EXPECT_EQ(got[i], want[i]) << what << "[" << i << "]";
+        continue;
+      }
+      EXPECT_NEAR(got[i], want[i], rel * std::max(1.0f, std::fabs(want[i]))) << what << "[" << i << "]";
+    }
+  }
+
+  std::vector<float> read_f32(const std::string& name, const std::vector<std::int64_t>& shape) const {
+    npy::Array a;
+    const Status s = npy::read(path(name), name, &a);
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(a.dtype, DType::f32) << name;
+    EXPECT_EQ(a.shape, shape) << name;
+    if (!s.ok() || a.dtype != DType::f32) return {};
+    return std::vector<float>(a.as<float>(), a.as<float>() + a.numel());
+  }
+
+  // Runs the CLI with `extra` options (and --lse) and compares O and LSE with the reference for `params`.
+  void expect_matches(const std::vector<std::string>& extra, const Params& params) {
+    std::vector<std::string> args = extra;
+    args.insert(args.end(), {"--lse", path("lse.npy")});
+    const Outcome r = cli(run_args(args));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.err, "");
+    std::vector<float> o, lse;
+    expected(params, &o, &lse);
+    const Dims& d = dims_;
+    expect_close(read_f32("o.npy", {d.B, d.Hq, d.Sq, d.Dv}), o, 1e-5, "O");
+    expect_close(read_f32("lse.npy", {d.B, d.Hq, d.Sq}), lse, 1e-5, "LSE");
+  }
+
+  // The CLI must fail with exit status 2, one error line naming `needle`, and no output files.
+  void expect_error(const std::vector<std::string>& args, const std::string& needle) {
+    const Outcome r = cli(args);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_EQ(r.err.rfind("attn: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
+    EXPECT_FALSE(fs::exists(path("o.npy"))) << r.err;
+    EXPECT_FALSE(fs::exists(path("lse.npy"))) << r.err;
+  }
+
+  fs::path dir_;
+  Dims dims_;
+  std::vector<float> q_, k_, v_;
+};
+
+// ---- attn run: results ---------------------------------------------------------------------------------
+
+TEST_F(CliTest, CliRunMatchesReferenceOnRandomInputs) {
+  write_qkv({});
+  expect_matches({}, Params{});
+}
+
+TEST_F(CliTest, CliRunWithoutLseWritesOnlyOut) {
+  write_qkv({});
+  const Outcome r = cli(run_args({}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(path("o.npy")));
+  EXPECT_FALSE(fs::exists(path("lse.npy")));
+  EXPECT_NE(r.out.find("o.npy"), std::string::npos);
+}
+
+TEST_F(CliTest, CliRunCausalTopLeft) {
+  write_qkv({});
+  Params p;
+  p.causal = Causal::top_left;
+  expect_matches({"--causal", "top-left"}, p);
+}
+
+TEST_F(CliTest, CliRunCausalBottomRight) {
+  write_qkv({});
+  Params p;
+  p.causal = Causal::bottom_right;
+  expect_matches({"--causal", "bottom-right"}, p);
+  // With Sq != Skv the two alignments differ.
+  std::vector<float> top, bottom, lse;
+  p.causal = Causal::top_left;
+  expected(p, &top, &lse);
+  p.causal = Causal::bottom_right;
+  expected(p, &bottom, &lse);
+  EXPECT_NE(top, bottom);
+}
+
+TEST_F(CliTest, CliRunScale) {
+  write_qkv({});
+  Params p;
+  p.scale = 0.3;
+  expect_matches({"--scale", "0.3"}, p);
+}
+
+TEST_F(CliTest, CliRunMaskFloat32BroadcastRank2) {
+  const Dims d;
+  write_qkv(d);
+  auto mask = random_floats(static_cast<std::size_t>(d.Sq * d.Skv), 7);
+  mask[3] = -std::numeric_limits<float>::infinity();
+  save("mask.npy", DType::f32, {d.Sq, d.Skv}, mask);
+  Params p;
+  p.mask = TensorView::contiguous(mask.data(), DType::f32, {d.Sq, d.Skv});
+  expect_matches({"--mask", path("mask.npy")}, p);
+}
+
+TEST_F(CliTest, CliRunMaskBoolBroadcastRank2) {
+  const Dims d;
+  write_qkv(d);
+  std::vector<unsigned char> keep(static_cast<std::size_t>(d.Sq * d.Skv));
+  for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = (i % 3) != 1;
+  for (std::int64_t j = 0; j < d.Skv; ++j) keep[static_cast<std::size_t>(2 * d.Skv + j)] = 0;  // row 2: none kept
+  save("mask.npy", DType::boolean, {d.Sq, d.Skv}, keep);
+  Params p;
+  p.mask = TensorView::contiguous(keep.data(), DType::boolean, {d.Sq, d.Skv});
+  expect_matches({"--mask", path("mask.npy")}, p);
+  const auto lse = read_f32("lse.npy", {d.B, d.Hq, d.Sq});
+  ASSERT_FALSE(lse.empty());
+  EXPECT_EQ(lse[2], -std::numeric_limits<float>::infinity());  // a fully blocked row
+}
+
+TEST_F(CliTest, CliRunKvLensInt32) {
+  write_qkv({});
+  const std::vector<std::int32_t> lens = {3, 7};
+  save("lens.npy", DType::i32, {2}, lens);
+  Params p;
+  p.kv_lens = TensorView::contiguous(lens.data(), DType::i32, {2});
+  expect_matches({"--kv-lens", path("lens.npy")}, p);
+}
+
+TEST_F(CliTest, CliRunKvLensInt64) {
+  write_qkv({});
+  const std::vector<std::int64_t> lens = {0, 5};
+  save("lens.npy", DType::i64, {2}, lens);
+  Params p;
+  p.kv_lens = TensorView::contiguous(lens.data(), DType::i64, {2});
+  expect_matches({"--kv-lens", path("lens.npy")}, p);
+}
+
+TEST_F(CliTest, CliRunWindowBottomRightDefault) {
+  write_qkv({});
+  Params p;
+  p.window = Window{2, 1, Align::bottom_right};
+  expect_matches({"--window", "2,1"}, p);
+}
+
+TEST_F(CliTest, CliRunWindowTopLeftUnboundedLeft) {
+  write_qkv({});
+  Params p;
+  p.window = Window{-1, 0, Align::top_left};
+  expect_matches({"--window=-1,0", "--window-align", "top-left"}, p);
+}
+
+TEST_F(CliTest, CliRunBackendReference) {
+  write_qkv({});
+  Params p;
+  p.causal = Causal::top_left;
+  expect_matches({"--backend", "reference", "--causal", "top-left"}, p);
+}
+
+TEST_F(CliTest, CliRunBackendFlashWithThreads) {
+  write_qkv({});
+  expect_matches({"--backend", "flash", "--threads", "1"}, Params{});
+}
+
+TEST_F(CliTest, CliRunFloat16WritesFloat16) {
+  const Dims d;
+  std::vector<core::f16> q, k, v;
+  for (float x : random_floats(static_cast<std::size_t>(d.B * d.Hq * d.Sq * d.Dk), 1)) q.push_back(core::from_float<core::f16>(x));
+  for (float x : random_floats(static_cast<std::size_t>(d.B * d.Hkv * d.Skv * d.Dk), 2)) k.push_back(core::from_float<core::f16>(x));
+  for (float x : random_floats(static_cast<std::size_t>(d.B * d.Hkv * d.Skv * d.Dv), 3)) v.push_back(core::from_float<core::f16>(x));
+  save("q.npy", DType::f16, {d.B, d.Hq, d.Sq, d.Dk}, q);
+  save("k.npy", DType::f16, {d.B, d.Hkv, d.Skv, d.Dk}, k);
+  save("v.npy", DType::f16, {d.B, d.Hkv, d.Skv, d.Dv}, v);
+  const Outcome r = cli(run_args({}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  npy::Array o;
+  ASSERT_TRUE(npy::read(path("o.npy"), "o", &o).ok());
+  EXPECT_EQ(o.dtype, DType::f16);
+  EXPECT_EQ(o.shape, (std::vector<std::int64_t>{d.B, d.Hq, d.Sq, d.Dv}));
+
+  std::vector<core::f16> want(static_cast<std::size_t>(o.numel()));
+  Params p;
+  p.backend = Backend::reference;
+  ASSERT_TRUE(attention(TensorView::contiguous(q.data(), DType::f16, {d.B, d.Hq, d.Sq, d.Dk}),
+                        TensorView::contiguous(k.data(), DType::f16, {d.B, d.Hkv, d.Skv, d.Dk}),
+                        TensorView::contiguous(v.data(), DType::f16, {d.B, d.Hkv, d.Skv, d.Dv}),
+                        TensorView::contiguous(want.data(), DType::f16, {d.B, d.Hq, d.Sq, d.Dv}), p)
+                  .ok());
+  for (std::size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(core::to_float(o.as<core::f16>()[i]), core::to_float(want[i]), 2e-3) << i;
+}
+
+// ---- attn run: bad input -------------------------------------------------------------------------------
+
+TEST_F(CliTest, CliErrorUnknownOption) {
+  write_qkv({});
+  expect_error(run_args({"--bogus"}), "--bogus");
+}
+
+TEST_F(CliTest, CliErrorMissingQ) {
+  write_qkv({});
+  expect_error({"run", "--k", path("k.npy"), "--v", path("v.npy"), "--out", path("o.npy")}, "--q");
+}
+
+TEST_F(CliTest, CliErrorNonexistentFile) {
+  write_qkv({});
+  expect_error({"run", "--q", path("q.npy"), "--k", path("nope.npy"), "--v", path("v.npy"), "--out", path("o.npy")},
+               "--k");
+}
+
+TEST_F(CliTest, CliErrorMalformedNpy) {
+  write_qkv({});
+  std::ofstream(path("v.npy"), std::ios::binary | std::ios::trunc) << "this is not a numpy file at all\x01\x02";
+  expect_error(run_args({}), "--v");
+}
+
+TEST_F(CliTest, CliErrorWrongRank) {
+  write_qkv({});
+  save("q.npy", DType::f32, {4, 5, 8}, random_floats(160, 9));
+  expect_error(run_args({}), "--q");
+  expect_error(run_args({}), "rank 4");
+}
+
+TEST_F(CliTest, CliErrorWrongDtype) {
+  write_qkv({});
+  save("q.npy", DType::i32, {2, 4, 5, 8}, std::vector<std::int32_t>(320, 1));
+  expect_error(run_args({}), "--q");
+}
+
+TEST_F(CliTest, CliErrorMixedFloat16AndFloat32) {
+  const Dims d;
+  write_qkv(d);
+  save("k.npy", DType::f16, {d.B, d.Hkv, d.Skv, d.Dk},
+       std::vector<core::f16>(static_cast<std::size_t>(d.B * d.Hkv * d.Skv * d.Dk), core::from_float<core::f16>(0.5f)));
+  expect_error(run_args({}), "--k");
+}
+
+TEST_F(CliTest, CliErrorDkMismatch) {
+  write_qkv({});
+  save("k.npy", DType::f32, {2, 2, 7, 3}, random_floats(84, 4));
+  expect_error(run_args({}), "--k");
+}
+
+TEST_F(CliTest, CliErrorHeadsNotDivisible) {
+  Dims d;
+  d.Hkv = 3;
+  write_qkv(d);
+  expect_error(run_args({}), "--k");
+}
+
+TEST_F(CliTest, CliErrorBadCausal) {
+  write_qkv({});
+  expect_error(run_args({"--causal", "diagonal"}), "--causal");
+}
+
+TEST_F(CliTest, CliErrorBadWindow) {
+  write_qkv({});
+  for (const char* w : {"3", "a,b", "1,2,3", "-2,0", "1,", ",1", "1,-5", ""}) {
+    SCOPED_TRACE(w);
+    expect_error(run_args({std::string("--window=") + w}), "--window");
+  }
+}
+
+TEST_F(CliTest, CliErrorBadWindowAlign) {
+  write_qkv({});
+  expect_error(run_args({"--window", "1,1", "--window-align", "middle"}), "--window-align");
+}
+
+TEST_F(CliTest, CliErrorNegativeScale) {
+  write_qkv({});
+  expect_error(run_args({"--scale", "-1"}), "--scale");
+  expect_error(run_args({"--scale", "0"}), "--scale");
+  expect_error(run_args({"--scale", "abc"}), "--scale");
+}
+
+TEST_F(CliTest, CliErrorKvLensOutOfRange) {
+  write_qkv({});
+  save("lens.npy", DType::i32, {2}, std::vector<std::int32_t>{3, 8});  // Skv = 7
+  expect_error(run_args({"--kv-lens", path("lens.npy")}), "--kv-lens");
+  save("lens.npy", DType::i64, {3}, std::vector<std::int64_t>{1, 2, 3});  // B = 2
+  expect_error(run_args({"--kv-lens", path("lens.npy")}), "--kv-lens");
+  save("lens.npy", DType::f32, {2}, std::vector<float>{1, 2});
+  expect_error(run_args({"--kv-lens", path("lens.npy")}), "--kv-lens");
+}
+
+TEST_F(CliTest, CliErrorMaskDoesNotBroadcast) {
+  write_qkv({});
+  save("mask.npy", DType::f32, {5, 6}, std::vector<float>(30, 0.0f));  // Skv = 7
+  expect_error(run_args({"--mask", path("mask.npy")}), "--mask");
+  save("mask.npy", DType::i32, {5, 7}, std::vector<std::int32_t>(35, 1));
+  expect_error(run_args({"--mask", path("mask.npy")}), "--mask");
+}
+
+TEST_F(CliTest, CliErrorBadBackendAndThreads) {
+  write_qkv({});
+  expect_error(run_args({"--backend", "gpu"}), "--backend");
+  expect_error(run_args({"--threads", "-3"}), "--threads");
+  expect_error(run_args({"--threads", "x"}), "--threads");
+}
+
+TEST_F(CliTest, CliErrorLseSameAsOut) {
+  write_qkv({});
+  expect_error(run_args({"--lse", path("o.npy")}), "--lse");
+}
+
+TEST_F(CliTest, CliErrorLseUnwritableRemovesOut) {
+  write_qkv({});
+  expect_error(run_args({"--lse", path("missing_dir/lse.npy")}), "--lse");
+  EXPECT_FALSE(fs::exists(path("missing_dir")));
+}
+
+TEST_F(CliTest, CliErrorNoSubcommandPrintsHelp) {
+  const Outcome r = cli({});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("run"), std::string::npos);
+  EXPECT_NE(r.out.find("explain"), std::string::npos);
+  EXPECT_EQ(r.err.rfind("attn: error: ", 0), 0u);
+}
+
+TEST_F(CliTest, CliErrorUnknownSubcommand) { expect_error({"frobnicate"}, "frobnicate"); }
+
+// ---- help --------------------------------------------------------------------------------------------------
+
+TEST_F(CliTest, CliHelpForEachSubcommand) {
+  const struct {
+    std::vector<std::string> args;
+    std::vector<std::string> mentions;
+  } cases[] = {
+      {{"--help"}, {"run", "explain", "demo"}},
+      {{"run", "--help"},
+       {"--q", "--k", "--v", "--out", "--lse", "--causal", "--scale", "--mask", "--kv-lens", "--window",
+        "--window-align", "--backend", "--threads"}},
+      {{"explain", "--help"}, {"--q", "--k", "--v", "--causal", "--scale"}},
+      {{"demo", "-h"}, {"--threads"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.args.front() + " " + c.args.back());
+    const Outcome r = cli(c.args);
+    EXPECT_EQ(r.code, 0);
+    EXPECT_EQ(r.err, "");
+    for (const auto& m : c.mentions) EXPECT_NE(r.out.find(m), std::string::npos) << m << " in:\n" << r.out;
+  }
+}
+
+// ---- attn explain ------------------------------------------------------------------------------------------
+
+TEST_F(CliTest, CliExplainDefaultIsTheWorkedExample) {
+  const Outcome r = cli({"explain"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* s : {"1.604", "0.797", "1.401", "1.203", "0.7071", "2.028", "5.056", "Q Kᵀ"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << " in:\n" << r.out;
+  EXPECT_NE(r.out.find("0.401·(1, 0) + 0.198·(0, 2) + 0.401·(3, 1) = (1.604, 0.797)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0.198·(1, 0) + 0.401·(0, 2) + 0.401·(3, 1) = (1.401, 1.203)"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, CliExplainUserExample3x2) {
+  // Q = 0: every key scores 0, so each row weights the three value rows equally.
+  save("q.npy", DType::f32, {3, 2}, std::vector<float>{0, 0, 0, 0, 0, 0});
+  save("k.npy", DType::f32, {3, 2}, std::vector<float>{1, 2, 3, 4, 5, 6});
+  save("v.npy", DType::f32, {3, 2}, std::vector<float>{3, 0, 0, 3, 6, 6});
+  const Outcome r = cli({"explain", "--q", path("q.npy"), "--k", path("k.npy"), "--v", path("v.npy")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("0.333·(3, 0) + 0.333·(0, 3) + 0.333·(6, 6) = (3, 3)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 queries, 3 keys"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, CliExplainAccepts4dAndCausal) {
+  save("q.npy", DType::f32, {1, 1, 2, 2}, std::vector<float>{1, 0, 0, 1});
+  save("k.npy", DType::f32, {1, 1, 3, 2}, std::vector<float>{1, 0, 0, 1, 1, 1});
+  save("v.npy", DType::f32, {1, 1, 3, 2}, std::vector<float>{1, 0, 0, 2, 3, 1});
+  const Outcome r = cli({"explain", "--q", path("q.npy"), "--k", path("k.npy"), "--v", path("v.npy"), "--causal",
+                         "top-left", "--scale", "0.5"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("-inf"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1·(1, 0) = (1, 0)"), std::string::npos) << r.out;  // row 0 sees only key 0
+  EXPECT_NE(r.out.find("0.5"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, CliExplainRefusesLargeInputs) {
+  save("q.npy", DType::f32, {17, 2}, std::vector<float>(34, 0.5f));
+  save("k.npy", DType::f32, {3, 2}, std::vector<float>(6, 0.5f));
+  save("v.npy", DType::f32, {3, 2}, std::vector<float>(6, 0.5f));
+  expect_error({"explain", "--q", path("q.npy"), "--k", path("k.npy"), "--v", path("v.npy")}, "small examples");
+}
+
+TEST_F(CliTest, CliExplainErrors) {
+  save("q.npy", DType::f32, {2, 2}, std::vector<float>(4, 0.5f));
+  save("k.npy", DType::f32, {3, 3}, std::vector<float>(9, 0.5f));
+  save("v.npy", DType::f32, {3, 2}, std::vector<float>(6, 0.5f));
+  expect_error({"explain", "--q", path("q.npy")}, "--k");
+  expect_error({"explain", "--q", path("q.npy"), "--k", path("k.npy"), "--v", path("v.npy")}, "--k");
+  expect_error({"explain", "--causal", "sideways"}, "--causal");
+  expect_error({"explain", "--scale", "-2"}, "--scale");
+}
+
+// ---- attn demo ---------------------------------------------------------------------------------------------
+
+TEST_F(CliTest, CliDemoSmall) {
+  const Outcome r = cli({"demo", "--small", "--threads", "2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* s : {"1.604", "they agree", "reference", "flash", "per thread", "median"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << " in:\n" << r.out;
+}
+
+TEST_F(CliTest, CliDemoBadThreads) { expect_error({"demo", "--threads", "many"}, "--threads"); }
+
+// ---- the real binary ---------------------------------------------------------------------------------------
+
+#ifdef ATTN_CLI_PATH
+int exit_status(const std::string& command) {
+  const int rc = std::system(command.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+TEST_F(CliTest, CliBinaryExitStatus) {
+  const std::string bin = ATTN_CLI_PATH;
+  if (!fs::exists(bin)) GTEST_SKIP() << "no attn binary at " << bin;
+  const std::string quiet = " > '" + path("stdout.txt") + "' 2> '" + path("stderr.txt") + "'";
+  EXPECT_EQ(exit_status("'" + bin + "' explain" + quiet), 0);
+  EXPECT_EQ(exit_status("'" + bin + "' run --help" + quiet), 0);
+  EXPECT_EQ(exit_status("'" + bin + "' run --bogus" + quiet), 2);
+  std::ifstream err(path("stderr.txt"));
+  std::string line;
+  ASSERT_TRUE(std::getline(err, line));
+  EXPECT_EQ(line.rfind("attn: error: ", 0), 0u) << line;
+  EXPECT_FALSE(std::getline(err, line)) << "a second error line: " << line;
+}
+#endif
+
+}  // namespace
+}  // namespace attn

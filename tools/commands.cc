@@ -1,0 +1,404 @@
+// attn tools: the command line. CLI11 parses; each subcommand validates what the library cannot
+// (files, ranks, dtypes), lets attn::attention validate the rest, and only writes files on success.
+#include "commands.h"
+
+#include <CLI/CLI.hpp>
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <new>
+#include <optional>
+#include <ostream>
+#include <stdexcept>
+#include <utility>
+
+#include "demo.h"
+#include "explain.h"
+
+namespace attn::tools {
+
+// ---- shared helpers ---------------------------------------------------------------------------------
+
+Status with_option_names(const Status& status) {
+  // Longer names first where one is a prefix of another ("window.align" before "window").
+  static const std::pair<const char*, const char*> kOptions[] = {
+      {"q", "--q"},           {"k", "--k"},           {"v", "--v"},
+      {"out", "--out"},       {"lse", "--lse"},       {"scale", "--scale"},
+      {"causal", "--causal"}, {"window.align", "--window-align"},
+      {"window", "--window"}, {"kv_lens", "--kv-lens"}, {"mask", "--mask"},
+      {"threads", "--threads"}, {"backend", "--backend"}};
+  const std::string& message = status.message();
+  for (const auto& [param, option] : kOptions) {
+    const std::string prefix = std::string(param) + ": ";
+    if (message.rfind(prefix, 0) == 0) return Status::Invalid(option, message.substr(prefix.size()));
+  }
+  return status;
+}
+
+const char* numpy_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "float32";
+    case DType::bf16: return "bfloat16";
+    case DType::f16: return "float16";
+    case DType::boolean: return "bool";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
+  }
+  return "unknown";
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+Status view_of(const npy::Array& array, const std::string& option, TensorView* view) {
+  const int rank = static_cast<int>(array.shape.size());
+  if (rank > 4)
+    return Status::Invalid(option, "shape " + shape_text(array.shape) + " has rank " + std::to_string(rank) +
+                                       "; expected rank at most 4");
+  TensorView t;
+  t.data = const_cast<unsigned char*>(array.data.data());
+  t.dtype = array.dtype;
+  t.rank = rank;
+  std::int64_t stride = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    t.shape[d] = array.shape[d];
+    t.strides[d] = stride;
+    if (__builtin_mul_overflow(stride, array.shape[d], &stride))
+      return Status::Invalid(option, "shape " + shape_text(array.shape) + " is too large to index");
+  }
+  *view = t;
+  return Status::Ok();
+}
+
+Status parse_causal(const std::string& text, const std::string& option, Causal* causal) {
+  if (text == "top-left") *causal = Causal::top_left;
+  else if (text == "bottom-right") *causal = Causal::bottom_right;
+  else if (text == "none") *causal = Causal::none;
+  else
+    return Status::Invalid(option, "'" + text + "' is not a causal alignment; expected top-left (key j <= query i) "
+                                   "or bottom-right (j <= i + Skv - Sq)");
+  return Status::Ok();
+}
+
+Status parse_scale(const std::string& text, const std::string& option, double* value) {
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, *value);
+  if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(*value) || *value <= 0)
+    return Status::Invalid(option, "'" + text + "'; expected a finite number > 0, such as 0.125");
+  return Status::Ok();
+}
+
+namespace {
+
+// ---- parsing of option values ------------------------------------------------------------------------
+
+bool parse_int(const std::string& text, std::int64_t* value) {
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, *value);
+  return !text.empty() && ec == std::errc() && ptr == end;
+}
+
+Status parse_threads(const std::string& text, int* threads) {
+  std::int64_t n = 0;
+  if (!parse_int(text, &n) || n < 0 || n > 4096)
+    return Status::Invalid("--threads", "'" + text + "'; expected 0 (the default) or a thread count from 1 to 4096");
+  *threads = static_cast<int>(n);
+  return Status::Ok();
+}
+
+// "LEFT,RIGHT": two integers >= -1, where -1 leaves that side unbounded.
+Status parse_window(const std::string& text, Window* window) {
+  const std::size_t comma = text.find(',');
+  std::int64_t left = 0, right = 0;
+  const bool ok = comma != std::string::npos && parse_int(text.substr(0, comma), &left) &&
+                  parse_int(text.substr(comma + 1), &right) && left >= -1 && right >= -1;
+  if (!ok)
+    return Status::Invalid("--window", "'" + text + "' is not LEFT,RIGHT; expected two integers >= -1 separated by "
+                                       "a comma (-1 = unbounded on that side), e.g. 128,0");
+  window->left = left;
+  window->right = right;
+  return Status::Ok();
+}
+
+Status parse_align(const std::string& text, Align* align) {
+  if (text == "top-left") *align = Align::top_left;
+  else if (text == "bottom-right") *align = Align::bottom_right;
+  else return Status::Invalid("--window-align", "'" + text + "'; expected top-left or bottom-right");
+  return Status::Ok();
+}
+
+Status parse_backend(const std::string& text, Backend* backend) {
+  if (text == "auto") *backend = Backend::automatic;
+  else if (text == "reference") *backend = Backend::reference;
+  else if (text == "flash") *backend = Backend::flash;
+  else return Status::Invalid("--backend", "'" + text + "'; expected auto, reference or flash");
+  return Status::Ok();
+}
+
+// ---- attn run ----------------------------------------------------------------------------------------
+
+struct RunArgs {
+  std::string q, k, v, out, lse, causal, scale, mask, kv_lens, window, threads;
+  std::string window_align = "bottom-right";
+  std::string backend = "auto";
+};
+
+Status run_params(const RunArgs& a, Params* params) {
+  if (!a.causal.empty())
+    if (Status s = parse_causal(a.causal, "--causal", &params->causal); !s) return s;
+  if (!a.scale.empty()) {
+    double scale = 0;
+    if (Status s = parse_scale(a.scale, "--scale", &scale); !s) return s;
+    params->scale = scale;
+  }
+  if (!a.window.empty())
+    if (Status s = parse_window(a.window, &params->window); !s) return s;
+  if (Status s = parse_align(a.window_align, &params->window.align); !s) return s;
+  if (Status s = parse_backend(a.backend, &params->backend); !s) return s;
+  if (!a.threads.empty())
+    if (Status s = parse_threads(a.threads, &params->threads); !s) return s;
+  return Status::Ok();
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec1, ec2;
+  const auto pa = std::filesystem::weakly_canonical(a, ec1), pb = std::filesystem::weakly_canonical(b, ec2);
+  return ec1 || ec2 ? a == b : pa == pb;
+}
+
+// q, k and v must be rank-4 float32 or float16 arrays, all of one dtype.
+Status check_qkv(const npy::Array& t, const std::string& option, const char* layout, const npy::Array* q) {
+  if (t.shape.size() != 4)
+    return Status::Invalid(option, "shape " + shape_text(t.shape) + " has rank " + std::to_string(t.shape.size()) +
+                                       "; expected rank 4 " + layout);
+  if (t.dtype != DType::f32 && t.dtype != DType::f16)
+    return Status::Invalid(option, std::string("dtype ") + numpy_name(t.dtype) + "; expected float32 or float16");
+  if (q && t.dtype != q->dtype)
+    return Status::Invalid(option, std::string("dtype ") + numpy_name(t.dtype) + " but --q is " +
+                                       numpy_name(q->dtype) + "; expected q, k and v all float32 or all float16");
+  return Status::Ok();
+}
+
+// Reads an optional input (mask, key lengths) into `array` and points `*view` at it.
+Status read_optional(const std::string& path, const std::string& option, npy::Array* array,
+                     std::optional<TensorView>* view) {
+  if (path.empty()) return Status::Ok();
+  if (Status s = npy::read(path, option, array); !s) return s;
+  TensorView t;
+  if (Status s = view_of(*array, option, &t); !s) return s;
+  *view = t;
+  return Status::Ok();
+}
+
+// An uninitialised buffer of `count` elements of `size` bytes: nothing is touched until the library
+// has validated the call, so absurd shapes from a small file cost nothing before they are rejected.
+Status allocate(const std::string& option, const std::vector<std::int64_t>& shape, std::size_t size,
+                std::unique_ptr<unsigned char[]>* buffer) {
+  std::int64_t bytes = static_cast<std::int64_t>(size);
+  for (std::int64_t n : shape)
+    if (__builtin_mul_overflow(bytes, n, &bytes)) bytes = -1;
+  try {
+    if (bytes < 0) throw std::bad_alloc();
+    *buffer = std::make_unique_for_overwrite<unsigned char[]>(static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1)));
+  } catch (const std::bad_alloc&) {
+    return Status::Invalid(option, "an output of shape " + shape_text(shape) + " does not fit in memory");
+  }
+  return Status::Ok();
+}
+
+Status run_command(const RunArgs& a, std::ostream& out) {
+  Params params;
+  if (Status s = run_params(a, &params); !s) return s;
+  if (!a.lse.empty() && same_file(a.out, a.lse))
+    return Status::Invalid("--lse", "'" + a.lse + "' is the same file as --out; expected a different path");
+
+  npy::Array q, k, v, mask, kv_lens;
+  if (Status s = npy::read(a.q, "--q", &q); !s) return s;
+  if (Status s = check_qkv(q, "--q", "[B, Hq, Sq, Dk]", nullptr); !s) return s;
+  if (Status s = npy::read(a.k, "--k", &k); !s) return s;
+  if (Status s = check_qkv(k, "--k", "[B, Hkv, Skv, Dk]", &q); !s) return s;
+  if (Status s = npy::read(a.v, "--v", &v); !s) return s;
+  if (Status s = check_qkv(v, "--v", "[B, Hkv, Skv, Dv]", &q); !s) return s;
+  if (Status s = read_optional(a.mask, "--mask", &mask, &params.mask); !s) return s;
+  if (Status s = read_optional(a.kv_lens, "--kv-lens", &kv_lens, &params.kv_lens); !s) return s;
+
+  TensorView qv, kv, vv;
+  if (Status s = view_of(q, "--q", &qv); !s) return s;
+  if (Status s = view_of(k, "--k", &kv); !s) return s;
+  if (Status s = view_of(v, "--v", &vv); !s) return s;
+  const std::vector<std::int64_t> out_shape = {q.shape[0], q.shape[1], q.shape[2], v.shape[3]};
+  const std::vector<std::int64_t> lse_shape = {q.shape[0], q.shape[1], q.shape[2]};
+  std::unique_ptr<unsigned char[]> o, lse;
+  if (Status s = allocate("--out", out_shape, dtype_size(q.dtype), &o); !s) return s;
+  std::optional<TensorView> lse_view;
+  if (!a.lse.empty()) {
+    if (Status s = allocate("--lse", lse_shape, sizeof(float), &lse); !s) return s;
+    lse_view = TensorView::contiguous(lse.get(), DType::f32, {lse_shape[0], lse_shape[1], lse_shape[2]});
+  }
+  const TensorView ov =
+      TensorView::contiguous(o.get(), q.dtype, {out_shape[0], out_shape[1], out_shape[2], out_shape[3]});
+  if (Status s = attention(qv, kv, vv, ov, params, lse_view); !s) return with_option_names(s);
+
+  if (Status s = npy::write(a.out, q.dtype, out_shape, o.get()); !s)
+    return Status::Invalid("--out", s.message());
+  out << "wrote O " << shape_text(out_shape) << " " << numpy_name(q.dtype) << " to " << a.out << "\n";
+  if (lse_view) {
+    if (Status s = npy::write(a.lse, DType::f32, lse_shape, lse.get()); !s) {
+      std::error_code ignored;
+      std::filesystem::remove(a.out, ignored);  // no partial output
+      return Status::Invalid("--lse", s.message());
+    }
+    out << "wrote LSE " << shape_text(lse_shape) << " float32 to " << a.lse << "\n";
+  }
+  return Status::Ok();
+}
+
+CLI::App* add_run(CLI::App& app, RunArgs& a) {
+  CLI::App* run = app.add_subcommand("run", "Compute attention on .npy files: O = softmax(scale * Q K^T + mask) V");
+  run->add_option("--q", a.q, "Queries [B, Hq, Sq, Dk], float32 or float16")->type_name("Q.npy")->required();
+  run->add_option("--k", a.k, "Keys [B, Hkv, Skv, Dk], same dtype as q; Hq % Hkv == 0 (MHA, GQA, MQA)")
+      ->type_name("K.npy")->required();
+  run->add_option("--v", a.v, "Values [B, Hkv, Skv, Dv], same dtype as q")->type_name("V.npy")->required();
+  run->add_option("--out", a.out, "Output O [B, Hq, Sq, Dv], written in q's dtype")->type_name("O.npy")->required();
+  run->add_option("--lse", a.lse, "Also write the row log-sum-exp [B, Hq, Sq] (float32, natural log)")
+      ->type_name("LSE.npy");
+  run->add_option("--causal", a.causal, "Causal mask: top-left (key j <= query i) or bottom-right (j <= i + Skv - Sq)")
+      ->type_name("ALIGN");
+  run->add_option("--scale", a.scale, "Multiplies Q K^T; finite and > 0; default 1/sqrt(Dk)")->type_name("S");
+  run->add_option("--mask", a.mask,
+                  "Dense mask broadcastable to [B, Hq, Sq, Skv] (rank 1-4): float32 is added to the scaled scores "
+                  "(-inf blocks), bool keeps keys where true")
+      ->type_name("M.npy");
+  run->add_option("--kv-lens", a.kv_lens, "Key lengths [B], int32 or int64: keys j >= len[b] are padding")
+      ->type_name("L.npy");
+  run->add_option("--window", a.window, "Local attention: keys from diag-LEFT to diag+RIGHT (-1 = unbounded)")
+      ->type_name("LEFT,RIGHT");
+  run->add_option("--window-align", a.window_align, "Diagonal of the window: top-left or bottom-right (default)")
+      ->type_name("ALIGN");
+  run->add_option("--backend", a.backend, "auto (default), reference (fp64 oracle, slow) or flash")
+      ->type_name("NAME");
+  run->add_option("--threads", a.threads, "Threads; 0 or absent = ATTN_NUM_THREADS, else OpenMP's default")
+      ->type_name("N");
+  return run;
+}
+
+// ---- attn explain ------------------------------------------------------------------------------------
+
+struct ExplainArgs {
+  std::string q, k, v, causal, scale;
+};
+
+Status explain_command(const ExplainArgs& a, std::ostream& out) {
+  ExplainOptions options;
+  const std::pair<const std::string*, const char*> files[] = {{&a.q, "--q"}, {&a.k, "--k"}, {&a.v, "--v"}};
+  const bool any = !a.q.empty() || !a.k.empty() || !a.v.empty();
+  for (const auto& [path, option] : files)
+    if (any && path->empty())
+      return Status::Invalid(option, "missing; explain takes all of --q, --k and --v, or none for the built-in example");
+  options.q = a.q;
+  options.k = a.k;
+  options.v = a.v;
+  if (!a.causal.empty())
+    if (Status s = parse_causal(a.causal, "--causal", &options.causal); !s) return s;
+  if (!a.scale.empty()) {
+    double scale = 0;
+    if (Status s = parse_scale(a.scale, "--scale", &scale); !s) return s;
+    options.scale = scale;
+  }
+  return explain(options, out);
+}
+
+CLI::App* add_explain(CLI::App& app, ExplainArgs& a) {
+  CLI::App* explain = app.add_subcommand(
+      "explain", "Walk through attention on a small example step by step (default: a 2x2 / 3x2 worked example)");
+  explain->add_option("--q", a.q, "Queries [Sq, Dk] (or [1, 1, Sq, Dk]), float32 or float16, at most 16x16")
+      ->type_name("Q.npy");
+  explain->add_option("--k", a.k, "Keys [Skv, Dk]")->type_name("K.npy");
+  explain->add_option("--v", a.v, "Values [Skv, Dv]")->type_name("V.npy");
+  explain->add_option("--causal", a.causal, "Causal mask: top-left or bottom-right")->type_name("ALIGN");
+  explain->add_option("--scale", a.scale, "Multiplies Q K^T; default 1/sqrt(Dk)")->type_name("S");
+  return explain;
+}
+
+// ---- attn demo ---------------------------------------------------------------------------------------
+
+struct DemoArgs {
+  std::string threads;
+  bool small = false;
+};
+
+Status demo_command(const DemoArgs& a, std::ostream& out) {
+  DemoOptions options;
+  options.small = a.small;
+  if (!a.threads.empty())
+    if (Status s = parse_threads(a.threads, &options.threads); !s) return s;
+  return demo(options, out);
+}
+
+CLI::App* add_demo(CLI::App& app, DemoArgs& a) {
+  CLI::App* demo = app.add_subcommand(
+      "demo", "The worked example, then a realistic GQA shape on the reference and flash backends: "
+              "agreement, time and memory");
+  demo->add_option("--threads", a.threads, "Threads for the flash backend; 0 or absent = the default")->type_name("N");
+  demo->add_flag("--small", a.small, "Use a small shape (for tests)")->group("");  // hidden
+  return demo;
+}
+
+// ---- the program ---------------------------------------------------------------------------------------
+
+int fail(std::ostream& err, std::string message) {
+  for (char& c : message)
+    if (c == '\n' || c == '\r') c = ' ';
+  while (!message.empty() && message.back() == ' ') message.pop_back();
+  err << "attn: error: " << message << "\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
+  CLI::App app{"attn: scaled dot-product attention, O = softmax(scale * Q K^T + mask) V", "attn"};
+  app.require_subcommand(0, 1);
+  RunArgs run_args;
+  ExplainArgs explain_args;
+  DemoArgs demo_args;
+  CLI::App* run = add_run(app, run_args);
+  CLI::App* explain = add_explain(app, explain_args);
+  CLI::App* demo = add_demo(app, demo_args);
+  app.footer("Run 'attn COMMAND --help' for the options of a command.");  // after: subcommands copy it
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    out << app.help();  // the help of the subcommand named on the command line, if any
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    out << app.help("", CLI::AppFormatMode::All);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return fail(err, e.what());
+  }
+
+  try {
+    Status status;
+    if (run->parsed()) status = run_command(run_args, out);
+    else if (explain->parsed()) status = explain_command(explain_args, out);
+    else if (demo->parsed()) status = demo_command(demo_args, out);
+    else {
+      out << app.help();
+      return fail(err, "no command given; expected run, explain or demo");
+    }
+    if (!status) return fail(err, status.message());
+  } catch (const std::exception& e) {  // e.g. out of memory: still one line, still exit 2
+    return fail(err, e.what());
+  }
+  return 0;
+}
+
+}  // namespace attn::tools
