@@ -60,4 +60,24 @@ struct Params {
 Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                  const Params& params = {}, const std::optional<TensorView>& lse = std::nullopt);
 
+// Attention over a paged KV cache (vLLM / FlashInfer style). Keys and values live in a pool of pages:
+//   k_pages [P, Hkv, page_size, Dk], v_pages [P, Hkv, page_size, Dv]   (any strides, f32/bf16/f16)
+//   page_table [B, max_pages] i32: page_table[b][n] is the pool page holding keys n·page_size .. of sequence b
+//   seq_lens [B] i32 or i64: the number of keys of sequence b (<= max_pages · page_size); entries of
+//   page_table past ceil(seq_lens[b] / page_size) are never read.
+// q, out, lse and every Params field mean what they mean for attention(), with Skv = max_pages · page_size
+// and kv_lens = seq_lens (params.kv_lens must be empty). A page index outside [0, P) among the pages a
+// sequence uses is an error (nothing is written).
+Status attention_paged(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
+                       const TensorView& page_table, const TensorView& seq_lens, const TensorView& out,
+                       const Params& params = {}, const std::optional<TensorView>& lse = std::nullopt);
+
+// Merges two attention results over disjoint key sets of the same queries (split-KV, cascade and
+// distributed attention): out = (e^lse_a·out_a + e^lse_b·out_b) / (e^lse_a + e^lse_b) and
+// lse = log(e^lse_a + e^lse_b), computed stably. out_* are [B, H, S, Dv] f32, lse_* [B, H, S] f32.
+// A side with lse = -inf contributes nothing; both -inf gives out = 0, lse = -inf. out/lse may be the
+// same views as out_a/lse_a (or out_b/lse_b) to merge in place.
+Status merge_attention(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
+                       const TensorView& lse_b, const TensorView& out, const TensorView& lse);
+
 }  // namespace attn

@@ -58,7 +58,8 @@ inline void merge(SoftmaxState& a, float* oa, const SoftmaxState& b, const float
   const float m = std::fmax(a.m, b.m);
   if (m == kNegInf) return;  // both empty: a stays empty
   const float wa = exp_diff(a.m, m), wb = exp_diff(b.m, m);
-  for (std::int64_t d = 0; d < dv; ++d) oa[d] = oa[d] * wa + ob[d] * wb;
+  // A side with weight 0 is skipped, not multiplied: its accumulator may hold anything (even NaN).
+  for (std::int64_t d = 0; d < dv; ++d) oa[d] = (wa > 0.0f ? oa[d] * wa : 0.0f) + (wb > 0.0f ? ob[d] * wb : 0.0f);
   a.l = a.l * wa + b.l * wb;
   a.m = m;
 }

@@ -24,3 +24,12 @@ Status attention(const TensorView& q, const TensorView& k, const TensorView& v, 
 }
 
 }  // namespace attn
+
+namespace attn {
+
+Status attention_paged(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                       const TensorView&, const Params&, const std::optional<TensorView>&) {
+  return Status::Unsupported("k_pages", "paged attention is not implemented yet; expected in the next commit");
+}
+
+}  // namespace attn

@@ -1,0 +1,60 @@
+// merge_attention: the online-softmax merge, exposed for finished partial results.
+#include <string>
+#include <vector>
+
+#include "attn/sdpa.h"
+#include "core/online_softmax.h"
+
+namespace attn {
+namespace {
+
+Status check(const char* name, const TensorView& t, int rank, const TensorView& like) {
+  if (t.rank != rank) return Status::Invalid(name, "expected rank " + std::to_string(rank) + ", got rank " + std::to_string(t.rank));
+  if (t.dtype != DType::f32) return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32");
+  for (int d = 0; d < rank; ++d) {
+    if (t.shape[d] != like.shape[d])
+      return Status::Invalid(name, "dimension " + std::to_string(d) + " is " + std::to_string(t.shape[d]) +
+                                       "; expected " + std::to_string(like.shape[d]) + " (as out_a)");
+  }
+  if (t.numel() > 0 && !t.data) return Status::Invalid(name, "data is null; expected a buffer");
+  return Status::Ok();
+}
+
+std::int64_t off(const TensorView& t, std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d = 0) {
+  return a * t.strides[0] + b * t.strides[1] + c * t.strides[2] + (t.rank == 4 ? d * t.strides[3] : 0);
+}
+
+}  // namespace
+
+Status merge_attention(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
+                       const TensorView& lse_b, const TensorView& out, const TensorView& lse) {
+  if (Status s = check("out_a", out_a, 4, out_a); !s) return s;
+  for (int d = 0; d < 4; ++d)
+    if (out_a.shape[d] < 0) return Status::Invalid("out_a", "negative dimension; expected sizes >= 0");
+  if (Status s = check("out_b", out_b, 4, out_a); !s) return s;
+  if (Status s = check("out", out, 4, out_a); !s) return s;
+  if (Status s = check("lse_a", lse_a, 3, out_a); !s) return s;
+  if (Status s = check("lse_b", lse_b, 3, out_a); !s) return s;
+  if (Status s = check("lse", lse, 3, out_a); !s) return s;
+  const auto* oa = static_cast<const float*>(out_a.data);
+  const auto* ob = static_cast<const float*>(out_b.data);
+  const auto* la = static_cast<const float*>(lse_a.data);
+  const auto* lb = static_cast<const float*>(lse_b.data);
+  auto* o = static_cast<float*>(out.data);
+  auto* l = static_cast<float*>(lse.data);
+  const std::int64_t dv = out_a.shape[3];
+  std::vector<float> row_a(static_cast<std::size_t>(dv)), row_b(static_cast<std::size_t>(dv));
+  for (std::int64_t b = 0; b < out_a.shape[0]; ++b)
+    for (std::int64_t h = 0; h < out_a.shape[1]; ++h)
+      for (std::int64_t i = 0; i < out_a.shape[2]; ++i) {
+        for (std::int64_t d = 0; d < dv; ++d) row_a[d] = oa[off(out_a, b, h, i, d)], row_b[d] = ob[off(out_b, b, h, i, d)];
+        core::SoftmaxState state = core::state_from_lse(la[off(lse_a, b, h, i)]);
+        core::merge(state, row_a.data(), core::state_from_lse(lb[off(lse_b, b, h, i)]), row_b.data(), dv);
+        state.normalize(row_a.data(), dv);
+        for (std::int64_t d = 0; d < dv; ++d) o[off(out, b, h, i, d)] = row_a[d];
+        l[off(lse, b, h, i)] = state.lse();
+      }
+  return Status::Ok();
+}
+
+}  // namespace attn
