@@ -3,7 +3,6 @@
 Skipped when torch is not installed (`make test` does not install it; `pip install torch` in the venv
 to run these)."""
 
-import inspect
 import re
 
 import numpy as np
@@ -15,7 +14,18 @@ F = torch.nn.functional
 import attn  # noqa: E402
 from reference import UNIT_ROUNDOFF, assert_agrees, attention  # noqa: E402
 
-TORCH_HAS_GQA = "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+
+
+def _torch_has_gqa():
+    try:
+        F.scaled_dot_product_attention(torch.ones(1, 2, 1, 1), torch.ones(1, 1, 1, 1), torch.ones(1, 1, 1, 1),
+                                       enable_gqa=True)
+        return True
+    except TypeError:
+        return False
+
+
+TORCH_HAS_GQA = _torch_has_gqa()
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -68,7 +78,7 @@ def test_masks_match_torch(mask_kind, dtype):
     q, k, v = (randn(gen, b, h, s, 16, dtype=DTYPES[dtype]) for s in (sq, skv, skv))
     mask = {
         "bool_2d": lambda: torch.rand(sq, skv, generator=gen) < 0.7,
-        "bool_keys": lambda: torch.rand(skv, generator=gen) < 0.6,
+        "bool_keys": lambda: torch.rand(1, skv, generator=gen) < 0.6,  # torch wants rank >= 2
         "bool_4d": lambda: torch.rand(b, 1, sq, skv, generator=gen) < 0.5,
         "float_4d": lambda: torch.where(torch.rand(b, h, sq, skv, generator=gen) < 0.2, float("-inf"),
                                         torch.randn(b, h, sq, skv, generator=gen)).to(DTYPES[dtype]),
@@ -163,3 +173,14 @@ def test_requires_grad_is_refused_until_the_backward_lands():
     with torch.no_grad():
         out = attn.scaled_dot_product_attention(q, q, q)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, q, q).detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "expanded"])
+def test_tensors_reach_the_library_without_copies(layout):
+    # As in test_sdpa.py: the library sees that the output overlaps the input only if it got the
+    # tensor's own memory through DLPack, not a copy.
+    buf = torch.randn(1, 4, 2, 8)  # [B, S, H, D]
+    q = buf.transpose(1, 2) if layout == "bshd" else buf[:, :1].transpose(1, 2).expand(1, 2, 4, 8)
+    k = torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="^out: memory overlaps input q"):
+        attn._attn.attention(q, k, k, buf.view(1, 2, 4, 8), None, None, None, None, "none", -1, -1, "top_left")
