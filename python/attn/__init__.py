@@ -12,9 +12,9 @@ from .functional import merge_attention, scaled_dot_product_attention
 
 __all__ = ["__version__", "merge_attention", "scaled_dot_product_attention"]
 
+# Tensors that require grad go through attn's backward (functional._autograd_function).
 # Where the rest goes as it lands in the C++ library (one module each, re-exported here):
 #   attn.MultiHeadAttention            the multi-head module (projections + SDPA)     -> modules.py
 #   attn.KVCache, attn.decode          KV caches, paged attention and decode          -> cache.py
-#   backward for torch tensors         a torch.autograd.Function around the backward  -> autograd.py
 #   attn.cost                          FLOP / memory calculators                      -> cost.py
 # Each one binds its C++ entry point in python/src/bindings.cc the way attention() is bound there.

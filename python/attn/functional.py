@@ -59,10 +59,13 @@ def _kind_label(kind):
 def _check_torch(name, x):
     if x.device.type != "cpu":
         raise TypeError(f"{name}: on device {x.device}; expected a CPU tensor")
-    if x.requires_grad and _torch().is_grad_enabled():
-        # The backward is not bound yet (see attn/__init__.py); never drop gradients silently.
-        raise ValueError(f"{name}: requires grad, and attn has no backward yet; "
-                         "expected a tensor without grad (call under torch.no_grad() or pass .detach())")
+
+
+def _wants_grad(*xs):
+    """True when autograd is on and a torch tensor among xs requires grad."""
+    torch = _torch()
+    return torch is not None and torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
 
 
 def _for_binding(x):
@@ -167,6 +170,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         _same_kind("attn_mask", attn_mask, kind, "query")
         if kind == "torch":
             _check_torch("attn_mask", attn_mask)
+            if _wants_grad(attn_mask):
+                raise ValueError("attn_mask: requires grad; expected a mask without grad "
+                                 "(attn differentiates query, key and value only)")
         mdtype = _dtype_name(attn_mask)
         if mdtype == "bool" or mdtype == "float32":
             mask = attn_mask
@@ -188,16 +194,58 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     batched = query.ndim == 4
     q, k, v = (x if batched else _lead1(x) for x in (query, key, value))
-    b, _, sq, _ = q.shape
-    out = _empty(kind, query, (b, hq, sq, v.shape[-1]))
-    lse = _empty(kind, query, (b, hq, sq), "float32") if return_lse else None
-    bf16_bits = kind == "numpy" and qdtype == "bfloat16"
-    _call(_attn.attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse, mask, lens,
-          scale, causal, left, right, align, bf16_bits)
+    options = (mask, lens, scale, causal, left, right, align)
+    if _wants_grad(query, key, value):
+        out, lse = _autograd_function().apply(q, k, v, options)
+    else:
+        out, lse = _forward(kind, q, k, v, options, return_lse, kind == "numpy" and qdtype == "bfloat16")
     if not batched:
         out = out[0]
         lse = None if lse is None else lse[0]
     return (out, lse) if return_lse else out
+
+
+def _forward(kind, q, k, v, options, return_lse, bf16_bits=False):
+    """out (and lse when asked, else None) of 4-D q, k, v, allocated as q's kind."""
+    b, hq, sq, _ = q.shape
+    out = _empty(kind, q, (b, hq, sq, v.shape[-1]))
+    lse = _empty(kind, q, (b, hq, sq), "float32") if return_lse else None
+    _call(_attn.attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse, *options,
+          bf16_bits)
+    return out, lse
+
+
+_AUTOGRAD = None
+
+
+def _autograd_function():
+    """attn as a torch.autograd.Function (made on first use, so that torch stays optional): the forward
+    saves O and the log-sum-exp, the backward is attn's deterministic FlashAttention-style backward.
+    Gradients flow to query, key and value through out; lse is returned as non-differentiable."""
+    global _AUTOGRAD
+    if _AUTOGRAD is None:
+        torch = _torch()
+
+        class Attention(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, options):
+                q, k, v = (_for_binding(x) for x in (q, k, v))
+                out, lse = _forward("torch", q, k, v, options, True)
+                ctx.save_for_backward(q, k, v, out, lse)
+                ctx.options = options
+                ctx.mark_non_differentiable(lse)
+                return out, lse
+
+            @staticmethod
+            def backward(ctx, grad_out, _grad_lse):
+                q, k, v, out, lse = ctx.saved_tensors
+                grads = [torch.empty(x.shape, dtype=x.dtype) for x in (q, k, v)]
+                _call(_attn.attention_backward, q, k, v, out, lse, _for_binding(grad_out.to(q.dtype)), *grads,
+                      *ctx.options)
+                return (*grads, None)
+
+        _AUTOGRAD = Attention
+    return _AUTOGRAD
 
 
 def _key_lengths(kv_lens):

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "attn/attn.h"
+#include "attn/backward.h"
 
 namespace nb = nanobind;
 
@@ -113,16 +114,23 @@ attn::Align to_align(const std::string& s) {
   throw nb::value_error(("window_align: '" + s + "'; expected 'top_left' or 'bottom_right'").c_str());
 }
 
-void attention(const In& q, const In& k, const In& v, const Out& out, const std::optional<Out>& lse,
-               const std::optional<In>& mask, const std::optional<In>& kv_lens, std::optional<double> scale,
-               const std::string& causal, std::int64_t window_left, std::int64_t window_right,
-               const std::string& window_align, bool bf16_bits) {
+attn::Params to_params(const std::optional<In>& mask, const std::optional<In>& kv_lens, std::optional<double> scale,
+                       const std::string& causal, std::int64_t window_left, std::int64_t window_right,
+                       const std::string& window_align) {
   attn::Params p;
   p.scale = scale;
   p.causal = to_causal(causal);
   p.window = attn::Window{window_left, window_right, to_align(window_align)};
   p.mask = to_view("mask", mask);
   p.kv_lens = to_view("kv_lens", kv_lens);
+  return p;
+}
+
+void attention(const In& q, const In& k, const In& v, const Out& out, const std::optional<Out>& lse,
+               const std::optional<In>& mask, const std::optional<In>& kv_lens, std::optional<double> scale,
+               const std::string& causal, std::int64_t window_left, std::int64_t window_right,
+               const std::string& window_align, bool bf16_bits) {
+  const attn::Params p = to_params(mask, kv_lens, scale, causal, window_left, window_right, window_align);
   const attn::TensorView qv = to_view("q", q, bf16_bits), kv = to_view("k", k, bf16_bits),
                          vv = to_view("v", v, bf16_bits), ov = to_view("out", out, bf16_bits);
   const std::optional<attn::TensorView> lv = to_view("lse", lse);
@@ -130,6 +138,22 @@ void attention(const In& q, const In& k, const In& v, const Out& out, const std:
   {
     nb::gil_scoped_release unlocked;
     s = attn::attention(qv, kv, vv, ov, p, lv);
+  }
+  check(s);
+}
+
+void attention_backward(const In& q, const In& k, const In& v, const In& out, const In& lse, const In& grad_out,
+                        const Out& grad_q, const Out& grad_k, const Out& grad_v, const std::optional<In>& mask,
+                        const std::optional<In>& kv_lens, std::optional<double> scale, const std::string& causal,
+                        std::int64_t window_left, std::int64_t window_right, const std::string& window_align) {
+  const attn::Params p = to_params(mask, kv_lens, scale, causal, window_left, window_right, window_align);
+  const attn::TensorView qv = to_view("q", q), kv = to_view("k", k), vv = to_view("v", v), ov = to_view("out", out),
+                         lv = to_view("lse", lse), gov = to_view("grad_out", grad_out), gq = to_view("grad_q", grad_q),
+                         gk = to_view("grad_k", grad_k), gv = to_view("grad_v", grad_v);
+  attn::Status s;
+  {
+    nb::gil_scoped_release unlocked;
+    s = attn::attention_backward(qv, kv, vv, ov, lv, gov, gq, gk, gv, p);
   }
   check(s);
 }
@@ -155,6 +179,11 @@ NB_MODULE(_attn, m) {
         nb::arg("mask").none(), nb::arg("kv_lens").none(), nb::arg("scale").none(), nb::arg("causal"),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("window_align"), nb::arg("bf16_bits") = false,
         "attn::attention(q, k, v, out, params, lse): writes out (and lse) in place.");
+  m.def("attention_backward", &attention_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse"), nb::arg("grad_out"), nb::arg("grad_q"), nb::arg("grad_k"), nb::arg("grad_v"),
+        nb::arg("mask").none(), nb::arg("kv_lens").none(), nb::arg("scale").none(), nb::arg("causal"),
+        nb::arg("window_left"), nb::arg("window_right"), nb::arg("window_align"),
+        "attn::attention_backward: writes grad_q, grad_k and grad_v in place.");
   m.def("merge_attention", &merge_attention, nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"), nb::arg("lse_b"),
         nb::arg("out"), nb::arg("lse"), "attn::merge_attention: writes out and lse in place.");
 }

@@ -50,7 +50,7 @@ def raises(exc, message):
     (lambda: sdpa(Q, K, V, kv_lens=[3.0, 4.0]), TypeError, "kv_lens: dtype float64; expected integers"),
     (lambda: sdpa(Q, K, V, kv_lens=[[3, 4]]), ValueError, "kv_lens: expected rank 1, got rank 2"),
     # scalars and options
-    (lambda: sdpa(Q, K, V, scale=-1.0), ValueError, "scale: is -1.000000; expected a finite value > 0"),
+    (lambda: sdpa(Q, K, V, scale=-1.0), ValueError, "scale: is -1; expected a finite value > 0"),
     (lambda: sdpa(Q, K, V, scale=float("nan")), ValueError, "scale: is nan"),
     (lambda: sdpa(Q, K, V, scale="0.1"), TypeError, "scale: got str; expected a float"),
     (lambda: sdpa(Q, K, V, dropout_p=0.1), ValueError, "dropout_p: 0.1; expected 0.0"),

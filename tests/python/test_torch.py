@@ -166,10 +166,47 @@ def test_errors_on_tensors():
         attn.scaled_dot_product_attention(q, q, q, kv_lens=torch.ones(1))
 
 
-def test_requires_grad_is_refused_until_the_backward_lands():
+@pytest.mark.parametrize("case", ["plain", "causal_gqa", "mask_window_lens", "unbatched"])
+def test_autograd_matches_torch(case):
+    # Gradients through attn's backward (a torch.autograd.Function) against torch's own autograd in fp64.
+    gen = torch.Generator().manual_seed(7)
+    hq, hkv, sq, skv, dk, dv = (4, 2, 9, 13, 16, 8) if case != "plain" else (2, 2, 7, 7, 8, 8)
+    q, k, v = randn(gen, 2, hq, sq, dk), randn(gen, 2, hkv, skv, dk), randn(gen, 2, hkv, skv, dv)
+    kwargs, ref_mask = {}, None
+    if case == "causal_gqa":
+        kwargs = dict(is_causal=True, causal_alignment="bottom_right", enable_gqa=True)
+        i, j = torch.arange(sq)[:, None], torch.arange(skv)[None, :]
+        ref_mask = j <= i + skv - sq
+    elif case == "mask_window_lens":
+        keep = torch.rand(sq, skv, generator=gen) > 0.3
+        kwargs = dict(attn_mask=keep, window=(5, 2), kv_lens=[skv, 10], enable_gqa=True)
+        i, j = torch.arange(sq)[:, None], torch.arange(skv)[None, :]  # window about the top-left diagonal j = i
+        ref_mask = keep & (j >= i - 5) & (j <= i + 2) & (j < torch.tensor([skv, 10])[:, None, None, None])
+    if case == "unbatched":
+        q, k, v = q[0], k[0], v[0]
+        kwargs = dict(enable_gqa=True)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    out = attn.scaled_dot_product_attention(*leaves, **kwargs)
+    g = randn(gen, *out.shape)
+    (out * g).sum().backward()
+
+    ref_leaves = [x.double().clone().requires_grad_(True) for x in (q, k, v)]
+    rk, rv = ref_leaves[1], ref_leaves[2]
+    if hq != hkv:
+        rk, rv = (x.repeat_interleave(hq // hkv, dim=-3) for x in (rk, rv))
+    scores = ref_leaves[0] @ rk.transpose(-1, -2) / dk ** 0.5
+    if ref_mask is not None:
+        scores = scores.masked_fill(~ref_mask, float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    ((p @ rv) * g.double()).sum().backward()
+    for name, mine, ref in zip("qkv", leaves, ref_leaves):
+        torch.testing.assert_close(mine.grad.double(), ref.grad, rtol=1e-4, atol=1e-5, msg=f"d{name}")
+
+
+def test_mask_requiring_grad_is_refused():
     q = torch.randn(1, 2, 3, 8, requires_grad=True)
-    with pytest.raises(ValueError, match="^query: requires grad, and attn has no backward yet"):
-        attn.scaled_dot_product_attention(q, q, q)
+    with pytest.raises(ValueError, match="^attn_mask: requires grad"):
+        attn.scaled_dot_product_attention(q, q, q, torch.zeros(3, 3, requires_grad=True))
     with torch.no_grad():
         out = attn.scaled_dot_product_attention(q, q, q)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, q, q).detach(), rtol=1e-5, atol=1e-6)
