@@ -210,3 +210,26 @@ TEST(Numerics, LayoutsAgreeBitwise) {
 
 }  // namespace
 }  // namespace attn::test
+
+namespace attn::test {
+namespace {
+
+// merge_attention: an empty side (lse = -inf) contributes nothing, even when its output holds NaN.
+TEST(Numerics, MergeIgnoresEmptySidesWhateverTheyHold) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  float oa[2] = {nan, nan}, ob[2] = {3, 4}, la[1] = {-INFINITY}, lb[1] = {0.5f}, o[2], l[1];
+  auto v4 = [](float* p) { return TensorView::contiguous(p, DType::f32, {1, 1, 1, 2}); };
+  auto v3 = [](float* p) { return TensorView::contiguous(p, DType::f32, {1, 1, 1}); };
+  ASSERT_TRUE(merge_attention(v4(oa), v3(la), v4(ob), v3(lb), v4(o), v3(l)).ok());
+  EXPECT_EQ(o[0], 3.0f);
+  EXPECT_EQ(o[1], 4.0f);
+  EXPECT_FLOAT_EQ(l[0], 0.5f);
+  lb[0] = -INFINITY, ob[0] = nan;
+  ASSERT_TRUE(merge_attention(v4(oa), v3(la), v4(ob), v3(lb), v4(o), v3(l)).ok());
+  EXPECT_EQ(o[0], 0.0f);
+  EXPECT_EQ(o[1], 0.0f);
+  EXPECT_EQ(l[0], -INFINITY);
+}
+
+}  // namespace
+}  // namespace attn::test

@@ -46,10 +46,10 @@ struct SoftmaxState {
   // The natural-log log-sum-exp of the scores seen; -inf for a row with no allowed key.
   float lse() const { return l > 0.0f ? static_cast<float>(m + std::log(static_cast<double>(l))) : kNegInf; }
 
-  // Divides the accumulator by l (0 output for an empty row).
+  // Divides the accumulator by l; an empty row (l = 0) becomes exactly 0, whatever it held.
   void normalize(float* o, std::int64_t dv) const {
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (std::int64_t d = 0; d < dv; ++d) o[d] *= inv;
+    for (std::int64_t d = 0; d < dv; ++d) o[d] = l > 0.0f ? o[d] * inv : 0.0f;
   }
 };
 

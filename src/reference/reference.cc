@@ -83,7 +83,7 @@ Result attention(const core::Problem& p, bool keep_probs) {
         }
       // 2. row-wise softmax, 3. O = P V
       for (std::int64_t i = 0; i < p.Sq; ++i) {
-        Acc* row = &s[i * p.Skv];
+        Acc* row = s.data() + i * p.Skv;  // (no element to reference when Skv = 0)
         const std::size_t orow = static_cast<std::size_t>(((b * p.Hq + h) * p.Sq + i));
         const Acc mx = p.Skv ? *std::max_element(row, row + p.Skv) : neg_inf;
         if (mx == neg_inf) {  // no key allowed: out = 0, lse = -inf
