@@ -1,5 +1,6 @@
 #include "cases.h"
 
+#include <algorithm>
 #include <functional>
 #include <set>
 
@@ -33,6 +34,7 @@ std::string Case::name() const {
   if (dtype != DType::f32 || kv_dtype != DType::f32) n += std::string("_") + dtype_name(dtype) + "_" + dtype_name(kv_dtype);
   if (amplitude != 1.0) n += "_amp" + num(static_cast<std::int64_t>(amplitude));
   if (scale) n += "_scale" + num(static_cast<std::int64_t>(*scale * 1000));
+  if (page_size) n += "_paged" + num(page_size);
   return n;
 }
 
@@ -118,6 +120,28 @@ std::vector<Case> registry() {
     add({.B = 2, .Hq = 2, .Hkv = 1, .Sq = 7, .Skv = 113, .Dk = 80, .Dv = 40, .mask = MaskCase::keep_per_batch,
          .kv_lens = true, .dtype = qd, .kv_dtype = kd});
   }
+  // Split-KV: few blocks and long keys (the key range is cut into chunks merged with the state merge).
+  for (Causal c : causals) {
+    add({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .causal = c});
+    add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 7, .Skv = 2100, .Dk = 40, .Dv = 24, .causal = c, .kv_lens = true});
+  }
+  add({.B = 1, .Hq = 8, .Hkv = 8, .Sq = 3, .Skv = 3000, .Dk = 128, .Dv = 128, .window = {700, 0}});
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 1, .Skv = 2100, .Dk = 32, .Dv = 32, .mask = MaskCase::additive_full,
+       .layout = Layout::bshd});
+  add({.B = 1, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 4000, .Dk = 128, .Dv = 128, .dtype = DType::f32,
+       .kv_dtype = DType::bf16});
+  // Paged KV caches: page sizes 1, 3 and 16, decode and short prefill, GQA/MQA, ragged lengths.
+  for (std::int64_t ps : {1, 3, 16}) {
+    add({.B = 3, .Hq = 4, .Hkv = 2, .Sq = 1, .Skv = 113, .Dk = 64, .Dv = 64, .causal = Causal::bottom_right,
+         .kv_lens = true, .page_size = ps});
+    add({.B = 2, .Hq = 8, .Hkv = 1, .Sq = 7, .Skv = 203, .Dk = 32, .Dv = 16, .causal = Causal::bottom_right,
+         .page_size = ps});
+    add({.B = 2, .Hq = 2, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = 16, .Dv = 16, .causal = Causal::bottom_right,
+         .window = {20, 0}, .kv_lens = true, .page_size = ps});
+  }
+  add({.B = 4, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .kv_lens = true, .kv_dtype = DType::bf16,
+       .page_size = 16});
+  add({.B = 1, .Hq = 4, .Hkv = 4, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .layout = Layout::bshd, .page_size = 16});
   return out;
 }
 
@@ -179,7 +203,43 @@ Instance instantiate(const Case& c) {
     }
     p.kv_lens = in.kv_lens.view;
   }
+  if (c.page_size > 0) {
+    // Scatter K/V over a shuffled pool with spare pages full of NaN: a page outside a sequence's table
+    // (or a row past its length) that were read would poison the result.
+    const std::int64_t ps = c.page_size, max_pages = (c.Skv + ps - 1) / ps, pool = c.B * max_pages + 5;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(pool));
+    for (std::int64_t i = 0; i < pool; ++i) ids[i] = static_cast<std::int32_t>(i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    in.k_pages = Tensor(c.kv_dtype, pool, c.Hkv, ps, c.Dk, c.layout);
+    in.v_pages = Tensor(c.kv_dtype, pool, c.Hkv, ps, c.Dv, c.layout);
+    in.k_pages.poison();
+    in.v_pages.poison();
+    in.page_table = Tensor::plain(DType::i32, {c.B, max_pages});
+    in.seq_lens = Tensor::plain(DType::i64, {c.B});
+    for (std::int64_t b = 0; b < c.B; ++b) {
+      const std::int64_t len = c.kv_lens ? static_cast<std::int64_t>(in.kv_lens.get(b)) : c.Skv;
+      in.seq_lens.set(static_cast<double>(len), b);
+      for (std::int64_t n = 0; n < max_pages; ++n) {
+        const std::int32_t page = ids[static_cast<std::size_t>(b * max_pages + n)];
+        in.page_table.set(n * ps < len ? page : -1, b, n);  // unused entries are invalid on purpose
+        for (std::int64_t h = 0; h < c.Hkv; ++h)
+          for (std::int64_t r = 0; r < ps && n * ps + r < len; ++r) {
+            for (std::int64_t d = 0; d < c.Dk; ++d) in.k_pages.set(in.k.get(b, h, n * ps + r, d), page, h, r, d);
+            for (std::int64_t d = 0; d < c.Dv; ++d) in.v_pages.set(in.v.get(b, h, n * ps + r, d), page, h, r, d);
+          }
+      }
+    }
+  }
   return in;
+}
+
+Status Instance::run(Backend backend, int threads) {
+  Params p = params;
+  p.backend = backend;
+  p.threads = threads;
+  if (k_pages.storage.empty()) return attention(q.view, k.view, v.view, out.view, p, lse.view);
+  p.kv_lens.reset();
+  return attention_paged(q.view, k_pages.view, v_pages.view, page_table.view, seq_lens.view, out.view, p, lse.view);
 }
 
 }  // namespace attn::test

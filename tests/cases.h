@@ -31,6 +31,7 @@ struct Case {
   DType kv_dtype = DType::f32;  // k and v
   double amplitude = 1.0;       // inputs uniform in [-amplitude, amplitude]
   std::optional<double> scale;
+  std::int64_t page_size = 0;  // > 0: K/V go through attention_paged from a shuffled page pool
 
   std::string name() const;  // a gtest-safe unique name
 };
@@ -42,6 +43,10 @@ inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 struct Instance {
   Tensor q, k, v, out, lse, mask, kv_lens;
   Params params;
+  // Paged cases: the same K/V scattered over a pool of pages (unused pages hold NaN).
+  Tensor k_pages, v_pages, page_table, seq_lens;
+  // Runs the case's entry point (attention or attention_paged) with the given overrides.
+  Status run(Backend backend, int threads);
 };
 Instance instantiate(const Case& c);
 

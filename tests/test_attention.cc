@@ -53,10 +53,7 @@ Outputs run_backend(const Case& c, Instance& in, Backend backend, int threads) {
   in.out.poison();
   in.lse.poison();
   const std::vector<unsigned char> poisoned = in.out.storage;
-  Params p = in.params;
-  p.backend = backend;
-  p.threads = threads;
-  const Status s = attention(in.q.view, in.k.view, in.v.view, in.out.view, p, in.lse.view);
+  const Status s = in.run(backend, threads);
   EXPECT_TRUE(s.ok()) << s.message();
   // Nothing outside the output view may change.
   const std::vector<bool> covered = covered_bytes(in.out);

@@ -94,6 +94,7 @@ std::vector<BadCase> bad_cases() {
       {"out_aliases_v", "out", [](Env& s) { s.ov.data = static_cast<float*>(s.v.view.data) + 10; }},
       {"lse_aliases_out", "lse", [](Env& s) { s.lsev->data = s.out.view.data; }},
       {"strides_overflow", "q", [](Env& s) { s.qv.strides[0] = std::int64_t{1} << 62; }},
+      {"threads_too_many", "threads", [](Env& s) { s.p.threads = 100000; }},
   };
 }
 
@@ -110,6 +111,7 @@ TEST_P(BadInput, ClearErrorAndOutputsUntouched) {
     EXPECT_EQ(st.code(), StatusCode::invalid_argument);
     const std::string& m = st.message();
     EXPECT_EQ(m.rfind(std::string(GetParam().param), 0), 0u) << "message should start with the parameter: " << m;
+    EXPECT_EQ(st.param().rfind(std::string(GetParam().param), 0), 0u) << st.param();
     EXPECT_NE(m.find("expected"), std::string::npos) << "message should say what was expected: " << m;
     EXPECT_EQ(s.out.storage, out_before) << "out was written";
     EXPECT_EQ(s.lse.storage, lse_before) << "lse was written";
@@ -118,6 +120,49 @@ TEST_P(BadInput, ClearErrorAndOutputsUntouched) {
 
 INSTANTIATE_TEST_SUITE_P(Errors, BadInput, ::testing::ValuesIn(bad_cases()),
                          [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.name); });
+
+// attention_paged: its own arguments, checked before anything is written.
+TEST(BadInputPaged, ClearErrorsAndOutputsUntouched) {
+  const std::int64_t B = 2, H = 2, ps = 4, P = 6, D = 8;
+  std::mt19937_64 rng(2);
+  Tensor q(DType::f32, B, H, 1, D), kp(DType::f32, P, H, ps, D), vp(DType::f32, P, H, ps, D), out(DType::f32, B, H, 1, D);
+  q.randomize(rng), kp.randomize(rng), vp.randomize(rng);
+  Tensor table = Tensor::plain(DType::i32, {B, 3}), lens = Tensor::plain(DType::i32, {B});
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t n = 0; n < 3; ++n) table.set(static_cast<double>(b * 3 + n), b, n);
+  lens.set(9, 0), lens.set(12, 1);
+  out.poison();
+  const auto before = out.storage;
+  ASSERT_TRUE(attention_paged(q.view, kp.view, vp.view, table.view, lens.view, out.view).ok());
+  struct Bad {
+    const char* param;
+    std::function<void(TensorView&, TensorView&, Params&)> mutate;  // table, lens, params
+  };
+  const Bad bad[] = {
+      {"page_table", [&](TensorView& t, TensorView&, Params&) { table.set(6, 1, 2), t = table.view; }},
+      {"page_table", [&](TensorView& t, TensorView&, Params&) { table.set(-1, 0, 0), t = table.view; }},
+      {"page_table", [](TensorView& t, TensorView&, Params&) { t.dtype = DType::i64; }},
+      {"page_table", [](TensorView& t, TensorView&, Params&) { t.rank = 1; }},
+      {"page_table", [](TensorView& t, TensorView&, Params&) { t.shape[0] = 3; }},
+      {"seq_lens", [&](TensorView&, TensorView& l, Params&) { lens.set(13, 1), l = lens.view; }},
+      {"seq_lens", [](TensorView&, TensorView& l, Params&) { l.shape[0] = 1; }},
+      {"kv_lens", [&](TensorView&, TensorView&, Params& p) { p.kv_lens = lens.view; }},
+  };
+  for (const Bad& c : bad) {
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t n = 0; n < 3; ++n) table.set(static_cast<double>(b * 3 + n), b, n);
+    lens.set(9, 0), lens.set(12, 1);
+    out.poison();
+    TensorView t = table.view, l = lens.view;
+    Params p;
+    c.mutate(t, l, p);
+    const Status st = attention_paged(q.view, kp.view, vp.view, t, l, out.view, p);
+    ASSERT_FALSE(st.ok()) << c.param;
+    EXPECT_EQ(st.param(), c.param) << st.message();
+    EXPECT_NE(st.message().find("expected"), std::string::npos) << st.message();
+    EXPECT_EQ(out.storage, before) << "out was written: " << st.message();
+  }
+}
 
 TEST(BadInputList, HasAtLeastThirtyCases) { EXPECT_GE(bad_cases().size(), 30u); }
 

@@ -28,6 +28,8 @@ struct TensorView {
 
   // Row-major contiguous view, rank = shape.size() (1..4).
   static TensorView contiguous(const void* data, DType dtype, std::initializer_list<std::int64_t> shape);
+  // The same for a shape known at run time (rank 1..4).
+  static TensorView contiguous(const void* data, DType dtype, const std::int64_t* shape, int rank);
   // Logical [B, H, S, D] view over memory laid out as [B, S, H, D].
   static TensorView bshd(const void* data, DType dtype, std::int64_t batch, std::int64_t seq,
                          std::int64_t heads, std::int64_t dim);

@@ -23,6 +23,16 @@ struct Strided {
   }
 };
 
+// A paged KV cache: key/value row j of sequence b is row j % page_size of pool page
+// table[b * table_stride[0] + (j / page_size) * table_stride[1]]; k/v strides are then
+// [page, head, row, dim].
+struct Paged {
+  const std::int32_t* table = nullptr;
+  std::int64_t table_stride[2] = {0, 0};
+  std::int64_t page_size = 0;
+  std::int64_t pages = 0;  // pool size P
+};
+
 struct Problem {
   std::int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, Skv = 0, Dk = 0, Dv = 0;
   std::int64_t group = 1;  // Hq / Hkv: query head h reads KV head h / group
@@ -33,6 +43,7 @@ struct Problem {
   MaskKind mask_kind = MaskKind::none;
   Strided q, k, v, mask;
   Strided out;
+  std::optional<Paged> paged;  // set by validate_paged(): K/V come from a page pool
   std::optional<Strided> lse;  // [B, Hq, Sq] in stride[0..2]
   int threads = 0;
   Backend backend = Backend::automatic;
@@ -41,5 +52,10 @@ struct Problem {
 // Checks every argument; on success fills *problem. Writes nothing anywhere else.
 Status validate(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                 const Params& params, const std::optional<TensorView>& lse, Problem* problem);
+
+// The same for attention over a paged KV cache (see attn::attention_paged).
+Status validate_paged(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
+                      const TensorView& page_table, const TensorView& seq_lens, const TensorView& out,
+                      const Params& params, const std::optional<TensorView>& lse, Problem* problem);
 
 }  // namespace attn::core

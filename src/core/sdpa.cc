@@ -7,10 +7,9 @@
 
 namespace attn {
 
-Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                 const Params& params, const std::optional<TensorView>& lse) {
-  core::Problem p;
-  if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
+namespace {
+
+Status run(const core::Problem& p) {
   if (p.backend == Backend::reference) {
     reference::store(p, reference::attention<double>(p));
     return Status::Ok();
@@ -23,13 +22,21 @@ Status attention(const TensorView& q, const TensorView& k, const TensorView& v, 
   return Status::Ok();
 }
 
-}  // namespace attn
+}  // namespace
 
-namespace attn {
+Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                 const Params& params, const std::optional<TensorView>& lse) {
+  core::Problem p;
+  if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
+  return run(p);
+}
 
-Status attention_paged(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                       const TensorView&, const Params&, const std::optional<TensorView>&) {
-  return Status::Unsupported("k_pages", "paged attention is not implemented yet; expected in the next commit");
+Status attention_paged(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
+                       const TensorView& page_table, const TensorView& seq_lens, const TensorView& out,
+                       const Params& params, const std::optional<TensorView>& lse) {
+  core::Problem p;
+  if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens, out, params, lse, &p); !s) return s;
+  return run(p);
 }
 
 }  // namespace attn

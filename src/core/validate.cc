@@ -34,15 +34,15 @@ std::size_t dtype_size(DType dtype) {
 }
 
 TensorView TensorView::contiguous(const void* data, DType dtype, std::initializer_list<std::int64_t> shape) {
+  return contiguous(data, dtype, shape.begin(), static_cast<int>(shape.size()));
+}
+
+TensorView TensorView::contiguous(const void* data, DType dtype, const std::int64_t* shape, int rank) {
   TensorView t;
   t.data = const_cast<void*>(data);
   t.dtype = dtype;
-  t.rank = static_cast<int>(shape.size());
-  int i = 0;
-  for (std::int64_t n : shape) {
-    if (i < 4) t.shape[i] = n;
-    ++i;
-  }
+  t.rank = rank;
+  for (int i = 0; i < rank && i < 4; ++i) t.shape[i] = shape[i];
   std::int64_t stride = 1;
   for (int d = std::min(t.rank, 4) - 1; d >= 0; --d) {
     t.strides[d] = stride;
@@ -210,33 +210,67 @@ Status check_mask(const TensorView& m, const Problem& p, Strided* out, MaskKind*
   return Status::Ok();
 }
 
-Status check_kv_lens(const TensorView& t, Problem* p) {
-  if (Status s = check_view("kv_lens", t, 1); !s) return s;
+Status check_kv_lens(const char* name, const TensorView& t, Problem* p) {
+  if (Status s = check_view(name, t, 1); !s) return s;
   if (t.dtype != DType::i32 && t.dtype != DType::i64)
-    return Status::Invalid("kv_lens", std::string("dtype ") + dtype_name(t.dtype) + "; expected i32 or i64");
+    return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected i32 or i64");
   if (t.shape[0] != p->B)
-    return Status::Invalid("kv_lens", "shape " + shape_str(t) + "; expected [" + std::to_string(p->B) + "] (B)");
+    return Status::Invalid(name, "shape " + shape_str(t) + "; expected [" + std::to_string(p->B) + "] (B)");
   for (std::int64_t b = 0; b < p->B; ++b) {
     const std::int64_t off = b * t.strides[0];
     const std::int64_t len = t.dtype == DType::i32 ? static_cast<const std::int32_t*>(t.data)[off]
                                                    : static_cast<const std::int64_t*>(t.data)[off];
     if (len < 0 || len > p->Skv)
-      return Status::Invalid("kv_lens", "kv_lens[" + std::to_string(b) + "] = " + std::to_string(len) +
-                                            "; expected 0 <= length <= Skv = " + std::to_string(p->Skv));
+      return Status::Invalid(name, std::string(name) + "[" + std::to_string(b) + "] = " + std::to_string(len) +
+                                       "; expected 0 <= length <= Skv = " + std::to_string(p->Skv));
     p->kv_len[b] = len;
   }
   return Status::Ok();
 }
 
-}  // namespace
+// A page table [B, max_pages] of i32 page indices, each in [0, P) where a sequence uses it.
+Status check_page_table(const TensorView& t, std::int64_t pages, std::int64_t page_size, Problem* p) {
+  if (Status s = check_view("page_table", t, 2); !s) return s;
+  if (t.dtype != DType::i32)
+    return Status::Invalid("page_table", std::string("dtype ") + dtype_name(t.dtype) + "; expected i32");
+  if (t.shape[0] != p->B)
+    return Status::Invalid("page_table", "shape " + shape_str(t) + "; expected [" + std::to_string(p->B) + ", max_pages]");
+  Paged pg;
+  pg.table = static_cast<const std::int32_t*>(t.data);
+  pg.table_stride[0] = t.strides[0];
+  pg.table_stride[1] = t.strides[1];
+  pg.page_size = page_size;
+  pg.pages = pages;
+  for (std::int64_t b = 0; b < p->B; ++b) {
+    const std::int64_t used = (p->kv_len[static_cast<std::size_t>(b)] + page_size - 1) / page_size;
+    for (std::int64_t n = 0; n < used; ++n) {
+      const std::int64_t id = pg.table[b * pg.table_stride[0] + n * pg.table_stride[1]];
+      if (id < 0 || id >= pages)
+        return Status::Invalid("page_table", "page_table[" + std::to_string(b) + "][" + std::to_string(n) + "] = " +
+                                                 std::to_string(id) + "; expected a page index in [0, " +
+                                                 std::to_string(pages) + ")");
+    }
+  }
+  p->paged = pg;
+  return Status::Ok();
+}
 
-Status validate(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                const Params& params, const std::optional<TensorView>& lse, Problem* problem) {
+// Arguments only attention_paged has.
+struct PagedArgs {
+  const TensorView& page_table;
+  const TensorView& seq_lens;
+};
+
+Status validate_impl(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                     const Params& params, const std::optional<TensorView>& lse, const PagedArgs* paged,
+                     Problem* problem) {
   Problem p;
+  const char* kname = paged ? "k_pages" : "k";
+  const char* vname = paged ? "v_pages" : "v";
   const struct {
     const char* name;
     const TensorView& t;
-  } qkvo[] = {{"q", q}, {"k", k}, {"v", v}, {"out", out}};
+  } qkvo[] = {{"q", q}, {kname, k}, {vname, v}, {"out", out}};
   for (const auto& [name, t] : qkvo) {
     if (Status s = check_view(name, t, 4); !s) return s;
     if (!float_dtype(t.dtype))
@@ -247,23 +281,30 @@ Status validate(const TensorView& q, const TensorView& k, const TensorView& v, c
   const std::string qdesc = " (q is " + shape_str(q) + ")";
   if (p.Hq < 1) return Status::Invalid("q", "shape " + shape_str(q) + " has Hq = 0; expected at least one head");
   if (p.Dk < 1) return Status::Invalid("q", "shape " + shape_str(q) + " has Dk = 0; expected Dk >= 1");
-  if (k.shape[0] != p.B) return Status::Invalid("k", "batch " + std::to_string(k.shape[0]) + "; expected B = " + std::to_string(p.B) + qdesc);
-  if (p.Hkv < 1) return Status::Invalid("k", "shape " + shape_str(k) + " has Hkv = 0; expected at least one head");
+  if (!paged && k.shape[0] != p.B)
+    return Status::Invalid(kname, "batch " + std::to_string(k.shape[0]) + "; expected B = " + std::to_string(p.B) + qdesc);
+  if (p.Hkv < 1) return Status::Invalid(kname, "shape " + shape_str(k) + " has Hkv = 0; expected at least one head");
   if (k.shape[3] != p.Dk)
-    return Status::Invalid("k", "head dim " + std::to_string(k.shape[3]) + "; expected Dk = " + std::to_string(p.Dk) + qdesc);
+    return Status::Invalid(kname, "head dim " + std::to_string(k.shape[3]) + "; expected Dk = " + std::to_string(p.Dk) + qdesc);
   if (p.Hq % p.Hkv != 0)
-    return Status::Invalid("k", "Hkv = " + std::to_string(p.Hkv) + " does not divide Hq = " + std::to_string(p.Hq) +
-                                    "; expected Hq % Hkv == 0 (MHA, GQA or MQA)");
-  if (v.shape[0] != p.B || v.shape[1] != p.Hkv || v.shape[2] != p.Skv)
-    return Status::Invalid("v", "shape " + shape_str(v) + "; expected [" + std::to_string(p.B) + ", " +
-                                    std::to_string(p.Hkv) + ", " + std::to_string(p.Skv) + ", Dv] to match k " + shape_str(k));
-  if (p.Dv < 1) return Status::Invalid("v", "shape " + shape_str(v) + " has Dv = 0; expected Dv >= 1");
+    return Status::Invalid(kname, "Hkv = " + std::to_string(p.Hkv) + " does not divide Hq = " + std::to_string(p.Hq) +
+                                      "; expected Hq % Hkv == 0 (MHA, GQA or MQA)");
+  if (v.shape[0] != k.shape[0] || v.shape[1] != p.Hkv || v.shape[2] != k.shape[2])
+    return Status::Invalid(vname, "shape " + shape_str(v) + "; expected [" + std::to_string(k.shape[0]) + ", " +
+                                      std::to_string(p.Hkv) + ", " + std::to_string(k.shape[2]) + ", Dv] to match " +
+                                      kname + " " + shape_str(k));
+  if (p.Dv < 1) return Status::Invalid(vname, "shape " + shape_str(v) + " has Dv = 0; expected Dv >= 1");
+  if (paged) {
+    if (k.shape[2] < 1) return Status::Invalid("k_pages", "page size 0; expected page_size >= 1");
+    if (Status s = check_view("page_table", paged->page_table, 2); !s) return s;
+    p.Skv = paged->page_table.shape[1] * k.shape[2];  // max_pages · page_size
+  }
   if (out.shape != std::array<std::int64_t, 4>{p.B, p.Hq, p.Sq, p.Dv})
     return Status::Invalid("out", "shape " + shape_str(out) + "; expected " + dims_str({p.B, p.Hq, p.Sq, p.Dv}) +
                                       " ([B, Hq, Sq, Dv])");
   if (v.dtype != k.dtype)
-    return Status::Invalid("v", std::string("dtype ") + dtype_name(v.dtype) + "; expected the dtype of k (" +
-                                    dtype_name(k.dtype) + ")");
+    return Status::Invalid(vname, std::string("dtype ") + dtype_name(v.dtype) + "; expected the dtype of " + kname +
+                                      " (" + dtype_name(k.dtype) + ")");
   if (out.dtype != q.dtype)
     return Status::Invalid("out", std::string("dtype ") + dtype_name(out.dtype) + "; expected the dtype of q (" +
                                       dtype_name(q.dtype) + ")");
@@ -282,8 +323,11 @@ Status validate(const TensorView& q, const TensorView& k, const TensorView& v, c
 
   // Scale.
   p.scale = params.scale ? *params.scale : 1.0 / std::sqrt(static_cast<double>(p.Dk));
-  if (!std::isfinite(p.scale) || p.scale <= 0)
-    return Status::Invalid("scale", "is " + std::to_string(p.scale) + "; expected a finite value > 0");
+  if (!std::isfinite(p.scale) || p.scale <= 0) {
+    std::ostringstream v;
+    v << p.scale;
+    return Status::Invalid("scale", "is " + v.str() + "; expected a finite value > 0");
+  }
 
   // Causal mask and window.
   if (static_cast<unsigned>(params.causal) > static_cast<unsigned>(Causal::bottom_right))
@@ -299,15 +343,21 @@ Status validate(const TensorView& q, const TensorView& k, const TensorView& v, c
 
   // Key lengths.
   p.kv_len.assign(static_cast<std::size_t>(p.B), p.Skv);
-  if (params.kv_lens)
-    if (Status s = check_kv_lens(*params.kv_lens, &p); !s) return s;
+  if (paged) {
+    if (params.kv_lens)
+      return Status::Invalid("kv_lens", "is set; expected it empty for attention_paged (seq_lens gives the lengths)");
+    if (Status s = check_kv_lens("seq_lens", paged->seq_lens, &p); !s) return s;
+    if (Status s = check_page_table(paged->page_table, k.shape[0], k.shape[2], &p); !s) return s;
+  } else if (params.kv_lens) {
+    if (Status s = check_kv_lens("kv_lens", *params.kv_lens, &p); !s) return s;
+  }
 
   // Dense mask.
   if (params.mask)
     if (Status s = check_mask(*params.mask, p, &p.mask, &p.mask_kind); !s) return s;
 
-  if (params.threads < 0)
-    return Status::Invalid("threads", std::to_string(params.threads) + "; expected 0 (default) or a positive count");
+  if (params.threads < 0 || params.threads > 4096)
+    return Status::Invalid("threads", std::to_string(params.threads) + "; expected 0 (default) or 1 to 4096");
   p.threads = params.threads;
   if (static_cast<unsigned>(params.backend) > static_cast<unsigned>(Backend::flash))
     return Status::Invalid("backend", "unknown value; expected automatic, reference or flash");
@@ -318,9 +368,11 @@ Status validate(const TensorView& q, const TensorView& k, const TensorView& v, c
   const struct {
     const char* name;
     const TensorView* t;
-  } inputs[] = {{"q", &q}, {"k", &k}, {"v", &v},
+  } inputs[] = {{"q", &q}, {kname, &k}, {vname, &v},
                 {"mask", params.mask ? &*params.mask : nullptr},
-                {"kv_lens", params.kv_lens ? &*params.kv_lens : nullptr}};
+                {"kv_lens", params.kv_lens ? &*params.kv_lens : nullptr},
+                {"page_table", paged ? &paged->page_table : nullptr},
+                {"seq_lens", paged ? &paged->seq_lens : nullptr}};
   for (const auto& [name, t] : inputs) {
     if (!t) continue;
     const Extent ei = extent_of(*t);
@@ -339,6 +391,20 @@ Status validate(const TensorView& q, const TensorView& k, const TensorView& v, c
   if (lse) p.lse = strided4(*lse);
   *problem = std::move(p);
   return Status::Ok();
+}
+
+}  // namespace
+
+Status validate(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                const Params& params, const std::optional<TensorView>& lse, Problem* problem) {
+  return validate_impl(q, k, v, out, params, lse, nullptr, problem);
+}
+
+Status validate_paged(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
+                      const TensorView& page_table, const TensorView& seq_lens, const TensorView& out,
+                      const Params& params, const std::optional<TensorView>& lse, Problem* problem) {
+  const PagedArgs paged{page_table, seq_lens};
+  return validate_impl(q, k_pages, v_pages, out, params, lse, &paged, problem);
 }
 
 }  // namespace core

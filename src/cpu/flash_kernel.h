@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/convert.h"
@@ -30,52 +31,70 @@ namespace attn::cpu::ATTN_ISA_NS {
 
 using V = Vec::T;
 constexpr int W = Vec::W;
-constexpr int QV = 4;            // query vectors per block
-constexpr std::int64_t BR = QV * W;  // query rows per block (lanes)
-constexpr std::int64_t BC = 64;      // keys per tile
-constexpr int RK = W == 16 ? 6 : 2;  // keys per step of the Sᵀ micro-kernel (RK x QV accumulators)
-constexpr int RD = W == 16 ? 6 : 2;  // value dims per step of the Oᵀ micro-kernel (RD x QV accumulators)
+constexpr int QV_MAX = 4;                  // query vectors per block, at most
+constexpr std::int64_t BR = QV_MAX * W;    // query lanes per block, at most
+constexpr std::int64_t BC = 64;            // keys per tile
+constexpr int RK = W == 16 ? 6 : 2;        // keys per step of the Sᵀ micro-kernel (RK x QV accumulators)
+constexpr int RD = W == 16 ? 6 : 2;        // value dims per step of the Oᵀ micro-kernel (RD x QV accumulators)
 
-// A block of rows [s0, s0 + rows) of one head as fp32 rows with unit stride: the caller's memory when
-// it already is fp32 with unit stride, else converted into `buf`.
+// The lanes of one block: lane r holds query row i[r] of query head h[r]. All heads of a block share
+// one KV head, so a long prefill fills the lanes with BR rows of one head, and a decode step (or any
+// short Sq) with the rows of several heads of a GQA group at once.
+struct Lanes {
+  std::int64_t b = 0, hk = 0, n = 0;
+  std::int64_t h[BR], i[BR];
+};
+
+// Where row j of K or V for (batch b, KV head hk) starts: strided, or through the page table.
 template <class T>
-const float* rows_as_f32(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
-                         std::int64_t dim, float* buf, std::int64_t* ld) {
-  const T* base = static_cast<const T*>(t.data) + t.offset(b, h, s0, 0);
-  if constexpr (std::is_same_v<T, float>) {
-    if (t.stride[3] == 1) {
-      *ld = t.stride[2];
-      return base;
+const T* kv_row(const core::Problem& p, const core::Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j) {
+  const T* base = static_cast<const T*>(t.data);
+  if (!p.paged) return base + t.offset(b, hk, j, 0);
+  const core::Paged& pg = *p.paged;
+  const std::int64_t page = pg.table[b * pg.table_stride[0] + (j / pg.page_size) * pg.table_stride[1]];
+  return base + t.offset(page, hk, j % pg.page_size, 0);
+}
+
+// Pointers to rows j0 .. j0+cols-1 of a K or V tile as fp32 with unit stride: the caller's memory when it
+// already is fp32 with unit stride, else rows converted into `buf` [BC][dim].
+template <class T>
+void tile_rows(const core::Problem& p, const core::Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j0,
+               std::int64_t cols, std::int64_t dim, float* buf, const float** rows) {
+  const bool direct = std::is_same_v<T, float> && t.stride[3] == 1;
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const T* src = kv_row<T>(p, t, b, hk, j0 + c);
+    if (direct) {
+      rows[c] = reinterpret_cast<const float*>(src);
+      continue;
     }
-  }
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* src = base + r * t.stride[2];
-    float* dst = buf + r * dim;
+    float* dst = buf + c * dim;
     std::int64_t d = 0;
     if constexpr (!std::is_same_v<T, float>) {
       if (t.stride[3] == 1)
         for (; d + W <= dim; d += W) {
-          const auto* p = reinterpret_cast<const std::uint16_t*>(src + d);
-          Vec::store(dst + d, std::is_same_v<T, core::bf16> ? Vec::load_bf16(p) : Vec::load_f16(p));
+          const auto* h16 = reinterpret_cast<const std::uint16_t*>(src + d);
+          Vec::store(dst + d, std::is_same_v<T, core::bf16> ? Vec::load_bf16(h16) : Vec::load_f16(h16));
         }
     }
     for (; d < dim; ++d) dst[d] = core::to_float(src[d * t.stride[3]]);
+    rows[c] = dst;
   }
-  *ld = dim;
-  return buf;
 }
 
-// Per-thread scratch, all fp32: Qᵀ [Dk][BR], K and V tiles [BC][D] (used only when a conversion is
-// needed), Sᵀ/Pᵀ [BC][BR], Oᵀ [Dv][BR], and the state of each row (m, l).
+// Per-thread scratch, all fp32: Q as Qᵀ [Dk][BR] (lane-major blocks) or rows [BR][Dk] (row-major blocks),
+// converted K and V tiles [BC][D], Sᵀ/Pᵀ [BC][BR], O as Oᵀ [Dv][BR] or rows [BR][Dv], the state of each
+// lane (m, l, and the last tile's rescale factor α), and the row pointers of the current K and V tiles.
 struct Workspace {
-  std::vector<float> qt, k, v, st, ot, m, l;
+  std::vector<float> q, k, v, st, o, m, l, alpha;
+  const float* krows[BC];
+  const float* vrows[BC];
   Workspace(std::int64_t dk, std::int64_t dv)
-      : qt(dk * BR), k(BC * dk), v(BC * dv), st(BC * BR), ot(dv * BR), m(BR), l(BR) {}
+      : q(dk * BR), k(BC * dk), v(BC * dv), st(BC * BR), o(dv * BR), m(BR), l(BR), alpha(BR) {}
 };
 
-// Sᵀ[c][·] = Σ_d K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and all BR query lanes.
-template <int R>
-inline void scores_step(const float* qt, const float* k, std::int64_t ldk, std::int64_t dk, float* st, std::int64_t c0) {
+// Sᵀ[c][·] = Σ_d K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and QV·W query lanes.
+template <int QV, int R>
+inline void scores_step(const float* qt, const float* const* k, std::int64_t dk, float* st, std::int64_t c0) {
   V acc[R][QV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < QV; ++v) acc[r][v] = Vec::zero();
@@ -83,7 +102,7 @@ inline void scores_step(const float* qt, const float* k, std::int64_t ldk, std::
     V q[QV];
     for (int v = 0; v < QV; ++v) q[v] = Vec::load(qt + d * BR + v * W);
     for (int r = 0; r < R; ++r) {
-      const V kb = Vec::set1(k[(c0 + r) * ldk + d]);
+      const V kb = Vec::set1(k[c0 + r][d]);
       for (int v = 0; v < QV; ++v) acc[r][v] = Vec::fmadd(kb, q[v], acc[r][v]);
     }
   }
@@ -92,8 +111,8 @@ inline void scores_step(const float* qt, const float* k, std::int64_t ldk, std::
 }
 
 // Oᵀ[d][·] += Σ_c V[c][d] Pᵀ[c][·] for value dims d0 .. d0+R-1.
-template <int R>
-inline void pv_step(const float* pt, const float* vv, std::int64_t ldv, std::int64_t cols, float* ot, std::int64_t d0) {
+template <int QV, int R>
+inline void pv_step(const float* pt, const float* const* vrows, std::int64_t cols, float* ot, std::int64_t d0) {
   V acc[R][QV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < QV; ++v) acc[r][v] = Vec::load(ot + (d0 + r) * BR + v * W);
@@ -101,7 +120,7 @@ inline void pv_step(const float* pt, const float* vv, std::int64_t ldv, std::int
     V p[QV];
     for (int v = 0; v < QV; ++v) p[v] = Vec::load(pt + c * BR + v * W);
     for (int r = 0; r < R; ++r) {
-      const V vb = Vec::set1(vv[c * ldv + d0 + r]);
+      const V vb = Vec::set1(vrows[c][d0 + r]);
       for (int v = 0; v < QV; ++v) acc[r][v] = Vec::fmadd(vb, p[v], acc[r][v]);
     }
   }
@@ -110,34 +129,78 @@ inline void pv_step(const float* pt, const float* vv, std::int64_t ldv, std::int
 }
 
 // Sᵀ = K Qᵀ over `cols` keys.
-inline void scores(const float* qt, const float* k, std::int64_t ldk, std::int64_t dk, std::int64_t cols, float* st) {
+template <int QV>
+inline void scores(const float* qt, const float* const* k, std::int64_t dk, std::int64_t cols, float* st) {
   std::int64_t c = 0;
-  for (; c + RK <= cols; c += RK) scores_step<RK>(qt, k, ldk, dk, st, c);
-  for (; c < cols; ++c) scores_step<1>(qt, k, ldk, dk, st, c);
+  for (; c + RK <= cols; c += RK) scores_step<QV, RK>(qt, k, dk, st, c);
+  for (; c < cols; ++c) scores_step<QV, 1>(qt, k, dk, st, c);
 }
 
 // Oᵀ += Vᵀ Pᵀ over `cols` keys.
-inline void accumulate_pv(const float* pt, const float* vv, std::int64_t ldv, std::int64_t dv, std::int64_t cols,
-                          float* ot) {
+template <int QV>
+inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64_t dv, std::int64_t cols, float* ot) {
   std::int64_t d = 0;
-  for (; d + RD <= dv; d += RD) pv_step<RD>(pt, vv, ldv, cols, ot, d);
-  for (; d < dv; ++d) pv_step<1>(pt, vv, ldv, cols, ot, d);
+  for (; d + RD <= dv; d += RD) pv_step<QV, RD>(pt, vrows, cols, ot, d);
+  for (; d < dv; ++d) pv_step<QV, 1>(pt, vrows, cols, ot, d);
 }
 
-// Turns dot products into scores: s = scale·s + mask, and -inf for keys a row may not see. Tiles every
-// row sees in full and without a dense mask only need the scale.
-template <class DenseMask>
-void finish_scores(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
-                   std::int64_t j0, std::int64_t cols, bool interior, float* st) {
+// Row-major forms for blocks of few lanes (decode): with NL <= 8 lanes, vectors run along the head
+// dimension instead of across lanes, so no lane of a vector is wasted.
+// Sᵀ[c][r] = q_r · k_c for every key of the tile and lanes r < NL (q rows [BR][dk]).
+template <int NL>
+inline void scores_rows(const float* q, const float* const* k, std::int64_t dk, std::int64_t cols, float* st) {
+  for (std::int64_t c = 0; c < cols; ++c) {
+    V acc[NL];
+    for (int r = 0; r < NL; ++r) acc[r] = Vec::zero();
+    std::int64_t d = 0;
+    for (; d + W <= dk; d += W) {
+      const V kv = Vec::load(k[c] + d);
+      for (int r = 0; r < NL; ++r) acc[r] = Vec::fmadd(Vec::load(q + r * dk + d), kv, acc[r]);
+    }
+    for (int r = 0; r < NL; ++r) {
+      float s = Vec::reduce_add(acc[r]);
+      for (std::int64_t e = d; e < dk; ++e) s += q[r * dk + e] * k[c][e];
+      st[c * BR + r] = s;
+    }
+  }
+}
+
+// o_r = α_r·o_r + Σ_c Pᵀ[c][r] v_c for lanes r < NL (o rows [BR][dv]).
+template <int NL>
+inline void pv_rows(const float* pt, const float* const* vrows, std::int64_t dv, std::int64_t cols,
+                    const float* alpha, float* o) {
+  std::int64_t d = 0;
+  for (; d + W <= dv; d += W) {
+    V acc[NL];
+    for (int r = 0; r < NL; ++r) acc[r] = Vec::mul(Vec::load(o + r * dv + d), Vec::set1(alpha[r]));
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const V vv = Vec::load(vrows[c] + d);
+      for (int r = 0; r < NL; ++r) acc[r] = Vec::fmadd(Vec::set1(pt[c * BR + r]), vv, acc[r]);
+    }
+    for (int r = 0; r < NL; ++r) Vec::store(o + r * dv + d, acc[r]);
+  }
+  for (; d < dv; ++d)
+    for (int r = 0; r < NL; ++r) {
+      float acc = o[r * dv + d] * alpha[r];
+      for (std::int64_t c = 0; c < cols; ++c) acc += pt[c * BR + r] * vrows[c][d];
+      o[r * dv + d] = acc;
+    }
+}
+
+// Turns dot products into scores: s = scale·s + mask, and -inf for keys a lane may not see. Tiles every
+// lane sees in full and without a dense mask only need the scale.
+template <int QV, class DenseMask>
+void finish_scores(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool interior,
+                   float* st) {
   if (interior && !DenseMask::kActive) {
     const V scale = Vec::set1(static_cast<float>(p.scale));
     for (std::int64_t c = 0; c < cols; ++c)
       for (int v = 0; v < QV; ++v) Vec::store(st + c * BR + v * W, Vec::mul(Vec::load(st + c * BR + v * W), scale));
     return;
   }
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const core::KeyRange range = core::key_range(p, b, i0 + r);
-    const auto mask = DenseMask::row(p, b, h, i0 + r);
+  for (std::int64_t r = 0; r < lanes.n; ++r) {
+    const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
+    const auto mask = DenseMask::row(p, lanes.b, lanes.h[r], lanes.i[r]);
     for (std::int64_t c = 0; c < cols; ++c) {
       const std::int64_t j = j0 + c;
       float& s = st[c * BR + r];
@@ -147,20 +210,23 @@ void finish_scores(const core::Problem& p, std::int64_t b, std::int64_t h, std::
 }
 
 // The online-softmax step for one tile, lane by lane (the vector form of core::SoftmaxState::advance and
-// its weights): m' = max(m, max_c Sᵀ[c]); α = e^(m - m'); l = α·l + Σ_c e^(Sᵀ[c] - m'); Oᵀ *= α;
-// and Sᵀ is replaced by Pᵀ = e^(Sᵀ - m'). Empty rows (m' = -inf) keep α = 0 and weights 0, never NaN.
-inline void softmax_step(float* st, std::int64_t cols, float* m, float* l, float* ot, std::int64_t dv) {
+// its weights): m' = max(m, max_c Sᵀ[c]); α = e^(m - m'); l = α·l + Σ_c e^(Sᵀ[c] - m'); and Sᵀ is
+// replaced by Pᵀ = e^(Sᵀ - m'). The accumulator is rescaled by α afterwards. Empty rows (m' = -inf)
+// keep α = 0 and weights 0, never NaN.
+template <int QV>
+inline void softmax_step(float* st, std::int64_t cols, float* m, float* l, float* alpha_out) {
   const V log2e = Vec::set1(static_cast<float>(core::kLog2e)), neg_inf = Vec::set1(core::kNegInf);
+  const V huge_neg = Vec::set1(-3.0e38f);
   V alpha[QV], offset[QV], sum[QV];
   for (int v = 0; v < QV; ++v) {
     V mx = neg_inf;
     for (std::int64_t c = 0; c < cols; ++c) mx = Vec::max(mx, Vec::load(st + c * BR + v * W));
     const V m_old = Vec::load(m + v * W), m_new = Vec::max(m_old, mx);
-    // e^(m_old - m_new); m_old = -inf gives 0 (and so does m_new = -inf, harmlessly: l and Oᵀ are 0).
-    alpha[v] = exp2v(Vec::select_lt(m_old, Vec::set1(-3.0e38f), neg_inf,
+    // e^(m_old - m_new); a lane that has seen no key (m_old = -inf) gets 0.
+    alpha[v] = exp2v(Vec::select_lt(m_old, huge_neg, neg_inf,
                                     Vec::mul(Vec::add(m_old, Vec::mul(m_new, Vec::set1(-1.0f))), log2e)));
-    // exponent offset -m'·log2e, or 0 while the row has seen no key
-    offset[v] = Vec::select_lt(m_new, Vec::set1(-3.0e38f), Vec::zero(), Vec::mul(m_new, Vec::set1(-core::kLog2e)));
+    // the exponent offset -m'·log2e, or 0 while the lane has seen no key
+    offset[v] = Vec::select_lt(m_new, huge_neg, Vec::zero(), Vec::mul(m_new, Vec::set1(-core::kLog2e)));
     Vec::store(m + v * W, m_new);
     sum[v] = Vec::zero();
   }
@@ -170,75 +236,192 @@ inline void softmax_step(float* st, std::int64_t cols, float* m, float* l, float
       Vec::store(st + c * BR + v * W, pw);
       sum[v] = Vec::add(sum[v], pw);
     }
-  for (int v = 0; v < QV; ++v) Vec::store(l + v * W, Vec::fmadd(Vec::load(l + v * W), alpha[v], sum[v]));
-  for (std::int64_t d = 0; d < dv; ++d)
-    for (int v = 0; v < QV; ++v) Vec::store(ot + d * BR + v * W, Vec::mul(Vec::load(ot + d * BR + v * W), alpha[v]));
+  for (int v = 0; v < QV; ++v) {
+    Vec::store(l + v * W, Vec::fmadd(Vec::load(l + v * W), alpha[v], sum[v]));
+    Vec::store(alpha_out + v * W, alpha[v]);
+  }
 }
 
-// One block of query rows [i0, i0 + rows) of head h in batch b, over keys [kv_lo, kv_hi) only
-// (the whole visible range, or one split of it). Leaves the unnormalised state in ws (m, l, Oᵀ).
-template <class QT, class KVT, class DenseMask>
-void flash_block_partial(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
-                         std::int64_t kv_lo, std::int64_t kv_hi, Workspace& ws) {
-  const std::int64_t hk = h / p.group, dk = p.Dk, dv = p.Dv;
-  // Keys some row of the block may see (the union) and keys every row sees (the intersection):
-  // both ends of a row's key range are non-decreasing in the row index.
-  const core::KeyRange first = core::key_range(p, b, i0), last = core::key_range(p, b, i0 + rows - 1);
-  const std::int64_t visible_lo = std::max(first.lo, kv_lo), visible_hi = std::min(last.hi, kv_hi);
-  const std::int64_t shared_lo = last.lo, shared_hi = first.hi;
+// Oᵀ *= α, lane by lane.
+template <int QV>
+inline void rescale(float* ot, std::int64_t dv, const float* alpha) {
+  V a[QV];
+  for (int v = 0; v < QV; ++v) a[v] = Vec::load(alpha + v * W);
+  for (std::int64_t d = 0; d < dv; ++d)
+    for (int v = 0; v < QV; ++v) Vec::store(ot + d * BR + v * W, Vec::mul(Vec::load(ot + d * BR + v * W), a[v]));
+}
 
-  // Qᵀ, zero in the lanes past the last row.
-  std::fill(ws.qt.begin(), ws.qt.end(), 0.0f);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const QT* q = static_cast<const QT*>(p.q.data) + p.q.offset(b, h, i0 + r, 0);
-    for (std::int64_t d = 0; d < dk; ++d) ws.qt[d * BR + r] = core::to_float(q[d * p.q.stride[3]]);
+// One block of lanes over keys [kv_lo, kv_hi) only (all keys, or one split of them): leaves the
+// unnormalised state of every lane in ws (m, l, and O: Oᵀ [Dv][BR] when NL = 0, else rows [BR][Dv]).
+// NL = 0: lanes across vectors (QV vectors of lanes). NL > 0: row-major for at most NL lanes.
+template <int QV, int NL, class QT, class KVT, class DenseMask>
+void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo, std::int64_t kv_hi, Workspace& ws) {
+  const std::int64_t dk = p.Dk, dv = p.Dv;
+  // Keys some lane may see (the union of the lanes' ranges) and keys every lane sees (the intersection).
+  std::int64_t visible_lo = kv_hi, visible_hi = kv_lo, shared_lo = 0, shared_hi = p.Skv;
+  for (std::int64_t r = 0; r < lanes.n; ++r) {
+    const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
+    if (range.lo < range.hi) visible_lo = std::min(visible_lo, range.lo), visible_hi = std::max(visible_hi, range.hi);
+    shared_lo = std::max(shared_lo, range.lo), shared_hi = std::min(shared_hi, range.hi);
   }
-  std::fill(ws.ot.begin(), ws.ot.end(), 0.0f);
+  visible_lo = std::max(visible_lo, kv_lo), visible_hi = std::min(visible_hi, kv_hi);
+
+  // Q of every lane (lanes past n stay 0 and are never stored), as Qᵀ or as rows.
+  std::fill(ws.q.begin(), ws.q.end(), 0.0f);
+  for (std::int64_t r = 0; r < lanes.n; ++r) {
+    const QT* q = static_cast<const QT*>(p.q.data) + p.q.offset(lanes.b, lanes.h[r], lanes.i[r], 0);
+    for (std::int64_t d = 0; d < dk; ++d)
+      ws.q[NL ? r * dk + d : d * BR + r] = core::to_float(q[d * p.q.stride[3]]);
+  }
+  std::fill(ws.o.begin(), ws.o.end(), 0.0f);
   std::fill(ws.m.begin(), ws.m.end(), core::kNegInf);
   std::fill(ws.l.begin(), ws.l.end(), 0.0f);
 
   for (std::int64_t j0 = visible_lo; j0 < visible_hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, visible_hi - j0);
     const bool interior = j0 >= shared_lo && j0 + cols <= shared_hi;
-    std::int64_t ldk, ldv;
-    const float* k = rows_as_f32<KVT>(p.k, b, hk, j0, cols, dk, ws.k.data(), &ldk);        // K tile
-    const float* v = rows_as_f32<KVT>(p.v, b, hk, j0, cols, dv, ws.v.data(), &ldv);        // V tile
-    scores(ws.qt.data(), k, ldk, dk, cols, ws.st.data());                                  // Sᵀ = K Qᵀ
-    finish_scores<DenseMask>(p, b, h, i0, rows, j0, cols, interior, ws.st.data());         // Sᵀ = scale·Sᵀ + mask
-    softmax_step(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.ot.data(), dv);          // Pᵀ, m, l, Oᵀ *= α
-    accumulate_pv(ws.st.data(), v, ldv, dv, cols, ws.ot.data());                           // Oᵀ += Vᵀ Pᵀ
+    tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);      // K tile
+    tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);      // V tile
+    if constexpr (NL == 0) {
+      scores<QV>(ws.q.data(), ws.krows, dk, cols, ws.st.data());                          // Sᵀ = K Qᵀ
+      finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());           // Sᵀ = scale·Sᵀ + mask
+      softmax_step<QV>(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.alpha.data());    // Pᵀ = e^(Sᵀ - m); m, l
+      rescale<QV>(ws.o.data(), dv, ws.alpha.data());                                      // Oᵀ *= α
+      accumulate_pv<QV>(ws.st.data(), ws.vrows, dv, cols, ws.o.data());                   // Oᵀ += Vᵀ Pᵀ
+    } else {
+      scores_rows<NL>(ws.q.data(), ws.krows, dk, cols, ws.st.data());                     // Sᵀ = K Qᵀ
+      finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());           // Sᵀ = scale·Sᵀ + mask
+      softmax_step<QV>(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.alpha.data());    // Pᵀ = e^(Sᵀ - m); m, l
+      pv_rows<NL>(ws.st.data(), ws.vrows, dv, cols, ws.alpha.data(), ws.o.data());        // O = α·O + P V
+    }
   }
 }
 
-// Writes Oᵀ / l and the LSE of a finished block.
+// How the work of one call is cut: blocks of lanes (one KV head each), and key splits per block.
+struct Plan {
+  std::int64_t heads_per_block = 1;  // > 1 when Sq is short: several heads of a GQA group share a block
+  std::int64_t rows_per_block = BR;
+  std::int64_t row_blocks = 1, head_blocks = 1, items = 0;
+  std::int64_t splits = 1, split_len = 0;  // split-KV: keys [s·split_len, (s+1)·split_len)
+
+  explicit Plan(const core::Problem& p) {
+    if (p.Sq >= BR || p.group == 1 || p.Sq == 0) {
+      rows_per_block = std::min<std::int64_t>(BR, std::max<std::int64_t>(p.Sq, 1));
+    } else {
+      rows_per_block = p.Sq;
+      heads_per_block = std::min(p.group, BR / p.Sq);
+    }
+    row_blocks = (p.Sq + rows_per_block - 1) / rows_per_block;
+    head_blocks = (p.group + heads_per_block - 1) / heads_per_block;
+    items = p.B * p.Hkv * head_blocks * row_blocks;
+    // Too few blocks to keep many cores busy (decode, short Sq, long keys): split the keys. The split
+    // depends on the shape only, never on the thread count, so results are the same on any machine size.
+    constexpr std::int64_t kTargetItems = 32, kMinSplitKeys = 512;
+    if (items > 0 && items < kTargetItems && p.Skv >= 2 * kMinSplitKeys) {
+      splits = std::min((kTargetItems + items - 1) / items, p.Skv / kMinSplitKeys);
+      split_len = ((p.Skv + splits - 1) / splits + BC - 1) / BC * BC;
+      splits = (p.Skv + split_len - 1) / split_len;
+    }
+    if (splits <= 1) splits = 1, split_len = p.Skv;
+  }
+
+  Lanes lanes(const core::Problem& p, std::int64_t item) const {
+    Lanes ln;
+    const std::int64_t rb = item % row_blocks, hb = (item / row_blocks) % head_blocks;
+    ln.hk = (item / (row_blocks * head_blocks)) % p.Hkv;
+    ln.b = item / (row_blocks * head_blocks * p.Hkv);
+    const std::int64_t h0 = ln.hk * p.group + hb * heads_per_block;
+    const std::int64_t h1 = std::min(h0 + heads_per_block, (ln.hk + 1) * p.group);
+    const std::int64_t i0 = rb * rows_per_block, i1 = std::min(i0 + rows_per_block, p.Sq);
+    for (std::int64_t h = h0; h < h1; ++h)
+      for (std::int64_t i = i0; i < i1; ++i) ln.h[ln.n] = h, ln.i[ln.n] = i, ++ln.n;
+    return ln;
+  }
+};
+
+// Runs a block with the micro-kernel shape that fits its lane count. Returns where lane r's value d of
+// the accumulator sits: o[d·d_stride + r·r_stride].
+template <class QT, class KVT, class DenseMask>
+std::pair<std::int64_t, std::int64_t> run_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
+                                                std::int64_t kv_hi, Workspace& ws) {
+  constexpr int QV8 = (8 + W - 1) / W;  // vectors holding 8 lanes
+  if (lanes.n <= 2) return flash_block<1, 2, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
+  if (lanes.n <= 4) return flash_block<1, 4, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
+  if (lanes.n <= 8) return flash_block<QV8, 8, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
+  if (lanes.n <= W) return flash_block<1, 0, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{BR, 1L};
+  if (lanes.n <= 2 * W) return flash_block<2, 0, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{BR, 1L};
+  return flash_block<4, 0, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{BR, 1L};
+}
+
+// Writes O = o / l and the LSE of every lane of a finished block; lane r's value d is
+// o[d·d_stride + r·r_stride] (Oᵀ in the workspace, or rows of merged split-KV partials).
 template <class QT>
-void store_block(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
-                 const Workspace& ws) {
+void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, std::int64_t d_stride,
+                 std::int64_t r_stride, const float* m, const float* l) {
   QT* out = static_cast<QT*>(const_cast<void*>(p.out.data));
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const core::SoftmaxState st{ws.m[r], ws.l[r]};
+  for (std::int64_t r = 0; r < lanes.n; ++r) {
+    const core::SoftmaxState st{m[r], l[r]};
     const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;
-    QT* o = out + p.out.offset(b, h, i0 + r, 0);
-    for (std::int64_t d = 0; d < p.Dv; ++d) o[d * p.out.stride[3]] = core::from_float<QT>(ws.ot[d * BR + r] * inv);
-    if (p.lse) static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(b, h, i0 + r, 0)] = st.lse();
+    QT* o = out + p.out.offset(lanes.b, lanes.h[r], lanes.i[r], 0);
+    for (std::int64_t d = 0; d < p.Dv; ++d) o[d * p.out.stride[3]] = core::from_float<QT>(ot[d * d_stride + r * r_stride] * inv);
+    if (p.lse)
+      static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(lanes.b, lanes.h[r], lanes.i[r], 0)] = st.lse();
   }
 }
 
-// All blocks of all heads, spread over threads. Blocks are independent, so the result does not
-// depend on the thread count or the schedule.
+// All blocks of all heads, spread over threads; with split-KV, the partial states of a block's key
+// splits are merged in a fixed order with core::merge. Nothing depends on the thread count or the
+// schedule, so results are bitwise identical on any number of threads.
 template <class QT, class KVT, class DenseMask>
 void flash_forward(const core::Problem& p, int threads) {
-  const std::int64_t blocks = (p.Sq + BR - 1) / BR;
-  const std::int64_t items = p.B * p.Hq * blocks;
-#pragma omp parallel num_threads(threads) if (items > 1)
+  const Plan plan(p);
+  if (plan.splits == 1) {
+#pragma omp parallel num_threads(threads) if (plan.items > 1)
+    {
+      Workspace ws(p.Dk, p.Dv);
+#pragma omp for schedule(dynamic)
+      for (std::int64_t it = 0; it < plan.items; ++it) {
+        const Lanes lanes = plan.lanes(p, it);
+        const auto [d_stride, r_stride] = run_block<QT, KVT, DenseMask>(p, lanes, 0, p.Skv, ws);
+        store_lanes<QT>(p, lanes, ws.o.data(), d_stride, r_stride, ws.m.data(), ws.l.data());
+      }
+    }
+    return;
+  }
+  // Split-KV: partial (m, l, o[Dv]) per (item, split, lane), then one merge per item.
+  const std::int64_t stride = p.Dv + 2, per_item = plan.splits * BR * stride;
+  std::vector<float> partial(static_cast<std::size_t>(plan.items * per_item));
+#pragma omp parallel num_threads(threads)
   {
     Workspace ws(p.Dk, p.Dv);
 #pragma omp for schedule(dynamic)
-    for (std::int64_t it = 0; it < items; ++it) {
-      const std::int64_t blk = it % blocks, h = (it / blocks) % p.Hq, b = it / (blocks * p.Hq);
-      const std::int64_t i0 = blk * BR, rows = std::min(BR, p.Sq - i0);
-      flash_block_partial<QT, KVT, DenseMask>(p, b, h, i0, rows, 0, p.Skv, ws);
-      store_block<QT>(p, b, h, i0, rows, ws);
+    for (std::int64_t task = 0; task < plan.items * plan.splits; ++task) {
+      const std::int64_t it = task / plan.splits, sp = task % plan.splits;
+      const Lanes lanes = plan.lanes(p, it);
+      const auto [d_stride, r_stride] =
+          run_block<QT, KVT, DenseMask>(p, lanes, sp * plan.split_len, std::min(p.Skv, (sp + 1) * plan.split_len), ws);
+      float* dst = partial.data() + it * per_item + sp * BR * stride;
+      for (std::int64_t r = 0; r < lanes.n; ++r) {
+        dst[r * stride] = ws.m[r];
+        dst[r * stride + 1] = ws.l[r];
+        for (std::int64_t d = 0; d < p.Dv; ++d) dst[r * stride + 2 + d] = ws.o[d * d_stride + r * r_stride];
+      }
+    }
+#pragma omp for schedule(static)
+    for (std::int64_t it = 0; it < plan.items; ++it) {
+      const Lanes lanes = plan.lanes(p, it);
+      float* base = partial.data() + it * per_item;
+      std::vector<float> m(BR), l(BR);
+      for (std::int64_t r = 0; r < lanes.n; ++r) {
+        core::SoftmaxState acc{base[r * stride], base[r * stride + 1]};
+        float* o = base + r * stride + 2;
+        for (std::int64_t sp = 1; sp < plan.splits; ++sp) {
+          const float* part = base + sp * BR * stride + r * stride;
+          core::merge(acc, o, core::SoftmaxState{part[0], part[1]}, part + 2, p.Dv);
+        }
+        m[r] = acc.m, l[r] = acc.l;
+      }
+      store_lanes<QT>(p, lanes, base + 2, 1, stride, m.data(), l.data());  // merged rows sit in split 0's slots
     }
   }
 }

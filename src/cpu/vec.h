@@ -18,6 +18,7 @@ struct Vec {
   static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
   static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static T max(T a, T b) { return _mm512_max_ps(a, b); }
+  static float reduce_add(T x) { return _mm512_reduce_add_ps(x); }
   static T round(T x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   // x · 2^n for integral n in [-127, 127].
   static T ldexp(T x, T n) {
@@ -45,6 +46,11 @@ struct Vec {
   static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
   static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static T max(T a, T b) { return _mm256_max_ps(a, b); }
+  static float reduce_add(T x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+  }
   static T round(T x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static T ldexp(T x, T n) {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
@@ -71,6 +77,10 @@ struct Vec {
   static T mul(T a, T b) { return _mm_mul_ps(a, b); }
   static T fmadd(T a, T b, T c) { return _mm_add_ps(_mm_mul_ps(a, b), c); }
   static T max(T a, T b) { return _mm_max_ps(a, b); }
+  static float reduce_add(T x) {
+    const __m128 s = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+  }
   static T round(T x) { return _mm_cvtepi32_ps(_mm_cvtps_epi32(x)); }  // |x| <= 127 here: exact
   static T ldexp(T x, T n) {
     const __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n), _mm_set1_epi32(127)), 23);

@@ -20,6 +20,15 @@ double load(const core::Strided& t, std::int64_t a, std::int64_t b, std::int64_t
   }
 }
 
+// K or V element (b, hk, j, d), through the page table when the cache is paged.
+double load_kv(const core::Problem& p, const core::Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j,
+               std::int64_t d) {
+  if (!p.paged) return load(t, b, hk, j, d);
+  const core::Paged& pg = *p.paged;
+  const std::int64_t page = pg.table[b * pg.table_stride[0] + (j / pg.page_size) * pg.table_stride[1]];
+  return load(t, page, hk, j % pg.page_size, d);
+}
+
 // The dense mask's contribution to score (b, h, i, j): the additive value, or 0 / -inf for keep/block.
 double bias(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
   switch (p.mask_kind) {
@@ -69,7 +78,7 @@ Result attention(const core::Problem& p, bool keep_probs) {
           }
           Acc dot = 0;
           for (std::int64_t d = 0; d < p.Dk; ++d)
-            dot += static_cast<Acc>(load(p.q, b, h, i, d)) * static_cast<Acc>(load(p.k, b, hk, j, d));
+            dot += static_cast<Acc>(load(p.q, b, h, i, d)) * static_cast<Acc>(load_kv(p, p.k, b, hk, j, d));
           sij = static_cast<Acc>(p.scale) * dot + m;
         }
       // 2. row-wise softmax, 3. O = P V
@@ -87,7 +96,7 @@ Result attention(const core::Problem& p, bool keep_probs) {
         for (std::int64_t d = 0; d < p.Dv; ++d) {
           Acc acc = 0;
           for (std::int64_t j = 0; j < p.Skv; ++j)
-            if (row[j] != 0) acc += row[j] * static_cast<Acc>(load(p.v, b, hk, j, d));
+            if (row[j] != 0) acc += row[j] * static_cast<Acc>(load_kv(p, p.v, b, hk, j, d));
           r.out[orow * p.Dv + d] = acc;
         }
         r.lse[orow] = static_cast<double>(mx + std::log(sum));
