@@ -364,6 +364,7 @@ int fail(std::ostream& err, std::string message) {
 
 void add_cost_commands(CLI::App& app, std::ostream& out);  // tools/cmd_cost.cc: flops, kv-size, params
 void add_generate_command(CLI::App& app, std::ostream& out);  // tools/cmd_generate.cc
+void add_heatmap_command(CLI::App& app, std::ostream& out);   // tools/cmd_heatmap.cc
 
 int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"attn: scaled dot-product attention, O = softmax(scale * Q K^T + mask) V", "attn"};
@@ -376,6 +377,7 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App* demo = add_demo(app, demo_args);
   add_cost_commands(app, out);
   add_generate_command(app, out);
+  add_heatmap_command(app, out);
   app.footer("Run 'attn COMMAND --help' for the options of a command.");  // after: subcommands copy it
 
   try {

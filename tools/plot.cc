@@ -38,7 +38,7 @@ constexpr Glyph kFont[] = {
     {'Y', "#...##...#.#.#...#....#....#....#.."}, {'Z', "#####....#...#...#...#...#....#####"},
     {' ', "..................................."}, {'.', "..............................##..."},
     {',', ".........................##...#..#."}, {'-', "...............###................."},
-    {'+', ".......#....#..#####..#....#......."}, {':', ".......##..........##.............."},
+    {'+', ".......#....#..#####..#....#......."}, {':', ".......#....#.........#....#......."},
     {'(', "...#...#...#....#....#.....#.....#."}, {')', ".#.....#.....#....#....#...#...#..."},
     {'/', "....#....#...#...#...#...#....#...."}, {'=', "..........#####.....#####.........."},
     {'%', "##...##..#...#...#...#...#..##...##"}, {'_', "..............................#####"},
@@ -281,17 +281,23 @@ Status write_heatmaps(const std::string& path, const HeatmapFigure& fig) {
   if (std::isnan(hi)) hi = std::isfinite(auto_hi) ? auto_hi : 1;
   if (!(hi > lo)) hi = lo + 1;
 
+  int label_w = 0, label_h = 0;  // room for row labels (left) and column labels (below)
+  for (const Heatmap& h : fig.panels) {
+    for (const std::string& l : h.row_labels) label_w = std::max(label_w, Canvas::text_width(l) + 6);
+    for (const std::string& l : h.col_labels) label_h = std::max(label_h, Canvas::text_width(l) + 6);
+  }
   const int n = static_cast<int>(fig.panels.size());
   const int cols = fig.columns > 0 ? fig.columns : std::min(n, 4), prow = (n + cols - 1) / cols;
   const int cell = fig.cell > 0 ? fig.cell : std::max(1, static_cast<int>(240 / std::max(max_rows, max_cols)));
   const int pw = static_cast<int>(max_cols) * cell, ph = static_cast<int>(max_rows) * cell;
-  const int gap = 40, left = 50, top = 50, title_h = 22, bar_w = 130;
-  const int width = left + cols * (pw + gap) + bar_w, height = top + prow * (ph + title_h + gap) + 30;
+  const int gap = 40 + label_w, left = 30 + label_w, top = 50, title_h = 22, bar_w = 130;
+  const int vgap = 34;
+  const int width = left + cols * (pw + gap) - label_w + bar_w, height = top + prow * (ph + title_h + vgap + label_h) + 10;
   Canvas cv(width, height);
   cv.text((width - Canvas::text_width(fig.title, 2)) / 2, 14, fig.title, kBlack, 2);
   for (int p = 0; p < n; ++p) {
     const Heatmap& h = fig.panels[static_cast<std::size_t>(p)];
-    const int ox = left + (p % cols) * (pw + gap), oy = top + (p / cols) * (ph + title_h + gap) + title_h;
+    const int ox = left + (p % cols) * (pw + gap), oy = top + (p / cols) * (ph + title_h + vgap + label_h) + title_h;
     cv.text(ox, oy - title_h + 4, h.title, kBlack, 2);
     for (std::int64_t r = 0; r < h.rows; ++r)
       for (std::int64_t c = 0; c < h.cols; ++c) {
@@ -302,11 +308,16 @@ Status write_heatmaps(const std::string& path, const HeatmapFigure& fig) {
     const int w = static_cast<int>(h.cols) * cell, hh = static_cast<int>(h.rows) * cell;
     cv.line(ox - 1, oy - 1, ox + w, oy - 1, kDark), cv.line(ox - 1, oy + hh, ox + w, oy + hh, kDark);
     cv.line(ox - 1, oy - 1, ox - 1, oy + hh, kDark), cv.line(ox + w, oy - 1, ox + w, oy + hh, kDark);
-    if (p / cols == prow - 1 || true) cv.text(ox + (w - Canvas::text_width(fig.x_label, 1)) / 2, oy + hh + 6, fig.x_label, kDark, 1);
-    if (p % cols == 0) cv.text_up(ox - 14, oy + (hh + Canvas::text_width(fig.y_label, 1)) / 2, fig.y_label, kDark, 1);
+    for (std::size_t r = 0; r < h.row_labels.size() && static_cast<std::int64_t>(r) < h.rows; ++r)
+      cv.text(ox - 4 - Canvas::text_width(h.row_labels[r]), oy + static_cast<int>(r) * cell + (cell - 7) / 2, h.row_labels[r], kDark);
+    for (std::size_t c = 0; c < h.col_labels.size() && static_cast<std::int64_t>(c) < h.cols; ++c)
+      cv.text_up(ox + static_cast<int>(c) * cell + (cell - 7) / 2, oy + hh + 4 + Canvas::text_width(h.col_labels[c]),
+                 h.col_labels[c], kDark);
+    cv.text(ox + (w - Canvas::text_width(fig.x_label, 1)) / 2, oy + hh + 6 + label_h, fig.x_label, kDark, 1);
+    cv.text_up(ox - 14 - label_w, oy + (hh + Canvas::text_width(fig.y_label, 1)) / 2, fig.y_label, kDark, 1);
   }
   // The colour bar with ticks.
-  const int bx = left + cols * (pw + gap) + 10, by = top + title_h, bh = std::max(120, std::min(ph, 400));
+  const int bx = left + cols * (pw + gap) - label_w, by = top + title_h, bh = std::max(120, std::min(ph, 400));
   for (int y = 0; y < bh; ++y) cv.fill(bx, by + y, 20, 1, viridis(1.0 - static_cast<double>(y) / (bh - 1)));
   cv.line(bx - 1, by - 1, bx + 20, by - 1, kDark), cv.line(bx - 1, by + bh, bx + 20, by + bh, kDark);
   cv.line(bx - 1, by - 1, bx - 1, by + bh, kDark), cv.line(bx + 20, by - 1, bx + 20, by + bh, kDark);

@@ -73,6 +73,7 @@ struct Heatmap {
   std::string title;
   std::int64_t rows = 0, cols = 0;
   std::vector<double> values;  // rows x cols, row-major; row 0 drawn at the top
+  std::vector<std::string> row_labels, col_labels;  // optional: one per row / column (columns read upwards)
 };
 
 struct HeatmapFigure {
