@@ -60,6 +60,9 @@ struct DecodeCase {
   std::int64_t page_size;  // 0 = contiguous KVCache
   std::int64_t chunk;      // tokens per decode step
 };
+void PrintTo(const DecodeCase& c, std::ostream* os) {
+  *os << c.heads.hq << "/" << c.heads.hkv << " heads, page " << c.page_size << ", chunk " << c.chunk;
+}
 std::string name_of(const ::testing::TestParamInfo<DecodeCase>& info) {
   const DecodeCase& c = info.param;
   const char* kind = c.heads.hkv == c.heads.hq ? "MHA" : c.heads.hkv == 1 ? "MQA" : "GQA";
