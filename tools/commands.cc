@@ -365,6 +365,7 @@ int fail(std::ostream& err, std::string message) {
 void add_cost_commands(CLI::App& app, std::ostream& out);  // tools/cmd_cost.cc: flops, kv-size, params
 void add_generate_command(CLI::App& app, std::ostream& out);  // tools/cmd_generate.cc
 void add_heatmap_command(CLI::App& app, std::ostream& out);   // tools/cmd_heatmap.cc
+void add_decode_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_decode_bench.cc
 
 int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"attn: scaled dot-product attention, O = softmax(scale * Q K^T + mask) V", "attn"};
@@ -378,6 +379,7 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   add_cost_commands(app, out);
   add_generate_command(app, out);
   add_heatmap_command(app, out);
+  add_decode_bench_command(app, out);
   app.footer("Run 'attn COMMAND --help' for the options of a command.");  // after: subcommands copy it
 
   try {

@@ -48,6 +48,7 @@ class KVCache {
   TensorView keys() const;
   TensorView values() const;
   // Attends q [1, Hq, T, Dk] (Hq a multiple of Hkv) to the cache: out [1, Hq, T, Dv], lse [1, Hq, T].
+  // Runs attn::attention_paged with the whole cache as one page (its split-KV decode path).
   Status attend(const TensorView& q, const TensorView& out, const Params& params = decode_params(),
                 const std::optional<TensorView>& lse = std::nullopt) const;
   void clear() { length_ = 0; }

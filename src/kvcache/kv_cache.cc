@@ -113,7 +113,13 @@ TensorView KVCache::values() const {
 Status KVCache::attend(const TensorView& q, const TensorView& out, const Params& params,
                        const std::optional<TensorView>& lse) const {
   if (capacity_ == 0) return Status::Invalid("cache", "not created; expected KVCache::create first");
-  return attention(q, keys(), values(), out, params, lse);
+  // The whole cache is one page of `capacity` tokens, so decode takes attention_paged's split-KV path.
+  TensorView k = keys(), v = values();
+  k.shape[2] = v.shape[2] = capacity_;
+  std::int32_t table[1] = {0};
+  std::int64_t lens[1] = {length_};
+  return attention_paged(q, k, v, TensorView::contiguous(table, DType::i32, {1, 1}),
+                         TensorView::contiguous(lens, DType::i64, {1}), out, params, lse);
 }
 
 // ---- PagedKVCache -----------------------------------------------------------------------------------
@@ -279,30 +285,7 @@ Status PagedKVCache::attend(const std::vector<std::int64_t>& ids, const TensorVi
     return Status::Invalid("q", "batch " + str(q.shape[0]) + "; expected " + str(batch) + " (one row per sequence id)");
   const TensorView table_view = TensorView::contiguous(table.data(), DType::i32, {batch, width});
   const TensorView lens_view = TensorView::contiguous(lens.data(), DType::i32, {batch});
-  const Status status = attention_paged(q, k_pages(), v_pages(), table_view, lens_view, out, params, lse);
-  if (status.code() != StatusCode::unsupported) return status;
-
-  // ---- FALLBACK (remove once attention_paged is implemented everywhere): gather each sequence's
-  // pages into a contiguous [B, Hkv, Lmax, D] copy and run attn::attention with kv_lens.
-  std::int64_t longest = 0;
-  for (std::int32_t n : lens) longest = std::max<std::int64_t>(longest, n);
-  std::vector<float> k(static_cast<std::size_t>(batch * hkv_ * longest * dk_), 0.0f);
-  std::vector<float> v(static_cast<std::size_t>(batch * hkv_ * longest * dv_), 0.0f);
-  for (std::int64_t b = 0; b < batch; ++b)
-    for (std::int64_t h = 0; h < hkv_; ++h)
-      for (std::int64_t j = 0; j < lens[static_cast<std::size_t>(b)]; ++j) {
-        const std::int64_t page = table[static_cast<std::size_t>(b * width + j / page_size_)], slot = j % page_size_;
-        std::copy_n(&k_[static_cast<std::size_t>(((page * hkv_ + h) * page_size_ + slot) * dk_)], dk_,
-                    &k[static_cast<std::size_t>(((b * hkv_ + h) * longest + j) * dk_)]);
-        std::copy_n(&v_[static_cast<std::size_t>(((page * hkv_ + h) * page_size_ + slot) * dv_)], dv_,
-                    &v[static_cast<std::size_t>(((b * hkv_ + h) * longest + j) * dv_)]);
-      }
-  if (params.kv_lens) return Status::Invalid("kv_lens", "set; expected empty (the cache supplies the lengths)");
-  Params p = params;
-  p.kv_lens = lens_view;
-  return attention(q, TensorView::contiguous(k.data(), DType::f32, {batch, hkv_, longest, dk_}),
-                   TensorView::contiguous(v.data(), DType::f32, {batch, hkv_, longest, dv_}), out, p, lse);
-  // ---- END FALLBACK
+  return attention_paged(q, k_pages(), v_pages(), table_view, lens_view, out, params, lse);
 }
 
 }  // namespace attn
