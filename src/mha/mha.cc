@@ -147,17 +147,18 @@ Status MultiHeadAttention::forward_cross(const TensorView& x_q, const TensorView
     return Status::Invalid("out", "shape [" + str(so.batch) + ", " + str(so.len) + ", d]; expected [" + str(sq.batch) +
                                       ", " + str(sq.len) + ", " + str(c.d_model) + "] (as x_q)");
   const std::int64_t B = sq.batch, wq = c.heads * c.head_dim, wo = c.heads * c.v_head_dim;
-  std::vector<float> q, k, v, unused_k, unused_v, unused_q;
-  // Queries from x_q, keys and values from x_kv (one pass when they are the same input).
-  if (Status s = project_qkv(x_kv, &unused_q, &k, &v); !s) return s;
-  if (x_q.data == x_kv.data && x_q.shape == x_kv.shape && x_q.strides == x_kv.strides) {
-    q = std::move(unused_q);
-  } else {
-    q.assign(sz(B * sq.len * wq), 0.0f);
+  std::vector<float> q, k, v;
+  // Queries from x_q, keys and values from x_kv.
+  auto project = [&](const TensorView& x, std::int64_t len, const std::vector<float>& w, const std::vector<float>& bias,
+                     std::int64_t width, std::vector<float>* y) {
+    y->assign(sz(B * len * width), 0.0f);
     for (std::int64_t b = 0; b < B; ++b)
-      mha::linear(row_ptr(x_q, b), sq.len, c.d_model, pitch(x_q, c.d_model), weights_.w_q.data(), wq, or_null(weights_.b_q),
-                  q.data() + b * sq.len * wq, wq);
-  }
+      mha::linear(row_ptr(x, b), len, c.d_model, pitch(x, c.d_model), w.data(), width, or_null(bias),
+                  y->data() + b * len * width, width);
+  };
+  project(x_q, sq.len, weights_.w_q, weights_.b_q, wq, &q);
+  project(x_kv, skv.len, weights_.w_k, weights_.b_k, c.kv_heads * c.head_dim, &k);
+  project(x_kv, skv.len, weights_.w_v, weights_.b_v, c.kv_heads * c.v_head_dim, &v);
   std::vector<float> y(sz(B * sq.len * wo), 0.0f);
   const Status s = attention(TensorView::bshd(q.data(), DType::f32, B, sq.len, c.heads, c.head_dim),
                              TensorView::bshd(k.data(), DType::f32, B, skv.len, c.kv_heads, c.head_dim),
