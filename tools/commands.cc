@@ -432,6 +432,11 @@ int fail(std::ostream& err, std::string message) {
 
 }  // namespace
 
+void add_cost_commands(CLI::App& app, std::ostream& out);  // tools/cmd_cost.cc: flops, kv-size, params
+void add_generate_command(CLI::App& app, std::ostream& out);  // tools/cmd_generate.cc
+void add_heatmap_command(CLI::App& app, std::ostream& out);   // tools/cmd_heatmap.cc
+void add_decode_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_decode_bench.cc
+
 int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"attn: scaled dot-product attention, O = softmax(scale * Q K^T + mask) V", "attn"};
   app.require_subcommand(0, 1);
@@ -441,6 +446,10 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App* run = add_run(app, run_args);
   CLI::App* explain = add_explain(app, explain_args);
   CLI::App* demo = add_demo(app, demo_args);
+  add_cost_commands(app, out);
+  add_generate_command(app, out);
+  add_heatmap_command(app, out);
+  add_decode_bench_command(app, out);
   app.footer("Run 'attn COMMAND --help' for the options of a command.");  // after: subcommands copy it
 
   try {
@@ -460,6 +469,7 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
     if (run->parsed()) status = run_command(run_args, out);
     else if (explain->parsed()) status = explain_command(explain_args, out);
     else if (demo->parsed()) status = demo_command(demo_args, out);
+    else if (!app.get_subcommands().empty()) {}  // ran in its callback during parse (tools/subcommand.h)
     else {
       out << app.help();
       return fail(err, "no command given; expected run, explain or demo");

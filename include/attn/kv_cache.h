@@ -1,0 +1,119 @@
+// attn: KV caches for autoregressive decoding.
+//
+// A decode step appends the keys and values of the new tokens, then attends the new tokens' queries
+// to everything cached with bottom-right causal alignment: with T new queries and L cached keys
+// (the new ones included), query i sees keys j <= i + L - T. decode_params() gives those Params.
+//
+//   KVCache       one sequence, contiguous storage [Hkv, capacity, D] for K and for V.
+//   PagedKVCache  a pool of fixed-size pages shared by many sequences of different lengths, a page
+//                 table per sequence, pages returned to a free list when a sequence is removed and
+//                 reused by later ones (vLLM's PagedAttention layout). attend() decodes a batch of
+//                 sequences with ragged lengths in one call through attn::attention_paged.
+//
+// All storage is f32. Errors (appending past the capacity, an exhausted pool, an unknown sequence id,
+// a shape mismatch) return a Status naming the parameter and leave the cache unchanged.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "attn/sdpa.h"
+#include "attn/status.h"
+#include "attn/tensor.h"
+
+namespace attn {
+
+// Params with causal = bottom_right: what a decode step needs.
+Params decode_params();
+
+class KVCache {
+ public:
+  KVCache() = default;
+  // v_head_dim = 0 means head_dim. Reserves capacity tokens up front (never reallocates).
+  static Status create(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
+                       std::int64_t capacity, KVCache* cache);
+
+  std::int64_t kv_heads() const { return hkv_; }
+  std::int64_t head_dim() const { return dk_; }
+  std::int64_t v_head_dim() const { return dv_; }
+  std::int64_t capacity() const { return capacity_; }
+  std::int64_t length() const { return length_; }
+
+  // Appends T tokens: k [1, Hkv, T, Dk], v [1, Hkv, T, Dv], f32, any strides.
+  Status append(const TensorView& k, const TensorView& v);
+  // The cached keys [1, Hkv, length, Dk] and values [1, Hkv, length, Dv], viewing the cache's storage
+  // (valid until the cache is destroyed or moved).
+  TensorView keys() const;
+  TensorView values() const;
+  // Attends q [1, Hq, T, Dk] (Hq a multiple of Hkv) to the cache: out [1, Hq, T, Dv], lse [1, Hq, T].
+  // Runs attn::attention_paged with the whole cache as one page (its split-KV decode path).
+  Status attend(const TensorView& q, const TensorView& out, const Params& params = decode_params(),
+                const std::optional<TensorView>& lse = std::nullopt) const;
+  void clear() { length_ = 0; }
+  // Drops the tokens after the first `length` (0 .. length()).
+  Status truncate(std::int64_t length);
+
+ private:
+  std::int64_t hkv_ = 0, dk_ = 0, dv_ = 0, capacity_ = 0, length_ = 0;
+  std::vector<float> k_, v_;  // [Hkv, capacity, Dk] and [Hkv, capacity, Dv]
+};
+
+class PagedKVCache {
+ public:
+  PagedKVCache() = default;
+  // A pool of num_pages pages of page_size tokens each (both >= 1); v_head_dim = 0 means head_dim.
+  static Status create(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
+                       std::int64_t page_size, std::int64_t num_pages, PagedKVCache* cache);
+
+  std::int64_t kv_heads() const { return hkv_; }
+  std::int64_t head_dim() const { return dk_; }
+  std::int64_t v_head_dim() const { return dv_; }
+  std::int64_t page_size() const { return page_size_; }
+  std::int64_t num_pages() const { return num_pages_; }
+  std::int64_t free_pages() const { return static_cast<std::int64_t>(free_.size()); }
+  bool page_is_free(std::int64_t page) const;
+
+  // A new empty sequence; ids are never reused, so a removed sequence's id stays invalid.
+  std::int64_t add_sequence();
+  // Returns the sequence's pages to the free list; the id becomes unknown.
+  Status remove_sequence(std::int64_t id);
+  bool has_sequence(std::int64_t id) const { return seqs_.count(id) != 0; }
+  Status length(std::int64_t id, std::int64_t* length) const;
+  // Drops the sequence's tokens after the first `length`; pages no longer needed return to the pool.
+  Status truncate(std::int64_t id, std::int64_t length);
+  // The pool pages holding the sequence, in order (page n holds tokens n·page_size ...).
+  Status pages(std::int64_t id, std::vector<std::int32_t>* pages) const;
+
+  // Appends T tokens to sequence `id`: k [1, Hkv, T, Dk], v [1, Hkv, T, Dv], f32, any strides.
+  // Takes pages from the free list as needed; an exhausted pool is an error and nothing changes.
+  Status append(std::int64_t id, const TensorView& k, const TensorView& v);
+  // The pool: k_pages [P, Hkv, page_size, Dk], v_pages [P, Hkv, page_size, Dv].
+  TensorView k_pages() const;
+  TensorView v_pages() const;
+
+  // The inputs of attn::attention_paged for sequences `ids` (B of them, distinct): page_table
+  // [B, max_pages] i32 row-major (unused entries -1) and seq_lens [B] i32.
+  Status tables(const std::vector<std::int64_t>& ids, std::vector<std::int32_t>* page_table,
+                std::int64_t* max_pages, std::vector<std::int32_t>* seq_lens) const;
+  // Batched decode: q [B, Hq, T, Dk], row b belonging to sequence ids[b] (each sequence of any
+  // length >= T), out [B, Hq, T, Dv], lse [B, Hq, T]; one call over ragged lengths.
+  Status attend(const std::vector<std::int64_t>& ids, const TensorView& q, const TensorView& out,
+                const Params& params = decode_params(), const std::optional<TensorView>& lse = std::nullopt) const;
+
+ private:
+  struct Sequence {
+    std::int64_t length = 0;
+    std::vector<std::int32_t> pages;
+  };
+  Status find(std::int64_t id, const Sequence** seq) const;
+
+  std::int64_t hkv_ = 0, dk_ = 0, dv_ = 0, page_size_ = 0, num_pages_ = 0, next_id_ = 0;
+  std::vector<float> k_, v_;        // [P, Hkv, page_size, Dk] and [P, Hkv, page_size, Dv]
+  std::vector<std::int32_t> free_;  // a stack: the most recently freed page is reused first
+  std::vector<unsigned char> is_free_;
+  std::unordered_map<std::int64_t, Sequence> seqs_;
+};
+
+}  // namespace attn

@@ -1,0 +1,113 @@
+// The cost model: closed-form counts, no measurement.
+#include "attn/cost.h"
+
+#include <cmath>
+#include <string>
+
+namespace attn {
+namespace {
+
+Status positive(const char* name, std::int64_t value, const char* meaning) {
+  if (value <= 0)
+    return Status::Invalid(name, std::to_string(value) + "; expected " + meaning + " >= 1");
+  return Status::Ok();
+}
+
+// Fills the 0 defaults and checks divisibility; shared by attention_cost and parameter_count.
+Status resolve_heads(std::int64_t d_model, std::int64_t heads, std::int64_t* kv_heads, std::int64_t* head_dim,
+                     std::int64_t* v_head_dim) {
+  if (Status s = positive("d_model", d_model, "a model width"); !s) return s;
+  if (Status s = positive("heads", heads, "a query head count"); !s) return s;
+  if (*kv_heads == 0) *kv_heads = heads;
+  if (*kv_heads < 0 || heads % *kv_heads != 0)
+    return Status::Invalid("kv_heads", std::to_string(*kv_heads) + "; expected a divisor of heads = " +
+                                           std::to_string(heads) + " (MHA: heads, GQA: between, MQA: 1)");
+  if (*head_dim == 0) {
+    if (d_model % heads != 0)
+      return Status::Invalid("head_dim", "not given and d_model = " + std::to_string(d_model) +
+                                             " is not a multiple of heads = " + std::to_string(heads) +
+                                             "; expected an explicit head dim");
+    *head_dim = d_model / heads;
+  }
+  if (Status s = positive("head_dim", *head_dim, "a head dim"); !s) return s;
+  if (*v_head_dim == 0) *v_head_dim = *head_dim;
+  return positive("v_head_dim", *v_head_dim, "a value head dim");
+}
+
+}  // namespace
+
+Status attention_cost(const AttentionShape& in, AttentionCost* cost) {
+  AttentionShape s = in;
+  if (Status st = positive("batch", s.batch, "a batch size"); !st) return st;
+  if (Status st = positive("seq", s.seq, "a sequence length"); !st) return st;
+  if (Status st = resolve_heads(s.d_model, s.heads, &s.kv_heads, &s.head_dim, &s.v_head_dim); !st) return st;
+  if (Status st = positive("bytes_per_element", s.bytes_per_element, "a byte count"); !st) return st;
+
+  const double B = s.batch, N = s.seq, d = s.d_model, hq = s.heads, hkv = s.kv_heads, dk = s.head_dim,
+               dv = s.v_head_dim, e = s.bytes_per_element;
+  const double pairs = s.causal ? N * (N + 1) / 2 : N * N;  // query-key pairs per head
+  const double qkv_width = hq * dk + hkv * dk + hkv * dv;     // output columns of the three projections
+
+  AttentionCost c;
+  c.shape = s;
+  const double qkv_macs = B * N * d * qkv_width;
+  c.stages.push_back({"QKV projections", 2 * qkv_macs, qkv_macs, e * (B * N * d + d * qkv_width + B * N * qkv_width)});
+  const double qk_macs = B * hq * pairs * dk;
+  c.stages.push_back({"Q K^T", 2 * qk_macs, qk_macs, e * (B * N * hq * dk + B * N * hkv * dk + B * hq * pairs)});
+  const double scores = B * hq * pairs;
+  c.stages.push_back({"softmax", 5 * scores, scores, e * 2 * scores});
+  const double av_macs = B * hq * pairs * dv;
+  c.stages.push_back({"A V", 2 * av_macs, av_macs, e * (B * hq * pairs + B * N * hkv * dv + B * N * hq * dv)});
+  const double o_macs = B * N * hq * dv * d;
+  c.stages.push_back({"output projection", 2 * o_macs, o_macs, e * (B * N * hq * dv + hq * dv * d + B * N * d)});
+
+  double best = -1;
+  for (const StageCost& st : c.stages) {
+    c.total_flops += st.flops;
+    c.total_seed_ops += st.seed_ops;
+    c.total_bytes += st.bytes;
+    if (st.flops > best) best = st.flops, c.dominant = st.name;
+  }
+  c.fused_attention_bytes = e * B * N * (hq * dk + hkv * dk + hkv * dv + hq * dv);
+
+  // Attention matmuls: hq·(dk+dv)·pairs(N) per batch; projections: N·d·(qkv_width + hq·dv).
+  // Without a mask pairs = N², so N* = d·(qkv_width + hq·dv) / (hq·(dk+dv));
+  // causal: pairs = N(N+1)/2, so (N*+1)/2 = that ratio.
+  const double ratio = d * (qkv_width + hq * dv) / (hq * (dk + dv));
+  c.crossover_seq = s.causal ? 2 * ratio - 1 : ratio;
+  *cost = c;
+  return Status::Ok();
+}
+
+Status parameter_count(const ParamShape& in, std::int64_t* count) {
+  ParamShape s = in;
+  if (Status st = resolve_heads(s.d_model, s.heads, &s.kv_heads, &s.head_dim, &s.v_head_dim); !st) return st;
+  const std::int64_t d = s.d_model, qkv_width = s.heads * s.head_dim + s.kv_heads * s.head_dim + s.kv_heads * s.v_head_dim;
+  std::int64_t n = d * qkv_width + s.heads * s.v_head_dim * d;
+  if (s.bias) n += qkv_width + d;
+  *count = n;
+  return Status::Ok();
+}
+
+std::int64_t kv_dtype_bytes(KvDType dtype) {
+  switch (dtype) {
+    case KvDType::f32: return 4;
+    case KvDType::f16:
+    case KvDType::bf16: return 2;
+    case KvDType::fp8: return 1;
+  }
+  return 0;
+}
+
+Status kv_cache_bytes(const KvCacheShape& s, double* bytes) {
+  if (Status st = positive("layers", s.layers, "a layer count"); !st) return st;
+  if (Status st = positive("kv_heads", s.kv_heads, "a KV head count"); !st) return st;
+  if (Status st = positive("head_dim", s.head_dim, "a head dim"); !st) return st;
+  if (Status st = positive("seq", s.seq, "a sequence length"); !st) return st;
+  if (Status st = positive("batch", s.batch, "a batch size"); !st) return st;
+  *bytes = 2.0 * static_cast<double>(s.layers) * static_cast<double>(s.kv_heads) * static_cast<double>(s.head_dim) *
+           static_cast<double>(s.seq) * static_cast<double>(s.batch) * static_cast<double>(kv_dtype_bytes(s.dtype));
+  return Status::Ok();
+}
+
+}  // namespace attn

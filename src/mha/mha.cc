@@ -1,0 +1,262 @@
+// MultiHeadAttention: OpenBLAS projections around attn::attention.
+#include "attn/mha.h"
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "attn/cost.h"
+#include "mha/linear.h"
+
+namespace attn {
+namespace {
+
+std::string str(std::int64_t x) { return std::to_string(x); }
+
+struct Seq {
+  std::int64_t batch = 0, len = 0;
+};
+
+// x: an f32 [B, S, width] view with a contiguous last dimension and a row pitch >= width.
+Status check_rows(const char* name, const TensorView& x, std::int64_t width, Seq* seq) {
+  if (x.rank != 3) return Status::Invalid(name, "rank " + str(x.rank) + "; expected rank 3 [B, S, d_model]");
+  if (x.dtype != DType::f32) return Status::Invalid(name, std::string("dtype ") + dtype_name(x.dtype) + "; expected f32");
+  if (x.shape[2] != width) return Status::Invalid(name, "width " + str(x.shape[2]) + "; expected d_model = " + str(width));
+  if (x.shape[0] < 0 || x.shape[1] < 0) return Status::Invalid(name, "negative dimension; expected sizes >= 0");
+  if (x.strides[2] != 1) return Status::Invalid(name, "last stride " + str(x.strides[2]) + "; expected 1 (contiguous rows)");
+  if (x.shape[1] > 1 && x.strides[1] < width)
+    return Status::Invalid(name, "row stride " + str(x.strides[1]) + "; expected >= d_model = " + str(width));
+  if (x.numel() > 0 && !x.data) return Status::Invalid(name, "data is null; expected a buffer");
+  seq->batch = x.shape[0];
+  seq->len = x.shape[1];
+  return Status::Ok();
+}
+
+const float* row_ptr(const TensorView& x, std::int64_t b) { return static_cast<const float*>(x.data) + b * x.strides[0]; }
+// The row pitch handed to BLAS (a single row may have any stride; BLAS wants >= width).
+std::int64_t pitch(const TensorView& x, std::int64_t width) { return x.strides[1] > width ? x.strides[1] : width; }
+const float* or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
+std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+}  // namespace
+
+Status MultiHeadAttention::create(const MhaConfig& config, MultiHeadAttention* mha) {
+  MhaConfig c = config;
+  ParamShape shape{c.d_model, c.heads, c.kv_heads, c.head_dim, c.v_head_dim, c.bias};
+  std::int64_t count = 0;
+  if (Status s = attn::parameter_count(shape, &count); !s) return s;  // validates and explains the fields
+  if (c.kv_heads == 0) c.kv_heads = c.heads;
+  if (c.head_dim == 0) c.head_dim = c.d_model / c.heads;
+  if (c.v_head_dim == 0) c.v_head_dim = c.head_dim;
+  MultiHeadAttention m;
+  m.config_ = c;
+  const std::int64_t d = c.d_model, q = c.heads * c.head_dim, k = c.kv_heads * c.head_dim, v = c.kv_heads * c.v_head_dim,
+                     o = c.heads * c.v_head_dim;
+  m.weights_.w_q.assign(sz(q * d), 0.0f);
+  m.weights_.w_k.assign(sz(k * d), 0.0f);
+  m.weights_.w_v.assign(sz(v * d), 0.0f);
+  m.weights_.w_o.assign(sz(d * o), 0.0f);
+  if (c.bias) {
+    m.weights_.b_q.assign(sz(q), 0.0f);
+    m.weights_.b_k.assign(sz(k), 0.0f);
+    m.weights_.b_v.assign(sz(v), 0.0f);
+    m.weights_.b_o.assign(sz(d), 0.0f);
+  }
+  *mha = std::move(m);
+  return Status::Ok();
+}
+
+std::int64_t MultiHeadAttention::parameter_count() const {
+  std::int64_t n = 0;
+  const Status s = attn::parameter_count({config_.d_model, config_.heads, config_.kv_heads, config_.head_dim,
+                                          config_.v_head_dim, config_.bias}, &n);
+  return s ? n : 0;
+}
+
+void MultiHeadAttention::init_random(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const MhaConfig& c = config_;
+  auto fill = [&](std::vector<float>& w, std::int64_t fan_in) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    std::uniform_real_distribution<double> u(-bound, bound);
+    for (float& x : w) x = static_cast<float>(u(rng));
+  };
+  fill(weights_.w_q, c.d_model), fill(weights_.w_k, c.d_model), fill(weights_.w_v, c.d_model);
+  fill(weights_.w_o, c.heads * c.v_head_dim);
+  fill(weights_.b_q, c.d_model), fill(weights_.b_k, c.d_model), fill(weights_.b_v, c.d_model);
+  fill(weights_.b_o, c.heads * c.v_head_dim);
+}
+
+Status MultiHeadAttention::check_weights() const {
+  const MhaConfig& c = config_;
+  if (c.d_model == 0) return Status::Invalid("mha", "not created; expected MultiHeadAttention::create first");
+  const std::int64_t d = c.d_model, q = c.heads * c.head_dim, k = c.kv_heads * c.head_dim, v = c.kv_heads * c.v_head_dim,
+                     o = c.heads * c.v_head_dim;
+  const struct {
+    const char* name;
+    const std::vector<float>* w;
+    std::int64_t rows, cols;
+  } expected[] = {{"w_q", &weights_.w_q, q, d},           {"w_k", &weights_.w_k, k, d},
+                  {"w_v", &weights_.w_v, v, d},           {"w_o", &weights_.w_o, d, o},
+                  {"b_q", &weights_.b_q, c.bias ? q : 0, 1}, {"b_k", &weights_.b_k, c.bias ? k : 0, 1},
+                  {"b_v", &weights_.b_v, c.bias ? v : 0, 1}, {"b_o", &weights_.b_o, c.bias ? d : 0, 1}};
+  for (const auto& e : expected)
+    if (static_cast<std::int64_t>(e.w->size()) != e.rows * e.cols)
+      return Status::Invalid(e.name, str(static_cast<std::int64_t>(e.w->size())) + " values; expected " +
+                                          str(e.rows * e.cols) +
+                                          (e.cols == 1 ? std::string() : " [" + str(e.rows) + ", " + str(e.cols) + "]"));
+  return Status::Ok();
+}
+
+Status MultiHeadAttention::project_qkv(const TensorView& x, std::vector<float>* q, std::vector<float>* k,
+                                       std::vector<float>* v) const {
+  if (Status s = check_weights(); !s) return s;
+  Seq in;
+  if (Status s = check_rows("x", x, config_.d_model, &in); !s) return s;
+  const MhaConfig& c = config_;
+  const std::int64_t wq = c.heads * c.head_dim, wk = c.kv_heads * c.head_dim, wv = c.kv_heads * c.v_head_dim;
+  q->assign(sz(in.batch * in.len * wq), 0.0f);
+  k->assign(sz(in.batch * in.len * wk), 0.0f);
+  v->assign(sz(in.batch * in.len * wv), 0.0f);
+  for (std::int64_t b = 0; b < in.batch; ++b) {
+    const float* xb = row_ptr(x, b);
+    mha::linear(xb, in.len, c.d_model, pitch(x, c.d_model), weights_.w_q.data(), wq, or_null(weights_.b_q),
+                q->data() + b * in.len * wq, wq);
+    mha::linear(xb, in.len, c.d_model, pitch(x, c.d_model), weights_.w_k.data(), wk, or_null(weights_.b_k),
+                k->data() + b * in.len * wk, wk);
+    mha::linear(xb, in.len, c.d_model, pitch(x, c.d_model), weights_.w_v.data(), wv, or_null(weights_.b_v),
+                v->data() + b * in.len * wv, wv);
+  }
+  return Status::Ok();
+}
+
+Status MultiHeadAttention::forward(const TensorView& x, const TensorView& out, const Params& params) const {
+  return forward_cross(x, x, out, params);
+}
+
+Status MultiHeadAttention::forward_cross(const TensorView& x_q, const TensorView& x_kv, const TensorView& out,
+                                         const Params& params) const {
+  if (Status s = check_weights(); !s) return s;
+  const MhaConfig& c = config_;
+  Seq sq, skv, so;
+  if (Status s = check_rows("x_q", x_q, c.d_model, &sq); !s) return s;
+  if (Status s = check_rows("x_kv", x_kv, c.d_model, &skv); !s) return s;
+  if (Status s = check_rows("out", out, c.d_model, &so); !s) return s;
+  if (skv.batch != sq.batch) return Status::Invalid("x_kv", "batch " + str(skv.batch) + "; expected " + str(sq.batch) + " (as x_q)");
+  if (so.batch != sq.batch || so.len != sq.len)
+    return Status::Invalid("out", "shape [" + str(so.batch) + ", " + str(so.len) + ", d]; expected [" + str(sq.batch) +
+                                      ", " + str(sq.len) + ", " + str(c.d_model) + "] (as x_q)");
+  const std::int64_t B = sq.batch, wq = c.heads * c.head_dim, wo = c.heads * c.v_head_dim;
+  std::vector<float> q, k, v;
+  // Queries from x_q, keys and values from x_kv.
+  auto project = [&](const TensorView& x, std::int64_t len, const std::vector<float>& w, const std::vector<float>& bias,
+                     std::int64_t width, std::vector<float>* y) {
+    y->assign(sz(B * len * width), 0.0f);
+    for (std::int64_t b = 0; b < B; ++b)
+      mha::linear(row_ptr(x, b), len, c.d_model, pitch(x, c.d_model), w.data(), width, or_null(bias),
+                  y->data() + b * len * width, width);
+  };
+  project(x_q, sq.len, weights_.w_q, weights_.b_q, wq, &q);
+  project(x_kv, skv.len, weights_.w_k, weights_.b_k, c.kv_heads * c.head_dim, &k);
+  project(x_kv, skv.len, weights_.w_v, weights_.b_v, c.kv_heads * c.v_head_dim, &v);
+  std::vector<float> y(sz(B * sq.len * wo), 0.0f);
+  const Status s = attention(TensorView::bshd(q.data(), DType::f32, B, sq.len, c.heads, c.head_dim),
+                             TensorView::bshd(k.data(), DType::f32, B, skv.len, c.kv_heads, c.head_dim),
+                             TensorView::bshd(v.data(), DType::f32, B, skv.len, c.kv_heads, c.v_head_dim),
+                             TensorView::bshd(y.data(), DType::f32, B, sq.len, c.heads, c.v_head_dim), params);
+  if (!s) return s;
+  for (std::int64_t b = 0; b < B; ++b)
+    mha::linear(y.data() + b * sq.len * wo, sq.len, wo, wo, weights_.w_o.data(), c.d_model, or_null(weights_.b_o),
+                static_cast<float*>(out.data) + b * out.strides[0], pitch(out, c.d_model));
+  return Status::Ok();
+}
+
+Status MultiHeadAttention::forward_cached(const TensorView& x, KVCache& cache, const TensorView& out,
+                                          const Params& params) const {
+  if (Status s = check_weights(); !s) return s;
+  const MhaConfig& c = config_;
+  Seq sx, so;
+  if (Status s = check_rows("x", x, c.d_model, &sx); !s) return s;
+  if (Status s = check_rows("out", out, c.d_model, &so); !s) return s;
+  if (sx.batch != 1) return Status::Invalid("x", "batch " + str(sx.batch) + "; expected 1 (one sequence per KVCache)");
+  if (so.batch != 1 || so.len != sx.len) return Status::Invalid("out", "shape differs from x; expected [1, " + str(sx.len) + ", d_model]");
+  if (cache.kv_heads() != c.kv_heads || cache.head_dim() != c.head_dim || cache.v_head_dim() != c.v_head_dim)
+    return Status::Invalid("cache", "holds " + str(cache.kv_heads()) + " heads of " + str(cache.head_dim()) + "/" +
+                                        str(cache.v_head_dim()) + "; expected " + str(c.kv_heads) + " heads of " +
+                                        str(c.head_dim) + "/" + str(c.v_head_dim));
+  const std::int64_t T = sx.len, wo = c.heads * c.v_head_dim;
+  std::vector<float> q, k, v;
+  if (Status s = project_qkv(x, &q, &k, &v); !s) return s;
+  const std::int64_t before = cache.length();
+  if (Status s = cache.append(TensorView::bshd(k.data(), DType::f32, 1, T, c.kv_heads, c.head_dim),
+                              TensorView::bshd(v.data(), DType::f32, 1, T, c.kv_heads, c.v_head_dim));
+      !s)
+    return s;
+  std::vector<float> y(sz(T * wo), 0.0f);
+  if (Status s = cache.attend(TensorView::bshd(q.data(), DType::f32, 1, T, c.heads, c.head_dim),
+                              TensorView::bshd(y.data(), DType::f32, 1, T, c.heads, c.v_head_dim), params);
+      !s) {
+    (void)cache.truncate(before);  // leave the cache as it was
+    return s;
+  }
+  mha::linear(y.data(), T, wo, wo, weights_.w_o.data(), c.d_model, or_null(weights_.b_o), static_cast<float*>(out.data),
+              pitch(out, c.d_model));
+  return Status::Ok();
+}
+
+Status MultiHeadAttention::forward_paged(const TensorView& x, PagedKVCache& cache, const std::vector<std::int64_t>& ids,
+                                         const TensorView& out, const Params& params) const {
+  if (Status s = check_weights(); !s) return s;
+  const MhaConfig& c = config_;
+  Seq sx, so;
+  if (Status s = check_rows("x", x, c.d_model, &sx); !s) return s;
+  if (Status s = check_rows("out", out, c.d_model, &so); !s) return s;
+  if (static_cast<std::int64_t>(ids.size()) != sx.batch)
+    return Status::Invalid("ids", str(static_cast<std::int64_t>(ids.size())) + " ids; expected one per batch row of x (" +
+                                      str(sx.batch) + ")");
+  if (so.batch != sx.batch || so.len != sx.len) return Status::Invalid("out", "shape differs from x; expected [B, T, d_model] as x");
+  if (cache.kv_heads() != c.kv_heads || cache.head_dim() != c.head_dim || cache.v_head_dim() != c.v_head_dim)
+    return Status::Invalid("cache", "holds " + str(cache.kv_heads()) + " heads of " + str(cache.head_dim()) + "/" +
+                                        str(cache.v_head_dim()) + "; expected " + str(c.kv_heads) + " heads of " +
+                                        str(c.head_dim) + "/" + str(c.v_head_dim));
+  // Check every id and the pool's room before appending anything.
+  std::vector<std::int32_t> table, lens;
+  std::int64_t width = 0;
+  if (Status s = cache.tables(ids, &table, &width, &lens); !s) return s;
+  const std::int64_t B = sx.batch, T = sx.len, ps = cache.page_size(), wo = c.heads * c.v_head_dim;
+  std::int64_t need = 0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t len = lens[sz(b)];
+    need += (len + T + ps - 1) / ps - (len + ps - 1) / ps;
+  }
+  if (need > cache.free_pages())
+    return Status::Invalid("cache", "this step needs " + str(need) + " more pages; expected at most the " +
+                                        str(cache.free_pages()) + " free pages of the pool");
+  std::vector<float> q, k, v;
+  if (Status s = project_qkv(x, &q, &k, &v); !s) return s;
+  const std::int64_t wk = c.kv_heads * c.head_dim, wv = c.kv_heads * c.v_head_dim;
+  auto roll_back = [&](std::int64_t upto) {
+    for (std::int64_t b = 0; b < upto; ++b) (void)cache.truncate(ids[sz(b)], lens[sz(b)]);
+  };
+  for (std::int64_t b = 0; b < B; ++b) {
+    const Status s = cache.append(ids[sz(b)], TensorView::bshd(k.data() + b * T * wk, DType::f32, 1, T, c.kv_heads, c.head_dim),
+                                  TensorView::bshd(v.data() + b * T * wv, DType::f32, 1, T, c.kv_heads, c.v_head_dim));
+    if (!s) {
+      roll_back(b);
+      return s;
+    }
+  }
+  std::vector<float> y(sz(B * T * wo), 0.0f);
+  if (Status s = cache.attend(ids, TensorView::bshd(q.data(), DType::f32, B, T, c.heads, c.head_dim),
+                              TensorView::bshd(y.data(), DType::f32, B, T, c.heads, c.v_head_dim), params);
+      !s) {
+    roll_back(B);
+    return s;
+  }
+  for (std::int64_t b = 0; b < B; ++b)
+    mha::linear(y.data() + b * T * wo, T, wo, wo, weights_.w_o.data(), c.d_model, or_null(weights_.b_o),
+                static_cast<float*>(out.data) + b * out.strides[0], pitch(out, c.d_model));
+  return Status::Ok();
+}
+
+}  // namespace attn

@@ -1,0 +1,89 @@
+// attn tools: small PNG plots (libpng) for the command-line program: line plots and heatmaps.
+//
+//   plot::LinePlot p;                       // x/y series with axes, ticks, axis labels and a legend
+//   p.title = "time per token"; p.x_label = "position"; p.y_label = "ms";
+//   p.series.push_back({"with cache", xs, ys});
+//   Status s = plot::write_line_plot("out.png", p);
+//
+//   plot::HeatmapFigure f;                  // one panel per matrix, a shared colour bar (viridis)
+//   f.panels.push_back({"head 0", rows, cols, values_row_major});
+//   Status s = plot::write_heatmaps("attn.png", f);
+//
+// Text uses a built-in 5x7 bitmap font (ASCII letters, digits and common punctuation; lowercase is
+// drawn as uppercase, other characters as blanks). Errors (an empty plot, a file that cannot be
+// written) come back as a Status naming the problem; no partial file is left behind.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attn/status.h"
+
+namespace attn::plot {
+
+struct Rgb {
+  unsigned char r = 0, g = 0, b = 0;
+};
+
+// The viridis colour map, t in [0, 1] (clamped): dark purple -> blue -> green -> yellow.
+Rgb viridis(double t);
+
+// An RGB raster with drawing primitives; (0, 0) is the top-left pixel. Drawing outside is clipped.
+class Canvas {
+ public:
+  Canvas(int width, int height, Rgb background = {255, 255, 255});
+  int width() const { return width_; }
+  int height() const { return height_; }
+  void pixel(int x, int y, Rgb c);
+  void line(int x0, int y0, int x1, int y1, Rgb c, int thickness = 1);
+  void fill(int x, int y, int w, int h, Rgb c);
+  // Text with its top-left corner at (x, y); glyphs are 5x7 pixels times `scale`, 6·scale apart.
+  void text(int x, int y, const std::string& s, Rgb c, int scale = 1);
+  // Text rotated 90° counter-clockwise (reads bottom to top), its bottom-left corner at (x, y).
+  void text_up(int x, int y, const std::string& s, Rgb c, int scale = 1);
+  static int text_width(const std::string& s, int scale = 1) { return static_cast<int>(s.size()) * 6 * scale; }
+  Status write_png(const std::string& path) const;
+
+ private:
+  int width_, height_;
+  std::vector<unsigned char> rgb_;
+};
+
+// About `target` round tick values (1, 2, 5 times a power of ten) covering [lo, hi].
+std::vector<double> nice_ticks(double lo, double hi, int target = 6);
+// A short label for a tick value ("0.5", "120", "1e+06").
+std::string tick_label(double v);
+
+struct Series {
+  std::string label;
+  std::vector<double> x, y;  // same length; non-finite points are skipped
+};
+
+struct LinePlot {
+  std::string title, x_label, y_label;
+  std::vector<Series> series;  // drawn in a fixed palette (blue, orange, green, red, purple, ...)
+  bool log_y = false;          // logarithmic y axis (values <= 0 skipped)
+  int width = 900, height = 540;
+};
+Status write_line_plot(const std::string& path, const LinePlot& plot);
+
+struct Heatmap {
+  std::string title;
+  std::int64_t rows = 0, cols = 0;
+  std::vector<double> values;  // rows x cols, row-major; row 0 drawn at the top
+  std::vector<std::string> row_labels, col_labels;  // optional: one per row / column (columns read upwards)
+};
+
+struct HeatmapFigure {
+  std::string title, x_label, y_label, scale_label;
+  std::vector<Heatmap> panels;
+  // Colour range; NaN = the smallest / largest value over all panels.
+  double vmin = std::numeric_limits<double>::quiet_NaN(), vmax = std::numeric_limits<double>::quiet_NaN();
+  int columns = 0;  // panels per row; 0 = up to 4
+  int cell = 0;     // pixels per matrix element; 0 = chosen so a panel is about 240 pixels wide
+};
+Status write_heatmaps(const std::string& path, const HeatmapFigure& figure);
+
+}  // namespace attn::plot
