@@ -362,6 +362,9 @@ int fail(std::ostream& err, std::string message) {
 
 }  // namespace
 
+void add_info_command(CLI::App& app, std::ostream& out);   // tools/cmd_info.cc
+void add_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_bench.cc
+
 int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"attn: scaled dot-product attention, O = softmax(scale * Q K^T + mask) V", "attn"};
   app.require_subcommand(0, 1);
@@ -371,6 +374,8 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App* run = add_run(app, run_args);
   CLI::App* explain = add_explain(app, explain_args);
   CLI::App* demo = add_demo(app, demo_args);
+  add_info_command(app, out);
+  add_bench_command(app, out);
   app.footer("Run 'attn COMMAND --help' for the options of a command.");  // after: subcommands copy it
 
   try {
@@ -390,6 +395,7 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
     if (run->parsed()) status = run_command(run_args, out);
     else if (explain->parsed()) status = explain_command(explain_args, out);
     else if (demo->parsed()) status = demo_command(demo_args, out);
+    else if (!app.get_subcommands().empty()) {}  // ran in its callback during parse (tools/subcommand.h)
     else {
       out << app.help();
       return fail(err, "no command given; expected run, explain or demo");
