@@ -62,11 +62,12 @@ CONFIGS = [
 # What every `attn bench --json` object must carry (documented in the README's Benchmarks section).
 BENCH_KEYS = (
     "tool label shape backend isa B Hq Hkv Sq Skv Dk Dv causal dtype kv_dtype page_size kv_len_min kv_tokens "
-    "threads warmup reps kv_sets kv_set_bytes time_median_s time_min_s time_max_s times_s flops flops_nominal "
+    "threads warmup reps kv_sets kv_set_bytes huge_pages time_median_s time_min_s time_max_s times_s flops flops_nominal "
     "gflops bytes gbps ceilings frac_fma frac_amx frac_read_bw bound frac_bound rss_before_inputs_bytes "
     "rss_with_inputs_bytes peak_rss_bytes extra_rss_bytes peak_rss_scope maxrss_bytes output_finite"
 ).split()
-CEILING_KEYS = "threads fma_gflops fma_isa amx_bf16_gflops amx_note read_gbps read_buffer_bytes seconds".split()
+CEILING_KEYS = ("threads fma_gflops fma_isa amx_bf16_gflops amx_note read_gbps read_buffer_bytes huge_pages seconds "
+                "read_setup_seconds").split()
 
 SCALING_N = [512 * 2**i for i in range(7)]  # 512 .. 32768
 SCALING_PREFILL = dict(B=1, Hq=4, Hkv=1, D=128, causal=True)  # one head group of P1
@@ -99,6 +100,10 @@ def dims_args(shape):
     if shape["kv_min"]:
         a += ["--kv-len-min", shape["kv_min"]]
     return [str(x) for x in a]
+
+
+def hp_flag(args):
+    return ["--no-huge-pages"] if args.no_huge_pages else []
 
 
 def run_attn(attn, args):
@@ -252,7 +257,7 @@ def run_shapes(args, attn, peer, shapes_table, ids, threads):
         if not chosen:
             continue
         log(f"{label}: {', '.join(chosen)}")
-        common = ["--dtype", qd, "--kv-dtype", kvd, "--threads", threads]
+        common = ["--dtype", qd, "--kv-dtype", kvd, "--threads", threads] + hp_flag(args)
         if args.reps:
             common += ["--reps", args.reps]
         if args.self_test:
@@ -290,16 +295,16 @@ def run_scaling(args, attn, peer, threads, ns, ref_max):
                 shape = dict(SCALING_PREFILL, Sq=n, Skv=n, page=0, kv_min=0)
             else:
                 shape = dict(SCALING_DECODE, Skv=n, page=0, kv_min=0)
-            base = dims_args(shape) + ["--threads", threads, "--no-ceilings"]
+            base = dims_args(shape) + ["--threads", threads, "--no-ceilings"] + hp_flag(args)
             reps = ["--reps", args.reps] if args.reps else []
-            if args.self_test:
-                base += ["--kv-sets", "1"]
-            flash = run_attn(attn, base + reps + ["--label", f"{kind} N={n}"])[0]
+            sets = ["--kv-sets", "1"] if args.self_test else []  # the dry run: no GiB of rotated K/V
+            flash = run_attn(attn, base + reps + sets + ["--label", f"{kind} N={n}"])[0]
             points.append(dict(kind=kind, N=n, impl="attn flash", time_s=flash["time_median_s"],
                                gflops=flash["gflops"], gbps=flash["gbps"]))
             if kind == "decode" or n <= ref_max:
+                # No K/V rotation for the reference: it is timed to show its O(N^2) growth, not bandwidth.
                 r = run_attn(attn, base + ["--backend", "reference", "--reps", "1" if args.quick else "3",
-                                           "--label", f"{kind} N={n} reference"])[0]
+                                           "--kv-sets", "1", "--label", f"{kind} N={n} reference"])[0]
                 points.append(dict(kind=kind, N=n, impl="attn reference", time_s=r["time_median_s"],
                                    gflops=r["gflops"], gbps=r["gbps"]))
             if peer:
@@ -377,7 +382,7 @@ def pct(x):
     return "—" if x is None else f"{100 * x:.0f}%"
 
 
-def markdown(rows, info, threads, torch_version, peer_notes, scaling_png):
+def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_pages, self_test):
     out = []
     ceil = next((r["attn"]["ceilings"] for r in rows if r["attn"]["ceilings"]), None)
     out.append("| shape | dtype | attn | PyTorch SDPA | PyTorch / attn | attn rate | attn % of ceiling | "
@@ -392,7 +397,8 @@ def markdown(rows, info, threads, torch_version, peer_notes, scaling_png):
         extra = r["extra_rss_bytes"] / 2**20
         out.append(f"| {row['shape']} | {row['config']} | {fmt_time(r['time_median_s'])} | {fmt_time(t)} | {ratio} | "
                    f"{a_rate} | {pct(a_frac)} | {p_rate} | {pct(p_frac)} | {extra:.1f} MiB |")
-    head = [f"Machine: {info.get('brand') or info.get('vendor')}; {threads} threads for both; attn kernel "
+    head = ["**Self-test on tiny shapes with quick ceilings: the numbers mean nothing.**"] if self_test else []
+    head += [f"Machine: {info.get('brand') or info.get('vendor')}; {threads} threads for both; attn kernel "
             f"{info['active_isa']} (best {info['best_isa']}); PyTorch {torch_version or 'not installed'}."]
     if ceil:
         amx = f"{ceil['amx_bf16_gflops']:.0f} GFLOP/s" if ceil["amx_bf16_gflops"] else f"n/a ({ceil['amx_note']})"
@@ -412,6 +418,9 @@ def markdown(rows, info, threads, torch_version, peer_notes, scaling_png):
         "\"fp32 Q, fp16 K/V\": attn keeps Q and O in fp32; SDPA needs one dtype, so PyTorch runs all in fp16.",
         "attn extra RSS: peak resident memory while running minus the resident memory with the inputs allocated.",
     ] + peer_notes
+    if huge_pages:
+        notes.append("Inputs of 2 MiB and more sit on transparent huge pages for both (attn bench madvises its "
+                     "buffers, PyTorch gets THP_MEM_ALLOC_ENABLE=1), and so does the bandwidth buffer.")
     text = "\n".join(head) + "\n\n" + "\n".join(out) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     if scaling_png:
         text += f"\n![time vs sequence length]({scaling_png})\n"
@@ -475,12 +484,18 @@ def main(argv):
     ap.add_argument("--install-torch", action="store_true", help="pip-install torch + matplotlib into bench/.venv")
     ap.add_argument("--out-dir", default=str(BENCH_DIR), help="where results.md/.json and scaling.png go")
     ap.add_argument("--out", default=None, help="markdown table path (default: OUT_DIR/results.md)")
+    ap.add_argument("--no-huge-pages", action="store_true",
+                    help="no transparent huge pages for the inputs, neither for attn nor for torch")
     ap.add_argument("--self-test", action="store_true",
                     help="dry run on tiny shapes with quick ceilings; checks the JSON and the outputs")
     args = ap.parse_args(argv)
 
     if args.install_torch:
         install_torch(argv)
+    if not args.no_huge_pages:
+        # attn bench asks for transparent huge pages for buffers of 2 MiB and more; PyTorch's CPU allocator
+        # does the same when this is set (read when torch loads).
+        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     torch = None if args.no_torch else import_torch()
     if torch is None and not args.no_torch and not args.self_test and (VENV / "bin" / "python").exists() \
             and Path(sys.executable).resolve() != (VENV / "bin" / "python").resolve() \
@@ -533,7 +548,7 @@ def main(argv):
     if rows:
         text += markdown(rows, info, threads, torch.__version__ if torch else None, peer_notes,
                          png_path.name if have_png and png_path.parent == md_path.parent else
-                         (str(png_path) if have_png else None))
+                         (str(png_path) if have_png else None), not args.no_huge_pages, args.self_test)
     if points:
         text += "\n## Scaling\n" + scaling_markdown(points)
     md_path.write_text(text)
@@ -543,11 +558,11 @@ def main(argv):
     log(f"wrote {md_path}, {json_path}" + (f", {png_path}" if have_png else ""))
 
     if args.self_test:
-        return self_check(rows, points, ids, md_path, json_path, peer)
+        return self_check(rows, points, ids, md_path, json_path, peer, not args.no_scaling)
     return 0
 
 
-def self_check(rows, points, ids, md_path, json_path, peer):
+def self_check(rows, points, ids, md_path, json_path, peer, scaling):
     """The dry run's own assertions: every shape x config ran, the files exist and parse."""
     problems = []
     expected = [(s, c[0]) for c in CONFIGS for s in ids if c[3] is None or s in c[3]]
@@ -564,7 +579,7 @@ def self_check(rows, points, ids, md_path, json_path, peer):
             problems.append(f"{r['shape']}: kv_sets {a['kv_sets']}, expected 2")
         if peer and r["torch_s"] is None and "torch_error" not in r:
             problems.append(f"{r['shape']}: torch did not run")
-    if len({(p["kind"], p["N"]) for p in points if p["impl"] == "attn flash"}) != 6:
+    if scaling and len({(p["kind"], p["N"]) for p in points if p["impl"] == "attn flash"}) != 6:
         problems.append("scaling: expected 3 prefill and 3 decode points for attn flash")
     data = json.loads(Path(json_path).read_text())
     if len(data["rows"]) != len(rows):

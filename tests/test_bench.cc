@@ -96,8 +96,8 @@ TEST(CliInfo, JsonIsOneObject) {
   ASSERT_EQ(l.size(), 1u) << r.out;
   EXPECT_EQ(l[0].front(), '{');
   EXPECT_EQ(l[0].back(), '}');
-  for (const char* key : {"vendor", "cpuid", "xcr0", "os_avx512", "os_amx", "amx_request_ok", "best_isa",
-                          "active_isa", "threads", "l3_bytes"})
+  for (const char* key : {"vendor", "cpuid", "xcr0", "os_avx512", "os_amx", "amx_request_ok", "best_isa", "active_isa",
+                          "threads", "l3_bytes"})
     EXPECT_TRUE(has(l[0], std::string("\"") + key + "\":")) << key;
   EXPECT_TRUE(has(l[0], std::string("\"best_isa\":\"") + cpu::isa_name(cpu::best_isa()) + "\""));
   EXPECT_TRUE(has(l[0], "\"avx512_bf16\":"));
@@ -106,12 +106,15 @@ TEST(CliInfo, JsonIsOneObject) {
 
 // ---- attn bench ------------------------------------------------------------------------------------------
 
+// clang-format off
 const char* const kBenchKeys[] = {
     "tool", "label", "shape", "backend", "isa", "B", "Hq", "Hkv", "Sq", "Skv", "Dk", "Dv", "causal", "dtype",
     "kv_dtype", "page_size", "kv_len_min", "kv_tokens", "threads", "warmup", "reps", "kv_sets", "kv_set_bytes",
-    "time_median_s", "time_min_s", "time_max_s", "times_s", "flops", "flops_nominal", "gflops", "bytes", "gbps",
-    "ceilings", "frac_fma", "frac_amx", "frac_read_bw", "bound", "frac_bound", "rss_before_inputs_bytes",
-    "rss_with_inputs_bytes", "peak_rss_bytes", "extra_rss_bytes", "peak_rss_scope", "maxrss_bytes", "output_finite"};
+    "huge_pages", "time_median_s", "time_min_s", "time_max_s", "times_s", "flops", "flops_nominal", "gflops",
+    "bytes", "gbps", "ceilings", "frac_fma", "frac_amx", "frac_read_bw", "bound", "frac_bound",
+    "rss_before_inputs_bytes", "rss_with_inputs_bytes", "peak_rss_bytes", "extra_rss_bytes", "peak_rss_scope",
+    "maxrss_bytes", "output_finite"};
+// clang-format on
 
 void expect_bench_json(const std::string& line) {
   ASSERT_FALSE(line.empty());
@@ -122,8 +125,9 @@ void expect_bench_json(const std::string& line) {
 }
 
 TEST(CliBench, TinyShapeJson) {
-  const Outcome r = cli({"bench", "--batch", "2", "--heads", "4", "--kv-heads", "2", "--q-len", "20", "--kv-len", "33",
-                         "--head-dim", "16", "--causal", "--reps", "1", "--json", "--no-ceilings", "--threads", "2"});
+  const Outcome r = cli({"bench",  "--batch",       "2",         "--heads",    "4",  "--kv-heads", "2",      "--q-len",
+                         "20",     "--kv-len",      "33",        "--head-dim", "16", "--causal",   "--reps", "1",
+                         "--json", "--no-ceilings", "--threads", "2"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err, "");
   const auto l = lines(r.out);
@@ -138,8 +142,8 @@ TEST(CliBench, TinyShapeJson) {
 
 TEST(CliBench, ExactCausalFlopCount) {
   // Sq = Skv = 4, causal: 1 + 2 + 3 + 4 = 10 allowed pairs; flops = 2·(Dk + Dv)·Hq·pairs = 2·16·1·10.
-  const Outcome r = cli({"bench", "--heads", "1", "--q-len", "4", "--head-dim", "8", "--causal", "--reps", "1", "--json",
-                         "--no-ceilings"});
+  const Outcome r = cli({"bench", "--heads", "1", "--q-len", "4", "--head-dim", "8", "--causal", "--reps", "1",
+                         "--json", "--no-ceilings"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.out, "\"flops\":320,")) << r.out;
   EXPECT_TRUE(has(r.out, "\"flops_nominal\":256,")) << r.out;  // DESIGN.md's rule: 4·4·4·8 / 2
@@ -149,9 +153,33 @@ TEST(CliBench, ExactCausalFlopCount) {
 
 TEST(CliBench, PagedRaggedMixedDtypesWithQuickCeilings) {
   // Lengths 5, 23, 40 (evenly spaced from --kv-len-min to --kv-len): 68 keys.
-  const Outcome r = cli({"bench", "--batch", "3", "--heads", "4", "--kv-heads", "1", "--q-len", "1", "--kv-len", "40",
-                         "--kv-len-min", "5", "--paged", "4", "--head-dim", "8", "--kv-dtype", "bf16", "--reps", "2",
-                         "--kv-sets", "2", "--json", "--quick-ceilings", "--threads", "2"});
+  const Outcome r = cli({"bench",
+                         "--batch",
+                         "3",
+                         "--heads",
+                         "4",
+                         "--kv-heads",
+                         "1",
+                         "--q-len",
+                         "1",
+                         "--kv-len",
+                         "40",
+                         "--kv-len-min",
+                         "5",
+                         "--paged",
+                         "4",
+                         "--head-dim",
+                         "8",
+                         "--kv-dtype",
+                         "bf16",
+                         "--reps",
+                         "2",
+                         "--kv-sets",
+                         "2",
+                         "--json",
+                         "--quick-ceilings",
+                         "--threads",
+                         "2"});
   ASSERT_EQ(r.code, 0) << r.err;
   const auto l = lines(r.out);
   ASSERT_EQ(l.size(), 1u) << r.out;

@@ -122,8 +122,8 @@ std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
     s2 = _mm512_add_epi64(s2, _mm512_load_si512(p + i + 16));
     s3 = _mm512_add_epi64(s3, _mm512_load_si512(p + i + 24));
   }
-  return static_cast<std::uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1),
-                                                                              _mm512_add_epi64(s2, s3))));
+  return static_cast<std::uint64_t>(
+      _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3))));
 }
 }  // namespace ceiling_avx512
 #pragma GCC pop_options
@@ -210,7 +210,8 @@ double peak_rate(int threads, double flops_per_iter, double trial_s, int trials,
     g_sink_f = g_sink_f + loop(iters);
     const double t = seconds_since(start);
     if (t >= trial_s / 10 || iters > (std::int64_t{1} << 40)) {
-      iters = std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(iters) * trial_s / std::max(t, 1e-9)));
+      iters = std::max<std::int64_t>(
+          1, static_cast<std::int64_t>(static_cast<double>(iters) * trial_s / std::max(t, 1e-9)));
       break;
     }
     iters *= 4;
@@ -297,17 +298,20 @@ Ceilings measure(const CeilingOptions& options) {
   if (f.avx512_usable()) {
     c.fma_isa = "avx512";
     c.fma_gflops = peak_rate(c.threads, ceiling_avx512::kFlops, trial_s, trials,
-                             [](std::int64_t n) { return ceiling_avx512::fma_loop(n, 1.0f); }) / 1e9;
+                             [](std::int64_t n) { return ceiling_avx512::fma_loop(n, 1.0f); }) /
+                   1e9;
     sum = ceiling_avx512::read_sum;
   } else if (f.avx2_usable()) {
     c.fma_isa = "avx2";
     c.fma_gflops = peak_rate(c.threads, ceiling_avx2::kFlops, trial_s, trials,
-                             [](std::int64_t n) { return ceiling_avx2::fma_loop(n, 1.0f); }) / 1e9;
+                             [](std::int64_t n) { return ceiling_avx2::fma_loop(n, 1.0f); }) /
+                   1e9;
     sum = ceiling_avx2::read_sum;
   } else {
     c.fma_isa = "sse2";
     c.fma_gflops = peak_rate(c.threads, ceiling_sse2::kFlops, trial_s, trials,
-                             [](std::int64_t n) { return ceiling_sse2::fma_loop(n, 1.0f); }) / 1e9;
+                             [](std::int64_t n) { return ceiling_sse2::fma_loop(n, 1.0f); }) /
+                   1e9;
   }
 
   if (!f.amx_bf16_usable()) {
@@ -316,7 +320,8 @@ Ceilings measure(const CeilingOptions& options) {
     c.amx_note = std::string("arch_prctl(ARCH_REQ_XCOMP_PERM) failed: ") + std::strerror(r.error);
   } else {
     c.amx_bf16_gflops = peak_rate(c.threads, ceiling_amx::kFlops, trial_s / 2, trials,
-                                  [](std::int64_t n) { return ceiling_amx::tdp_loop(n); }) / 1e9;
+                                  [](std::int64_t n) { return ceiling_amx::tdp_loop(n); }) /
+                        1e9;
   }
 
   // Twice the last-level cache and at least 256 MiB, but never more than a quarter of the free memory.

@@ -15,20 +15,20 @@ namespace attn::tools {
 
 struct CeilingOptions {
   int threads = 1;
-  bool quick = false;  // tiny buffer and loops: exercises the code in tests, the numbers mean little
+  bool quick = false;      // tiny buffer and loops: exercises the code in tests, the numbers mean little
   bool huge_pages = true;  // ask for transparent huge pages for the bandwidth buffer
 };
 
 struct Ceilings {
   int threads = 1;
-  double fma_gflops = 0;  // fp32; an FMA counts as 2 flops (SSE2 has none: a mul plus an add)
-  std::string fma_isa;    // "avx512", "avx2" or "sse2"
+  double fma_gflops = 0;       // fp32; an FMA counts as 2 flops (SSE2 has none: a mul plus an add)
+  std::string fma_isa;         // "avx512", "avx2" or "sse2"
   double amx_bf16_gflops = 0;  // 0 when not measured
   std::string amx_note;        // why AMX was not measured ("" when it was)
   double read_gbps = 0;        // 1e9 bytes per second
   std::int64_t read_buffer_bytes = 0;
   bool huge_pages = true;
-  double seconds = 0;  // time spent measuring all of them
+  double seconds = 0;             // time spent measuring all of them
   double read_setup_seconds = 0;  // of which allocating and first-touching the bandwidth buffer
 };
 

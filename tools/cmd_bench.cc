@@ -5,12 +5,12 @@
 // Counting: flops = 2·(Dk + Dv)·Hq·(allowed (query, key) pairs), exact for the causal mask and ragged key
 // lengths (flops_nominal is ../shared/DESIGN.md's 4·B·Hq·Sq·Skv·D, halved for causal when Sq = Skv);
 // bytes = Q read + O written at their dtype + the K and V rows the keys use, read once, at the KV dtype.
-#include <CLI/CLI.hpp>
 #include <omp.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,8 +24,8 @@
 #include <ostream>
 #include <random>
 #include <sstream>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_ceilings.h"
@@ -46,20 +46,20 @@ using Clock = std::chrono::steady_clock;
 struct Shape {
   std::string name;
   std::int64_t B = 1, Hq = 0, Hkv = 0, Sq = 0, Skv = 0, D = 0;
-  bool causal = false;        // bottom-right (the KV-cache alignment; the same as top-left when Sq = Skv)
-  std::int64_t page_size = 0;  // 0: contiguous K/V; else attention_paged with pages of this many keys
+  bool causal = false;          // bottom-right (the KV-cache alignment; the same as top-left when Sq = Skv)
+  std::int64_t page_size = 0;   // 0: contiguous K/V; else attention_paged with pages of this many keys
   std::int64_t kv_len_min = 0;  // 0: every sequence has Skv keys; else lengths spread evenly kv_len_min..Skv
 };
 
 // ../shared/DESIGN.md's canonical shapes.
 const Shape kCanonical[] = {
-    {"P1", 1, 32, 8, 2048, 2048, 128, true, 0, 0},     // LLM prefill
-    {"P2", 8, 12, 12, 512, 512, 64, false, 0, 0},      // encoder layer (BERT-base)
-    {"P3", 1, 8, 8, 16384, 16384, 128, true, 0, 0},    // long prefill
-    {"D1", 1, 32, 8, 1, 4096, 128, false, 0, 0},       // decode
-    {"D2", 1, 32, 8, 1, 32768, 128, false, 0, 0},      // long decode
-    {"D3", 16, 32, 8, 1, 8000, 128, false, 16, 100},   // batched paged decode, ragged 100..8000
-    {"X1", 4, 8, 8, 128, 1024, 64, false, 0, 0},       // cross-attention
+    {"P1", 1, 32, 8, 2048, 2048, 128, true, 0, 0},    // LLM prefill
+    {"P2", 8, 12, 12, 512, 512, 64, false, 0, 0},     // encoder layer (BERT-base)
+    {"P3", 1, 8, 8, 16384, 16384, 128, true, 0, 0},   // long prefill
+    {"D1", 1, 32, 8, 1, 4096, 128, false, 0, 0},      // decode
+    {"D2", 1, 32, 8, 1, 32768, 128, false, 0, 0},     // long decode
+    {"D3", 16, 32, 8, 1, 8000, 128, false, 16, 100},  // batched paged decode, ragged 100..8000
+    {"X1", 4, 8, 8, 128, 1024, 64, false, 0, 0},      // cross-attention
 };
 
 // Key length of sequence b: Skv, or evenly spaced from kv_len_min (b = 0) to Skv (b = B - 1).
@@ -245,7 +245,7 @@ struct BenchArgs {
   std::string dtype = "f32", kv_dtype;
   int threads = 0;
   std::int64_t paged = 0, kv_len_min = 0;
-  int reps = 0;  // 0: enough for about a second, at least 3
+  int reps = 0;     // 0: enough for about a second, at least 3
   int kv_sets = 0;  // 0: automatic
   std::string backend = "flash";
   std::string label;
@@ -267,12 +267,14 @@ Status positive(std::int64_t value, const char* option) {
 
 // The shapes to run: the canonical ones named by --shape, else the one the dimension options describe.
 Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
-  const bool dims = a.batch || a.heads || a.kv_heads || a.q_len || a.kv_len || a.head_dim || a.causal || a.paged ||
-                    a.kv_len_min;
+  const bool dims =
+      a.batch || a.heads || a.kv_heads || a.q_len || a.kv_len || a.head_dim || a.causal || a.paged || a.kv_len_min;
   if (!a.shapes.empty()) {
     if (dims)
-      return Status::Invalid("--shape", "'" + a.shapes + "' together with dimension options; expected either --shape "
-                             "or --batch/--heads/--kv-heads/--q-len/--kv-len/--head-dim/--causal/--paged/--kv-len-min");
+      return Status::Invalid(
+          "--shape", "'" + a.shapes +
+                         "' together with dimension options; expected either --shape "
+                         "or --batch/--heads/--kv-heads/--q-len/--kv-len/--head-dim/--causal/--paged/--kv-len-min");
     std::stringstream list(a.shapes);
     std::string id;
     while (std::getline(list, id, ',')) {
@@ -290,7 +292,9 @@ Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
     return Status::Ok();
   }
   if (!a.heads || !a.q_len || !a.head_dim)
-    return Status::Invalid(!a.heads ? "--heads" : !a.q_len ? "--q-len" : "--head-dim",
+    return Status::Invalid(!a.heads   ? "--heads"
+                           : !a.q_len ? "--q-len"
+                                      : "--head-dim",
                            "missing; expected --shape P1|P2|P3|D1|D2|D3|X1|all, or at least --heads, --q-len and "
                            "--head-dim");
   Shape s;
@@ -448,9 +452,12 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   const int sets = choose_kv_sets(s, set_bytes, a.kv_sets, 2 * q_bytes);
   const std::int64_t need = 2 * q_bytes + set_bytes * sets;
   if (const std::int64_t avail = available_memory_bytes(); avail > 0 && need > avail - avail / 8)
-    return Status::Invalid(a.kv_sets > 0 ? "--kv-sets" : "--shape",
+    return Status::Invalid(a.kv_sets > 0      ? "--kv-sets"
+                           : a.shapes.empty() ? "--kv-len"
+                                              : "--shape",
                            "the inputs need " + bytes_text(static_cast<double>(need)) + " but only " +
-                               bytes_text(static_cast<double>(avail)) + " of memory is available; expected a smaller "
+                               bytes_text(static_cast<double>(avail)) +
+                               " of memory is available; expected a smaller "
                                "shape or fewer --kv-sets");
 
   Result r;
@@ -477,7 +484,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     ++call_index;
   } while (warm_total < 0.05 && call_index < 20);
   r.warmup = call_index;
-  const int reps = a.reps > 0 ? a.reps : static_cast<int>(std::clamp(std::ceil(1.0 / std::max(last, 1e-9)), 3.0, 100.0));
+  const int reps =
+      a.reps > 0 ? a.reps : static_cast<int>(std::clamp(std::ceil(1.0 / std::max(last, 1e-9)), 3.0, 100.0));
   for (int rep = 0; rep < reps; ++rep) {
     const auto start = Clock::now();
     if (Status st = call(s, in, call_index % sets, params); !st) return with_option_names(st);
@@ -525,8 +533,11 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
 
   if (a.json) {
     JsonObject o;
-    o.add("tool", "attn").add("label", label).add("shape", s.name).add("backend",
-        setup.backend == Backend::reference ? "reference" : "flash").add("isa", isa);
+    o.add("tool", "attn")
+        .add("label", label)
+        .add("shape", s.name)
+        .add("backend", setup.backend == Backend::reference ? "reference" : "flash")
+        .add("isa", isa);
     o.add("B", s.B).add("Hq", s.Hq).add("Hkv", s.Hkv).add("Sq", s.Sq).add("Skv", s.Skv).add("Dk", s.D).add("Dv", s.D);
     o.add("causal", s.causal).add("dtype", dtype_name(setup.dtype)).add("kv_dtype", dtype_name(setup.kv_dtype));
     o.add("page_size", s.page_size).add("kv_len_min", s.kv_len_min).add("kv_tokens", kv_tokens);
@@ -540,8 +551,12 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
       c.add("threads", ceil->threads).add("fma_gflops", ceil->fma_gflops).add("fma_isa", ceil->fma_isa);
       if (ceil->amx_bf16_gflops > 0) c.add("amx_bf16_gflops", ceil->amx_bf16_gflops);
       else c.add_null("amx_bf16_gflops");
-      c.add("amx_note", ceil->amx_note).add("read_gbps", ceil->read_gbps).add("read_buffer_bytes", ceil->read_buffer_bytes);
-      c.add("huge_pages", ceil->huge_pages).add("seconds", ceil->seconds).add("read_setup_seconds", ceil->read_setup_seconds);
+      c.add("amx_note", ceil->amx_note)
+          .add("read_gbps", ceil->read_gbps)
+          .add("read_buffer_bytes", ceil->read_buffer_bytes);
+      c.add("huge_pages", ceil->huge_pages)
+          .add("seconds", ceil->seconds)
+          .add("read_setup_seconds", ceil->read_setup_seconds);
       o.add("ceilings", c);
     } else {
       o.add_null("ceilings");
@@ -558,9 +573,10 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
 
   out << label << ": B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Sq=" << s.Sq << " Skv=" << s.Skv
       << (s.kv_len_min > 0 ? " (ragged " + std::to_string(s.kv_len_min) + ".." + std::to_string(s.Skv) + ")" : "")
-      << " D=" << s.D << (s.causal ? " causal" : "") << (s.page_size ? " paged(" + std::to_string(s.page_size) + ")" : "")
-      << ", q/out " << dtype_name(setup.dtype) << ", k/v " << dtype_name(setup.kv_dtype) << "; " << isa << ", "
-      << setup.threads << " thread" << (setup.threads == 1 ? "" : "s") << "\n";
+      << " D=" << s.D << (s.causal ? " causal" : "")
+      << (s.page_size ? " paged(" + std::to_string(s.page_size) + ")" : "") << ", q/out " << dtype_name(setup.dtype)
+      << ", k/v " << dtype_name(setup.kv_dtype) << "; " << isa << ", " << setup.threads << " thread"
+      << (setup.threads == 1 ? "" : "s") << "\n";
   out << "  time     median " << time_text(r.median) << " (min " << time_text(sorted.front()) << ", max "
       << time_text(sorted.back()) << "; " << r.times.size() << " reps after " << r.warmup << " warm-up"
       << (sets > 1 ? "; rotating " + std::to_string(sets) + " K/V sets of " + bytes_text(static_cast<double>(set_bytes))
@@ -570,7 +586,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   if (ceil) {
     out << " = " << percent(frac_fma) << " of peak fp32 FMA (" << fmt("%.0f", ceil->fma_gflops) << " GFLOP/s, "
         << ceil->fma_isa << ")";
-    if (std::isfinite(frac_amx)) out << ", " << percent(frac_amx) << " of AMX bf16 (" << fmt("%.0f", ceil->amx_bf16_gflops) << ")";
+    if (std::isfinite(frac_amx))
+      out << ", " << percent(frac_amx) << " of AMX bf16 (" << fmt("%.0f", ceil->amx_bf16_gflops) << ")";
   }
   out << "   [" << fmt("%.4g", flops) << " flops, exact pair count]\n";
   out << "  memory   " << fmt("%.2f", gbps) << " GB/s";
@@ -613,8 +630,8 @@ Status bench(const BenchArgs& a, std::ostream& out) {
         << " s of it filling the bandwidth buffer): fp32 FMA " << fmt("%.1f", ceil->fma_gflops) << " GFLOP/s ("
         << ceil->fma_isa << "), AMX bf16 "
         << (ceil->amx_bf16_gflops > 0 ? fmt("%.0f GFLOP/s", ceil->amx_bf16_gflops) : "n/a: " + ceil->amx_note)
-        << ", streaming read " << fmt("%.1f", ceil->read_gbps) << " GB/s (" << bytes_text(double(ceil->read_buffer_bytes))
-        << " buffer)\n";
+        << ", streaming read " << fmt("%.1f", ceil->read_gbps) << " GB/s ("
+        << bytes_text(double(ceil->read_buffer_bytes)) << " buffer)\n";
   for (const Shape& s : shapes)
     if (Status st = run_one(s, setup, a, ceil, out); !st) return st;
   return Status::Ok();
@@ -625,8 +642,9 @@ Status bench(const BenchArgs& a, std::ostream& out) {
 void add_bench_command(CLI::App& app, std::ostream& out) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* sub = app.add_subcommand(
-      "bench", "Time attention on random inputs: median time, GFLOP/s, GB/s, fractions of the ceilings (peak FMA, "
-               "AMX, streaming read) measured in the same run, and resident memory");
+      "bench",
+      "Time attention on random inputs: median time, GFLOP/s, GB/s, fractions of the ceilings (peak FMA, "
+      "AMX, streaming read) measured in the same run, and resident memory");
   sub->add_option("--shape", a->shapes, "Canonical shape(s) of DESIGN.md, comma-separated: P1,P2,P3,D1,D2,D3,X1 or all")
       ->type_name("IDS");
   sub->add_option("--batch", a->batch, "Batch size B (default 1)")->type_name("B");
@@ -639,7 +657,8 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
   sub->add_flag("--causal", a->causal, "Causal mask, bottom-right aligned (top-left when Sq = Skv)");
   sub->add_option("--dtype", a->dtype, "Q and O dtype: f32 (default), bf16 or f16")->type_name("DTYPE");
   sub->add_option("--kv-dtype", a->kv_dtype, "K and V dtype (default: --dtype)")->type_name("DTYPE");
-  sub->add_option("--threads", a->threads, "Threads for attn and for the ceilings (0 = attn's default)")->type_name("N");
+  sub->add_option("--threads", a->threads, "Threads for attn and for the ceilings (0 = attn's default)")
+      ->type_name("N");
   sub->add_option("--paged", a->paged, "Use attention_paged with pages of this many keys, scattered over the pool")
       ->type_name("PAGE_SIZE");
   sub->add_option("--kv-len-min", a->kv_len_min,

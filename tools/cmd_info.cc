@@ -1,9 +1,9 @@
 // attn info: what the CPU has, what the OS allows, which kernel level attn chose and how many threads
 // it will use.
-#include <CLI/CLI.hpp>
 #include <omp.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -26,10 +26,8 @@ std::string size_text(std::int64_t bytes) {
   char buf[32];
   if (bytes >= (std::int64_t{1} << 20) && bytes % (std::int64_t{1} << 20) == 0)
     std::snprintf(buf, sizeof buf, "%lld MiB", static_cast<long long>(bytes >> 20));
-  else if (bytes >= 1024)
-    std::snprintf(buf, sizeof buf, "%.0f KiB", static_cast<double>(bytes) / 1024);
-  else
-    std::snprintf(buf, sizeof buf, "%lld bytes", static_cast<long long>(bytes));
+  else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.0f KiB", static_cast<double>(bytes) / 1024);
+  else std::snprintf(buf, sizeof buf, "%lld bytes", static_cast<long long>(bytes));
   return buf;
 }
 
@@ -46,11 +44,20 @@ const char* env_or(const char* name, const char* fallback) {
 
 // The CPUID flags this project cares about, in a fixed order.
 std::vector<std::pair<const char*, bool>> flags(const cpu::CpuFeatures& f) {
-  return {{"sse2", f.sse2},         {"avx", f.avx},           {"avx2", f.avx2},
-          {"fma", f.fma},           {"f16c", f.f16c},         {"avx512f", f.avx512f},
-          {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl}, {"avx512dq", f.avx512dq},
-          {"avx512_bf16", f.avx512_bf16}, {"avx512_fp16", f.avx512_fp16}, {"amx_tile", f.amx_tile},
-          {"amx_bf16", f.amx_bf16}, {"amx_int8", f.amx_int8}};
+  return {{"sse2", f.sse2},
+          {"avx", f.avx},
+          {"avx2", f.avx2},
+          {"fma", f.fma},
+          {"f16c", f.f16c},
+          {"avx512f", f.avx512f},
+          {"avx512bw", f.avx512bw},
+          {"avx512vl", f.avx512vl},
+          {"avx512dq", f.avx512dq},
+          {"avx512_bf16", f.avx512_bf16},
+          {"avx512_fp16", f.avx512_fp16},
+          {"amx_tile", f.amx_tile},
+          {"amx_bf16", f.amx_bf16},
+          {"amx_int8", f.amx_int8}};
 }
 
 struct InfoArgs {
@@ -82,7 +89,9 @@ Status info(const InfoArgs& a, std::ostream& out) {
     o.add("best_isa", cpu::isa_name(best)).add("active_isa", cpu::isa_name(active));
     if (isa_env) o.add("ATTN_ISA", isa_env);
     else o.add_null("ATTN_ISA");
-    o.add("threads", threads).add("omp_max_threads", omp_get_max_threads()).add("online_cpus", static_cast<int>(online));
+    o.add("threads", threads)
+        .add("omp_max_threads", omp_get_max_threads())
+        .add("online_cpus", static_cast<int>(online));
     out << o.str() << "\n";
     return Status::Ok();
   }
@@ -113,12 +122,11 @@ Status info(const InfoArgs& a, std::ostream& out) {
   out << "\nattn kernels:\n";
   out << "  best level for this CPU and OS: " << cpu::isa_name(best) << "   (levels: sse2 < avx2 < avx512)\n";
   out << "  level in use:                   " << cpu::isa_name(active);
-  if (isa_env)
-    out << "   (ATTN_ISA=" << isa_env << "; it can only lower the level, and an unknown value is ignored)\n";
-  else
-    out << "   (set ATTN_ISA=sse2|avx2|avx512 to force a lower level; scalar = sse2)\n";
-  out << "  threads per call:               " << threads << "   (ATTN_NUM_THREADS=" << env_or("ATTN_NUM_THREADS", "unset")
-      << ", OpenMP default " << omp_get_max_threads() << ", " << online << " CPUs online; Params::threads or "
+  if (isa_env) out << "   (ATTN_ISA=" << isa_env << "; it can only lower the level, and an unknown value is ignored)\n";
+  else out << "   (set ATTN_ISA=sse2|avx2|avx512 to force a lower level; scalar = sse2)\n";
+  out << "  threads per call:               " << threads
+      << "   (ATTN_NUM_THREADS=" << env_or("ATTN_NUM_THREADS", "unset") << ", OpenMP default " << omp_get_max_threads()
+      << ", " << online << " CPUs online; Params::threads or "
       << "--threads overrides)\n";
   return Status::Ok();
 }
@@ -127,9 +135,10 @@ Status info(const InfoArgs& a, std::ostream& out) {
 
 void add_info_command(CLI::App& app, std::ostream& out) {
   auto args = std::make_shared<InfoArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "info", "What the CPU has (CPUID), what the OS allows (XCR0, AMX permission), the kernel level attn "
-              "chose and its thread count");
+  CLI::App* sub =
+      app.add_subcommand("info",
+                         "What the CPU has (CPUID), what the OS allows (XCR0, AMX permission), the kernel level attn "
+                         "chose and its thread count");
   sub->add_flag("--json", args->json, "Print one JSON object instead of text");
   on_run(sub, [args, &out] { return info(*args, out); });
 }
