@@ -504,7 +504,7 @@ def main(argv):
         py = str(VENV / "bin" / "python")
         os.execv(py, [py, str(Path(__file__).resolve())] + argv)
 
-    attn = Path(args.attn)
+    attn = Path(args.attn).resolve()
     if not attn.exists():
         log(f"error: {attn} does not exist; build it first (make build) or pass --attn PATH")
         return 2

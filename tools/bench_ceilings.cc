@@ -122,8 +122,11 @@ std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
     s2 = _mm512_add_epi64(s2, _mm512_load_si512(p + i + 16));
     s3 = _mm512_add_epi64(s3, _mm512_load_si512(p + i + 24));
   }
-  return static_cast<std::uint64_t>(
-      _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3))));
+  alignas(64) std::uint64_t out[8];  // summed unsigned: _mm512_reduce_add_epi64 adds as signed (UB on overflow)
+  _mm512_store_si512(out, _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
+  std::uint64_t total = 0;
+  for (const std::uint64_t x : out) total += x;
+  return total;
 }
 }  // namespace ceiling_avx512
 #pragma GCC pop_options

@@ -578,7 +578,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
       << ", k/v " << dtype_name(setup.kv_dtype) << "; " << isa << ", " << setup.threads << " thread"
       << (setup.threads == 1 ? "" : "s") << "\n";
   out << "  time     median " << time_text(r.median) << " (min " << time_text(sorted.front()) << ", max "
-      << time_text(sorted.back()) << "; " << r.times.size() << " reps after " << r.warmup << " warm-up"
+      << time_text(sorted.back()) << "; " << r.times.size() << (r.times.size() == 1 ? " rep" : " reps") << " after "
+      << r.warmup << " warm-up"
       << (sets > 1 ? "; rotating " + std::to_string(sets) + " K/V sets of " + bytes_text(static_cast<double>(set_bytes))
                    : std::string())
       << ")\n";
