@@ -524,7 +524,10 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     const bool amx = setup.dtype == DType::bf16 && ceil->amx_bf16_gflops > 0;
     if (amx) frac_amx = gflops / ceil->amx_bf16_gflops;
     const double compute = amx ? ceil->amx_bf16_gflops : ceil->fma_gflops;
-    const bool memory_bound = flops / bytes < compute / ceil->read_gbps;
+    // Memory-bound: below the ridge point, and the data really come from DRAM (rotated K/V sets, or more
+    // than the last-level cache); a small prefill below the ridge runs from cache, against compute.
+    const bool from_dram = sets > 1 || bytes > static_cast<double>(cpu::cpu_features().last_level_cache_bytes());
+    const bool memory_bound = flops / bytes < compute / ceil->read_gbps && from_dram;
     bound = memory_bound ? "memory" : amx ? "compute (AMX bf16)" : "compute (fp32 FMA)";
     frac_bound = memory_bound ? frac_read : amx ? frac_amx : frac_fma;
   }
