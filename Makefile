@@ -2,8 +2,10 @@
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
+PYTHON ?= python3
+VENV  ?= .venv
 
-.PHONY: all deps build demo test test-sanitize clean
+.PHONY: all deps build demo test test-python test-sanitize clean
 
 all: build
 
@@ -18,9 +20,18 @@ build: deps
 demo: build
 	$(BUILD)/attn demo
 
-# Builds, then runs every test.
+# Builds, then runs every test: the C++ suite, then the Python package's.
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) test-python
+
+# The Python package: pip builds and installs it (PEP 517, pyproject.toml) into the virtual environment
+# $(VENV), then pytest runs tests/python. torch is not installed here; its tests skip unless it is there.
+test-python: deps
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q numpy pytest ml_dtypes
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VENV)/bin/python -m pip install -q --force-reinstall --no-deps .
+	$(VENV)/bin/python -m pytest -q tests/python
 
 # Release build, then bench/run_bench.py: every canonical shape of DESIGN.md for attn, side by side with
 # PyTorch SDPA when torch is importable (TORCH=1 first pip-installs torch + matplotlib into bench/.venv),
@@ -37,4 +48,4 @@ test-sanitize: deps
 	  ctest --output-on-failure -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-sanitize
+	rm -rf $(BUILD) $(BUILD)-sanitize $(VENV)

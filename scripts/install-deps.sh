@@ -2,7 +2,8 @@
 # Installs the Debian packages that building and testing attn need (only those missing).
 # `make demo` and `make test` call this first, so a fresh machine needs nothing by hand.
 set -euo pipefail
-pkgs=(cmake g++ make libgtest-dev libgmock-dev libcli11-dev libbenchmark-dev)
+# python3-dev and python3-venv: `make test` builds the Python package with pip in a virtual environment.
+pkgs=(cmake g++ make libgtest-dev libgmock-dev libcli11-dev libbenchmark-dev python3 python3-dev python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

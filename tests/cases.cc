@@ -242,4 +242,29 @@ Status Instance::run(Backend backend, int threads) {
   return attention_paged(q.view, k_pages.view, v_pages.view, page_table.view, seq_lens.view, out.view, p, lse.view);
 }
 
+std::vector<Case> backward_registry() {
+  std::vector<Case> out;
+  for (const Case& c : registry())
+    if (c.page_size == 0 && c.B * c.Hq * c.Sq * c.Skv * (c.Dk + c.Dv) <= 30'000'000) out.push_back(c);
+  // Key blocks shared by many query blocks in both sweeps, GQA groups over several query tiles.
+  out.push_back({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 130, .Skv = 130, .Dk = 64, .Dv = 48, .causal = Causal::top_left});
+  out.push_back({.B = 2, .Hq = 6, .Hkv = 2, .Sq = 65, .Skv = 257, .Dk = 24, .Dv = 24, .causal = Causal::bottom_right,
+                 .window = {40, 8, Align::bottom_right}, .mask = MaskCase::additive_full});
+  return out;
+}
+
+GradInstance instantiate_grads(const Case& c) {
+  std::mt19937_64 rng(std::hash<std::string>{}(c.name() + "/grads"));
+  GradInstance g;
+  g.dout = Tensor(c.dtype, c.B, c.Hq, c.Sq, c.Dv, c.layout);
+  g.dq = Tensor(c.dtype, c.B, c.Hq, c.Sq, c.Dk, c.layout);
+  g.dk = Tensor(c.kv_dtype, c.B, c.Hkv, c.Skv, c.Dk, c.layout);
+  g.dv = Tensor(c.kv_dtype, c.B, c.Hkv, c.Skv, c.Dv, c.layout);
+  g.dout.randomize(rng, 1.0);
+  g.dq.poison();
+  g.dk.poison();
+  g.dv.poison();
+  return g;
+}
+
 }  // namespace attn::test

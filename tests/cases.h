@@ -50,4 +50,16 @@ struct Instance {
 };
 Instance instantiate(const Case& c);
 
+// ---- the backward pass ------------------------------------------------------------------------------
+
+// The registry's cases whose fp64 backward reference stays cheap (B·Hq·Sq·Skv·(Dk + Dv) bounded), which
+// keeps every mask, alignment, GQA ratio, Dv != Dk, layout and dtype; plus cases for the backward's tiles.
+std::vector<Case> backward_registry();
+
+// dO (random) and poisoned gradient outputs dQ, dK, dV for one case, in the case's layout and dtypes.
+struct GradInstance {
+  Tensor dout, dq, dk, dv;
+};
+GradInstance instantiate_grads(const Case& c);
+
 }  // namespace attn::test

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -12,6 +13,7 @@
 #include "attn/attn.h"
 #include "core/convert.h"
 #include "core/problem.h"
+#include "cpu/kernels.h"
 #include "reference/reference.h"
 
 namespace attn::test {
@@ -163,5 +165,40 @@ Agreement agree(const std::vector<double>& ref, GetFast fast, GetNaive naive, do
   }
   return a;
 }
+
+// The naive same-precision result as the caller would see it: computed in fp32, stored in the output dtype.
+inline double round_to(DType d, double x) {
+  const float f = static_cast<float>(x);
+  switch (d) {
+    case DType::bf16: return core::to_float(core::from_float<core::bf16>(f));
+    case DType::f16: return core::to_float(core::from_float<core::f16>(f));
+    default: return f;
+  }
+}
+
+// Byte offsets (within storage) that a view covers.
+inline std::vector<bool> covered_bytes(const Tensor& t) {
+  std::vector<bool> mask(t.storage.size(), false);
+  const auto es = static_cast<std::int64_t>(dtype_size(t.view.dtype));
+  const auto base = static_cast<const unsigned char*>(t.view.data) - t.storage.data();
+  t.for_each_index([&](auto a, auto b, auto c, auto d) {
+    const std::int64_t off = base + t.offset(a, b, c, d) * es;
+    for (std::int64_t i = 0; i < es; ++i) mask[static_cast<std::size_t>(off + i)] = true;
+  });
+  return mask;
+}
+
+// Every instruction-set level this machine supports, forced in turn through ATTN_ISA.
+inline std::vector<cpu::Isa> supported_isas() {
+  std::vector<cpu::Isa> out;
+  for (cpu::Isa isa : {cpu::Isa::sse2, cpu::Isa::avx2, cpu::Isa::avx512})
+    if (static_cast<int>(isa) <= static_cast<int>(cpu::best_isa())) out.push_back(isa);
+  return out;
+}
+
+struct ForceIsa {
+  explicit ForceIsa(cpu::Isa isa) { setenv("ATTN_ISA", cpu::isa_name(isa), 1); }
+  ~ForceIsa() { unsetenv("ATTN_ISA"); }
+};
 
 }  // namespace attn::test

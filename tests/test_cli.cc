@@ -420,6 +420,67 @@ TEST_F(CliTest, CliErrorLseSameAsOut) {
   expect_error(run_args({"--lse", path("o.npy")}), "--lse");
 }
 
+// ---- attn run: the backward pass ------------------------------------------------------------------------
+
+TEST_F(CliTest, CliRunBackwardWritesGradientsMatchingTheLibrary) {
+  write_qkv({});
+  const Dims& d = dims_;
+  const std::vector<float> g = random_floats(static_cast<std::size_t>(d.B * d.Hq * d.Sq * d.Dv), 4);
+  save("do.npy", DType::f32, {d.B, d.Hq, d.Sq, d.Dv}, g);
+  const Outcome r = cli(run_args({"--causal", "bottom-right", "--grad-out", path("do.npy"), "--dq", path("dq.npy"),
+                                  "--dk", path("dk.npy"), "--dv", path("dv.npy")}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("dq.npy"), std::string::npos);
+  // The fp64 reference backward through the library.
+  Params params;
+  params.causal = Causal::bottom_right;
+  params.backend = Backend::reference;
+  std::vector<float> o, lse;
+  expected(params, &o, &lse);
+  std::vector<float> dq(q_.size()), dk(k_.size()), dv(v_.size());
+  const auto f32 = DType::f32;
+  ASSERT_TRUE(attention_backward(TensorView::contiguous(q_.data(), f32, {d.B, d.Hq, d.Sq, d.Dk}),
+                                 TensorView::contiguous(k_.data(), f32, {d.B, d.Hkv, d.Skv, d.Dk}),
+                                 TensorView::contiguous(v_.data(), f32, {d.B, d.Hkv, d.Skv, d.Dv}),
+                                 TensorView::contiguous(o.data(), f32, {d.B, d.Hq, d.Sq, d.Dv}),
+                                 TensorView::contiguous(lse.data(), f32, {d.B, d.Hq, d.Sq}),
+                                 TensorView::contiguous(g.data(), f32, {d.B, d.Hq, d.Sq, d.Dv}),
+                                 TensorView::contiguous(dq.data(), f32, {d.B, d.Hq, d.Sq, d.Dk}),
+                                 TensorView::contiguous(dk.data(), f32, {d.B, d.Hkv, d.Skv, d.Dk}),
+                                 TensorView::contiguous(dv.data(), f32, {d.B, d.Hkv, d.Skv, d.Dv}), params)
+                  .ok());
+  expect_close(read_f32("dq.npy", {d.B, d.Hq, d.Sq, d.Dk}), dq, 1e-5, "dQ");
+  expect_close(read_f32("dk.npy", {d.B, d.Hkv, d.Skv, d.Dk}), dk, 1e-5, "dK");
+  expect_close(read_f32("dv.npy", {d.B, d.Hkv, d.Skv, d.Dv}), dv, 1e-5, "dV");
+}
+
+TEST_F(CliTest, CliErrorBackwardNeedsAllFour) {
+  write_qkv({});
+  expect_error(run_args({"--dq", path("dq.npy"), "--dk", path("dk.npy"), "--dv", path("dv.npy")}), "--grad-out");
+  EXPECT_FALSE(fs::exists(path("dq.npy")));
+}
+
+TEST_F(CliTest, CliErrorBackwardGradOutShapeWritesNothing) {
+  write_qkv({});
+  const Dims& d = dims_;
+  save("do.npy", DType::f32, {d.B, d.Hq, d.Sq, d.Dv + 1},
+       random_floats(static_cast<std::size_t>(d.B * d.Hq * d.Sq * (d.Dv + 1)), 5));
+  expect_error(run_args({"--lse", path("lse.npy"), "--grad-out", path("do.npy"), "--dq", path("dq.npy"), "--dk",
+                         path("dk.npy"), "--dv", path("dv.npy")}),
+               "--grad-out");
+  for (const char* f : {"dq.npy", "dk.npy", "dv.npy"}) EXPECT_FALSE(fs::exists(path(f))) << f;
+}
+
+TEST_F(CliTest, CliErrorBackwardUnwritableRemovesEverything) {
+  write_qkv({});
+  const Dims& d = dims_;
+  save("do.npy", DType::f32, {d.B, d.Hq, d.Sq, d.Dv}, random_floats(static_cast<std::size_t>(d.B * d.Hq * d.Sq * d.Dv), 6));
+  expect_error(run_args({"--lse", path("lse.npy"), "--grad-out", path("do.npy"), "--dq", path("dq.npy"), "--dk",
+                         path("dk.npy"), "--dv", path("missing_dir/dv.npy")}),
+               "--dv");
+  for (const char* f : {"dq.npy", "dk.npy"}) EXPECT_FALSE(fs::exists(path(f))) << f;
+}
+
 TEST_F(CliTest, CliErrorLseUnwritableRemovesOut) {
   write_qkv({});
   expect_error(run_args({"--lse", path("missing_dir/lse.npy")}), "--lse");

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <charconv>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <ostream>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include "demo.h"
 #include "explain.h"
@@ -29,7 +31,8 @@ Status with_option_names(const Status& status) {
       {"out", "--out"},       {"lse", "--lse"},       {"scale", "--scale"},
       {"causal", "--causal"}, {"window.align", "--window-align"},
       {"window", "--window"}, {"kv_lens", "--kv-lens"}, {"mask", "--mask"},
-      {"threads", "--threads"}, {"backend", "--backend"}};
+      {"threads", "--threads"}, {"backend", "--backend"},
+      {"grad_out", "--grad-out"}, {"grad_q", "--dq"}, {"grad_k", "--dk"}, {"grad_v", "--dv"}};
   const std::string& message = status.message();
   for (const auto& [param, option] : kOptions) {
     const std::string prefix = std::string(param) + ": ";
@@ -145,6 +148,7 @@ Status parse_backend(const std::string& text, Backend* backend) {
 
 struct RunArgs {
   std::string q, k, v, out, lse, causal, scale, mask, kv_lens, window, threads;
+  std::string grad_out, dq, dk, dv;  // the backward pass, all four or none
   std::string window_align = "bottom-right";
   std::string backend = "auto";
 };
@@ -212,11 +216,36 @@ Status allocate(const std::string& option, const std::vector<std::int64_t>& shap
   return Status::Ok();
 }
 
+// An fp32 copy of a float32 or float16 buffer of n elements (gradients are written as float32).
+std::vector<float> as_f32(DType dtype, const unsigned char* data, std::int64_t n) {
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (dtype == DType::f32) std::memcpy(&x[i], data + 4 * i, 4);
+    else {
+      _Float16 h;
+      std::memcpy(&h, data + 2 * i, 2);
+      x[i] = static_cast<float>(h);
+    }
+  }
+  return x;
+}
+
 Status run_command(const RunArgs& a, std::ostream& out) {
   Params params;
   if (Status s = run_params(a, &params); !s) return s;
-  if (!a.lse.empty() && same_file(a.out, a.lse))
-    return Status::Invalid("--lse", "'" + a.lse + "' is the same file as --out; expected a different path");
+  // Output files: all distinct; the gradient options come all together or not at all.
+  const bool backward = !a.grad_out.empty() || !a.dq.empty() || !a.dk.empty() || !a.dv.empty();
+  if (backward)
+    for (auto [path, option] : {std::pair{&a.grad_out, "--grad-out"}, {&a.dq, "--dq"}, {&a.dk, "--dk"}, {&a.dv, "--dv"}})
+      if (path->empty())
+        return Status::Invalid(option, "missing; expected all of --grad-out, --dq, --dk and --dv for the backward pass");
+  const std::pair<const std::string*, const char*> outputs[] = {
+      {&a.out, "--out"}, {&a.lse, "--lse"}, {&a.dq, "--dq"}, {&a.dk, "--dk"}, {&a.dv, "--dv"}};
+  for (std::size_t i = 1; i < std::size(outputs); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (!outputs[i].first->empty() && same_file(*outputs[i].first, *outputs[j].first))
+        return Status::Invalid(outputs[i].second, "'" + *outputs[i].first + "' is the same file as " +
+                                                      outputs[j].second + "; expected a different path");
 
   npy::Array q, k, v, mask, kv_lens;
   if (Status s = npy::read(a.q, "--q", &q); !s) return s;
@@ -237,7 +266,7 @@ Status run_command(const RunArgs& a, std::ostream& out) {
   std::unique_ptr<unsigned char[]> o, lse;
   if (Status s = allocate("--out", out_shape, dtype_size(q.dtype), &o); !s) return s;
   std::optional<TensorView> lse_view;
-  if (!a.lse.empty()) {
+  if (!a.lse.empty() || backward) {
     if (Status s = allocate("--lse", lse_shape, sizeof(float), &lse); !s) return s;
     lse_view = TensorView::contiguous(lse.get(), DType::f32, {lse_shape[0], lse_shape[1], lse_shape[2]});
   }
@@ -245,17 +274,51 @@ Status run_command(const RunArgs& a, std::ostream& out) {
       TensorView::contiguous(o.get(), q.dtype, {out_shape[0], out_shape[1], out_shape[2], out_shape[3]});
   if (Status s = attention(qv, kv, vv, ov, params, lse_view); !s) return with_option_names(s);
 
-  if (Status s = npy::write(a.out, q.dtype, out_shape, o.get()); !s)
-    return Status::Invalid("--out", s.message());
-  out << "wrote O " << shape_text(out_shape) << " " << numpy_name(q.dtype) << " to " << a.out << "\n";
-  if (lse_view) {
-    if (Status s = npy::write(a.lse, DType::f32, lse_shape, lse.get()); !s) {
-      std::error_code ignored;
-      std::filesystem::remove(a.out, ignored);  // no partial output
-      return Status::Invalid("--lse", s.message());
-    }
-    out << "wrote LSE " << shape_text(lse_shape) << " float32 to " << a.lse << "\n";
+  // Files to write, in order: O, then LSE, then dQ, dK, dV (float32).
+  struct File {
+    std::string path, option, what;
+    DType dtype;
+    std::vector<std::int64_t> shape;
+    const void* data;
+  };
+  std::vector<File> files = {{a.out, "--out", "O", q.dtype, out_shape, o.get()}};
+  if (!a.lse.empty()) files.push_back({a.lse, "--lse", "LSE", DType::f32, lse_shape, lse.get()});
+  std::vector<float> dq32, dk32, dv32;
+  if (backward) {
+    npy::Array g;
+    if (Status s = npy::read(a.grad_out, "--grad-out", &g); !s) return s;
+    if (Status s = check_qkv(g, "--grad-out", "[B, Hq, Sq, Dv]", &q); !s) return s;
+    TensorView gv;
+    if (Status s = view_of(g, "--grad-out", &gv); !s) return s;
+    std::unique_ptr<unsigned char[]> dq, dk, dv;
+    if (Status s = allocate("--dq", q.shape, dtype_size(q.dtype), &dq); !s) return s;
+    if (Status s = allocate("--dk", k.shape, dtype_size(q.dtype), &dk); !s) return s;
+    if (Status s = allocate("--dv", v.shape, dtype_size(q.dtype), &dv); !s) return s;
+    auto view4 = [&](const unsigned char* p, const std::vector<std::int64_t>& sh) {
+      return TensorView::contiguous(p, q.dtype, {sh[0], sh[1], sh[2], sh[3]});
+    };
+    if (Status s = attention_backward(qv, kv, vv, ov, *lse_view, gv, view4(dq.get(), q.shape),
+                                      view4(dk.get(), k.shape), view4(dv.get(), v.shape), params);
+        !s)
+      return with_option_names(s);
+    dq32 = as_f32(q.dtype, dq.get(), q.numel());
+    dk32 = as_f32(q.dtype, dk.get(), k.numel());
+    dv32 = as_f32(q.dtype, dv.get(), v.numel());
+    files.push_back({a.dq, "--dq", "dQ", DType::f32, q.shape, dq32.data()});
+    files.push_back({a.dk, "--dk", "dK", DType::f32, k.shape, dk32.data()});
+    files.push_back({a.dv, "--dv", "dV", DType::f32, v.shape, dv32.data()});
   }
+  // All or nothing: a failed write removes the files already written.
+  for (std::size_t i = 0; i < files.size(); ++i)
+    if (Status s = npy::write(files[i].path, files[i].dtype, files[i].shape, files[i].data); !s) {
+      for (std::size_t j = 0; j < i; ++j) {
+        std::error_code ignored;
+        std::filesystem::remove(files[j].path, ignored);
+      }
+      return Status::Invalid(files[i].option, s.message());
+    }
+  for (const File& f : files)
+    out << "wrote " << f.what << " " << shape_text(f.shape) << " " << numpy_name(f.dtype) << " to " << f.path << "\n";
   return Status::Ok();
 }
 
@@ -285,6 +348,13 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
       ->type_name("NAME");
   run->add_option("--threads", a.threads, "Threads; 0 or absent = ATTN_NUM_THREADS, else OpenMP's default")
       ->type_name("N");
+  run->add_option("--grad-out", a.grad_out, "Backward pass: the gradient dL/dO [B, Hq, Sq, Dv], same dtype as q "
+                                            "(needs --dq, --dk and --dv)")
+      ->type_name("dO.npy");
+  run->add_option("--dq", a.dq, "Write dL/dQ [B, Hq, Sq, Dk] (float32)")->type_name("dQ.npy");
+  run->add_option("--dk", a.dk, "Write dL/dK [B, Hkv, Skv, Dk] (float32; summed over the query heads of a KV head)")
+      ->type_name("dK.npy");
+  run->add_option("--dv", a.dv, "Write dL/dV [B, Hkv, Skv, Dv] (float32)")->type_name("dV.npy");
   return run;
 }
 

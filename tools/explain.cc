@@ -116,6 +116,22 @@ Cells cells_of(const Matrix& m, int decimals) {
   return c;
 }
 
+// `head` followed by `parts` joined by `sep` (the last one by `last_sep` when that is non-empty), on one
+// line when it fits in ~110 columns, else one part per line with the separators aligned under the first.
+void print_wrapped(std::ostream& out, const std::string& head, const std::vector<std::string>& parts,
+                   const std::string& sep, const std::string& last_sep) {
+  auto separator = [&](std::size_t i) { return i + 1 == parts.size() && !last_sep.empty() ? last_sep : sep; };
+  std::string line = head;
+  for (std::size_t i = 0; i < parts.size(); ++i) line += (i ? " " + separator(i) : "") + parts[i];
+  if (line.size() <= 110) {
+    out << line << "\n";
+    return;
+  }
+  const std::string indent(head.size() >= 2 ? head.size() - 2 : 0, ' ');
+  out << head << parts[0] << "\n";
+  for (std::size_t i = 1; i < parts.size(); ++i) out << indent << separator(i) << parts[i] << "\n";
+}
+
 std::string dims(std::int64_t rows, std::int64_t cols) { return std::to_string(rows) + "×" + std::to_string(cols); }
 
 // ---- the walk-through --------------------------------------------------------------------------------
@@ -175,9 +191,8 @@ void print_softmax(std::ostream& out, const Walk& w) {
   for (std::int64_t i = 0; i < w.q.rows; ++i) {
     double m = -std::numeric_limits<double>::infinity();
     for (std::int64_t j = 0; j < w.k.rows; ++j) m = std::max(m, w.scaled.at(i, j));
-    out << "  Row " << i << ": ";
     if (m == -std::numeric_limits<double>::infinity()) {
-      out << "every key is masked, so there is nothing to weight: the output row is 0 (and its lse is -inf)\n";
+      out << "  Row " << i << ": every key is masked, so there is nothing to weight: the output row is 0 (and its lse is -inf)\n";
       continue;
     }
     std::vector<std::string> e, alpha;
@@ -190,8 +205,10 @@ void print_softmax(std::ostream& out, const Walk& w) {
       e.push_back(sig(x));
       alpha.push_back(fixed(a, 3));
     }
-    out << (shift ? "exp(s - m) = " : "exp(s) = ") << tuple(e) << ", sum = " << sig(sum) << "  =>  α_" << i
-        << " = " << tuple(alpha) << ", Σ_j α_" << i << "j = " << fixed(total, 6) << "\n";
+    const std::string exps = (shift ? "exp(s - m) = " : "exp(s) = ") + tuple(e) + ", sum = " + sig(sum);
+    const std::string weights =
+        "α_" + std::to_string(i) + " = " + tuple(alpha) + ", Σ_j α_" + std::to_string(i) + "j = " + fixed(total, 6);
+    print_wrapped(out, "  Row " + std::to_string(i) + ": ", {exps, weights}, "=> ", "");
   }
   out << "  (each row is a probability distribution: non-negative weights that sum to 1)\n";
 }
@@ -203,17 +220,16 @@ void print_outputs(std::ostream& out, const Walk& w) {
     std::vector<std::string> result;
     for (std::int64_t d = 0; d < w.v.cols; ++d)
       result.push_back(fixed(w.r.out[static_cast<std::size_t>(i * w.v.cols + d)], 3));
-    out << "  Row " << i << ": ";
-    bool first = true;
+    std::vector<std::string> terms;
     for (std::int64_t j = 0; j < w.k.rows; ++j) {
       if (!reference::allowed(w.p, 0, i, j)) continue;
       std::vector<std::string> row;
       for (std::int64_t d = 0; d < w.v.cols; ++d) row.push_back(fixed(w.v.at(j, d), 4));
-      out << (first ? "" : " + ") << fixed(w.r.probs[static_cast<std::size_t>(i * w.k.rows + j)], 3) << "·"
-          << tuple(row);
-      first = false;
+      terms.push_back(fixed(w.r.probs[static_cast<std::size_t>(i * w.k.rows + j)], 3) + "·" + tuple(row));
     }
-    out << (first ? "(no key) " : " ") << "= " << tuple(result) << "\n";
+    if (terms.empty()) terms.push_back("(no key)");
+    terms.push_back(tuple(result));
+    print_wrapped(out, "  Row " + std::to_string(i) + ": ", terms, "+ ", "= ");
   }
   const Matrix o{w.q.rows, w.v.cols, w.r.out};
   out << "\nOutput = softmax(Q Kᵀ · scale) V (" << dims(o.rows, o.cols) << ") =\n";

@@ -1,6 +1,7 @@
 // attn: the public API in one include.
 #pragma once
 
+#include "attn/backward.h"
 #include "attn/sdpa.h"
 #include "attn/status.h"
 #include "attn/tensor.h"

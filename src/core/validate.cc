@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/backward_problem.h"
 #include "core/problem.h"
 
 namespace attn {
@@ -405,6 +406,84 @@ Status validate_paged(const TensorView& q, const TensorView& k_pages, const Tens
                       const Params& params, const std::optional<TensorView>& lse, Problem* problem) {
   const PagedArgs paged{page_table, seq_lens};
   return validate_impl(q, k_pages, v_pages, out, params, lse, &paged, problem);
+}
+
+// ---- the backward pass ------------------------------------------------------------------------------
+
+Status validate_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                         const TensorView& lse, const TensorView& grad_out, const TensorView& grad_q,
+                         const TensorView& grad_k, const TensorView& grad_v, const Params& params,
+                         BackwardProblem* problem) {
+  BackwardProblem bp;
+  if (Status s = validate(q, k, v, out, params, lse, &bp.fwd); !s) return s;
+  const Problem& p = bp.fwd;
+  // The LSE is read here: every row must be a log-sum-exp the forward could have produced.
+  const auto* lse_data = static_cast<const float*>(lse.data);
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t h = 0; h < p.Hq; ++h)
+      for (std::int64_t i = 0; i < p.Sq; ++i) {
+        const float x = lse_data[p.lse->offset(b, h, i, 0)];
+        if (!finite_or_minus_inf(x))
+          return Status::Invalid("lse", "element " + dims_str({b, h, i}) + " is " +
+                                            (std::isnan(x) ? std::string("NaN") : std::string("+inf")) +
+                                            "; expected finite values or -inf (the forward's LSE)");
+      }
+
+  const struct {
+    const char* name;
+    const TensorView& t;
+    DType dtype;
+    const char* dtype_of;
+    std::array<std::int64_t, 4> shape;
+    const char* shape_of;
+    bool output;
+  } grads[] = {
+      {"grad_out", grad_out, q.dtype, "q", out.shape, "out ([B, Hq, Sq, Dv])", false},
+      {"grad_q", grad_q, q.dtype, "q", q.shape, "q ([B, Hq, Sq, Dk])", true},
+      {"grad_k", grad_k, k.dtype, "k", k.shape, "k ([B, Hkv, Skv, Dk])", true},
+      {"grad_v", grad_v, k.dtype, "k and v", v.shape, "v ([B, Hkv, Skv, Dv])", true},
+  };
+  for (const auto& g : grads) {
+    if (Status s = check_view(g.name, g.t, 4); !s) return s;
+    if (g.t.dtype != g.dtype)
+      return Status::Invalid(g.name, std::string("dtype ") + dtype_name(g.t.dtype) + "; expected the dtype of " +
+                                         g.dtype_of + " (" + dtype_name(g.dtype) + ")");
+    if (g.t.shape != g.shape)
+      return Status::Invalid(g.name, "shape " + shape_str(g.t) + "; expected " +
+                                         dims_str({g.shape[0], g.shape[1], g.shape[2], g.shape[3]}) +
+                                         ", the shape of " + g.shape_of);
+    if (g.output)
+      if (Status s = check_output_strides(g.name, g.t); !s) return s;
+  }
+
+  // Gradients must not alias any input or each other.
+  const struct {
+    const char* name;
+    const TensorView* t;
+  } reads[] = {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}, {"grad_out", &grad_out},
+               {"mask", params.mask ? &*params.mask : nullptr},
+               {"kv_lens", params.kv_lens ? &*params.kv_lens : nullptr}};
+  const struct {
+    const char* name;
+    const TensorView* t;
+  } writes[] = {{"grad_q", &grad_q}, {"grad_k", &grad_k}, {"grad_v", &grad_v}};
+  for (std::size_t w = 0; w < 3; ++w) {
+    const Extent ew = extent_of(*writes[w].t);
+    for (const auto& [name, t] : reads)
+      if (t && overlaps(ew, extent_of(*t)))
+        return Status::Invalid(writes[w].name, std::string("memory overlaps input ") + name +
+                                                   "; expected a separate buffer");
+    for (std::size_t o = 0; o < w; ++o)
+      if (overlaps(ew, extent_of(*writes[o].t)))
+        return Status::Invalid(writes[w].name, std::string("memory overlaps ") + writes[o].name +
+                                                   "; expected a separate buffer");
+  }
+  bp.dout = strided4(grad_out);
+  bp.dq = strided4(grad_q);
+  bp.dk = strided4(grad_k);
+  bp.dv = strided4(grad_v);
+  *problem = std::move(bp);
+  return Status::Ok();
 }
 
 }  // namespace core

@@ -53,6 +53,15 @@ Choice select_flash(const core::Problem& p) {
   return c;
 }
 
+BackwardFn select_backward(const core::Problem& p) {
+  switch (active_isa()) {
+    case Isa::avx512: return avx512::backward_kernel(p.q.dtype, p.k.dtype, p.mask_kind);
+    case Isa::avx2: return avx2::backward_kernel(p.q.dtype, p.k.dtype, p.mask_kind);
+    case Isa::sse2: return sse2::backward_kernel(p.q.dtype, p.k.dtype, p.mask_kind);
+  }
+  return nullptr;
+}
+
 int resolve_threads(int requested) {
   if (requested > 0) return requested;
   if (const char* env = std::getenv("ATTN_NUM_THREADS")) {

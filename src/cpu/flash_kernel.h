@@ -34,8 +34,8 @@ constexpr int W = Vec::W;
 constexpr int QV_MAX = 4;                  // query vectors per block, at most
 constexpr std::int64_t BR = QV_MAX * W;    // query lanes per block, at most
 constexpr std::int64_t BC = 64;            // keys per tile
-constexpr int RK = W == 16 ? 6 : 2;        // keys per step of the Sᵀ micro-kernel (RK x QV accumulators)
-constexpr int RD = W == 16 ? 6 : 2;        // value dims per step of the Oᵀ micro-kernel (RD x QV accumulators)
+constexpr int RK = W == 16 ? 4 : 2;        // keys per step of the Sᵀ micro-kernel (RK x QV accumulators)
+constexpr int RD = W == 16 ? 4 : 2;        // value dims per step of the Oᵀ micro-kernel (RD x QV accumulators)
 
 // The lanes of one block: lane r holds query row i[r] of query head h[r]. All heads of a block share
 // one KV head, so a long prefill fills the lanes with BR rows of one head, and a decode step (or any

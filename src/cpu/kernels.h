@@ -9,6 +9,10 @@
 #include "attn/tensor.h"
 #include "core/problem.h"
 
+namespace attn::core {
+struct BackwardProblem;
+}
+
 namespace attn::cpu {
 
 using FlashFn = void (*)(const core::Problem& problem, int threads);
@@ -46,5 +50,18 @@ int resolve_threads(int requested);
 // Bytes of scratch one thread of the flash kernel holds (its whole working set beyond inputs/outputs),
 // at the active instruction set's tile shape.
 std::int64_t flash_workspace_bytes(std::int64_t dk, std::int64_t dv);
+
+// The backward kernels (backward_kernel.h), one per instruction set like the forward's, chosen the same way.
+using BackwardFn = void (*)(const core::BackwardProblem& problem, int threads);
+namespace sse2 {
+BackwardFn backward_kernel(DType q, DType kv, core::MaskKind mask);
+}
+namespace avx2 {
+BackwardFn backward_kernel(DType q, DType kv, core::MaskKind mask);
+}
+namespace avx512 {
+BackwardFn backward_kernel(DType q, DType kv, core::MaskKind mask);
+}
+BackwardFn select_backward(const core::Problem& problem);
 
 }  // namespace attn::cpu

@@ -131,4 +131,93 @@ void store(const core::Problem& p, const Result& r) {
       }
 }
 
+template <class Acc>
+Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
+  const Result fwd = attention<Acc>(p, /*keep_probs=*/true);
+  Grads g;
+  g.dq.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq * p.Dk), 0.0);
+  std::vector<Acc> dk(static_cast<std::size_t>(p.B * p.Hkv * p.Skv * p.Dk), 0);
+  std::vector<Acc> dv(static_cast<std::size_t>(p.B * p.Hkv * p.Skv * p.Dv), 0);
+  std::vector<Acc> ds(static_cast<std::size_t>(p.Sq * p.Skv));  // dS of one head
+  const Acc scale = static_cast<Acc>(p.scale);
+
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t h = 0; h < p.Hq; ++h) {
+      const std::int64_t hk = h / p.group;
+      const double* P = &fwd.probs[static_cast<std::size_t>((b * p.Hq + h) * p.Sq * p.Skv)];
+      const std::size_t kv_head = static_cast<std::size_t>((b * p.Hkv + hk) * p.Skv);
+      for (std::int64_t i = 0; i < p.Sq; ++i) {
+        // dP_ij = dO_i · V_j, and D_i = Σ_j P_ij dP_ij (= dO_i · O_i)
+        Acc D = 0;
+        for (std::int64_t j = 0; j < p.Skv; ++j) {
+          const Acc pij = static_cast<Acc>(P[i * p.Skv + j]);
+          Acc dp = 0;
+          if (pij != 0)
+            for (std::int64_t d = 0; d < p.Dv; ++d)
+              dp += static_cast<Acc>(load(dout, b, h, i, d)) * static_cast<Acc>(load(p.v, b, hk, j, d));
+          ds[i * p.Skv + j] = dp;
+          D += pij * dp;
+        }
+        for (std::int64_t j = 0; j < p.Skv; ++j) {
+          const Acc pij = static_cast<Acc>(P[i * p.Skv + j]);
+          ds[i * p.Skv + j] = pij * (ds[i * p.Skv + j] - D);
+          if (pij == 0) continue;
+          // dV_j += P_ij dO_i
+          for (std::int64_t d = 0; d < p.Dv; ++d)
+            dv[(kv_head + j) * p.Dv + d] += pij * static_cast<Acc>(load(dout, b, h, i, d));
+        }
+      }
+      for (std::int64_t i = 0; i < p.Sq; ++i)  // dQ_i = scale Σ_j dS_ij K_j
+        for (std::int64_t d = 0; d < p.Dk; ++d) {
+          Acc acc = 0;
+          for (std::int64_t j = 0; j < p.Skv; ++j)
+            if (ds[i * p.Skv + j] != 0) acc += ds[i * p.Skv + j] * static_cast<Acc>(load(p.k, b, hk, j, d));
+          g.dq[static_cast<std::size_t>(((b * p.Hq + h) * p.Sq + i) * p.Dk + d)] = scale * acc;
+        }
+      for (std::int64_t j = 0; j < p.Skv; ++j)  // dK_j += scale Σ_i dS_ij Q_i
+        for (std::int64_t d = 0; d < p.Dk; ++d) {
+          Acc acc = 0;
+          for (std::int64_t i = 0; i < p.Sq; ++i)
+            if (ds[i * p.Skv + j] != 0) acc += ds[i * p.Skv + j] * static_cast<Acc>(load(p.q, b, h, i, d));
+          dk[(kv_head + j) * p.Dk + d] += scale * acc;
+        }
+    }
+  g.dk.assign(dk.begin(), dk.end());
+  g.dv.assign(dv.begin(), dv.end());
+  return g;
+}
+
+template Grads attention_backward<double>(const core::Problem&, const core::Strided&);
+template Grads attention_backward<float>(const core::Problem&, const core::Strided&);
+
+namespace {
+
+void store_one(const core::Strided& t, const std::vector<double>& x, std::int64_t B, std::int64_t H, std::int64_t S,
+               std::int64_t D) {
+  void* base = const_cast<void*>(t.data);
+  std::size_t n = 0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t s = 0; s < S; ++s)
+        for (std::int64_t d = 0; d < D; ++d) {
+          const float f = static_cast<float>(x[n++]);
+          const std::int64_t off = t.offset(b, h, s, d);
+          switch (t.dtype) {
+            case DType::f32: static_cast<float*>(base)[off] = f; break;
+            case DType::bf16: static_cast<core::bf16*>(base)[off] = core::from_float<core::bf16>(f); break;
+            case DType::f16: static_cast<core::f16*>(base)[off] = core::from_float<core::f16>(f); break;
+            default: break;
+          }
+        }
+}
+
+}  // namespace
+
+void store_grads(const core::Problem& p, const Grads& g, const core::Strided& dq, const core::Strided& dk,
+                 const core::Strided& dv) {
+  store_one(dq, g.dq, p.B, p.Hq, p.Sq, p.Dk);
+  store_one(dk, g.dk, p.B, p.Hkv, p.Skv, p.Dk);
+  store_one(dv, g.dv, p.B, p.Hkv, p.Skv, p.Dv);
+}
+
 }  // namespace attn::reference

@@ -29,4 +29,26 @@ extern template Result attention<float>(const core::Problem&, bool);
 // Writes a result into the problem's out (and lse) views, converting to their dtypes.
 void store(const core::Problem& p, const Result& r);
 
+// ---- the backward pass ------------------------------------------------------------------------------
+
+struct Grads {
+  std::vector<double> dq;  // [B, Hq,  Sq,  Dk], contiguous
+  std::vector<double> dk;  // [B, Hkv, Skv, Dk]
+  std::vector<double> dv;  // [B, Hkv, Skv, Dv]
+};
+
+// dQ, dK, dV for upstream gradient dout [B, Hq, Sq, Dv], the way the formulas read: P is materialised from
+// attention<Acc>(p, true), then dV = Pᵀ dO, dP = dO Vᵀ, D_i = Σ_j P_ij dP_ij, dS = P ∘ (dP − D),
+// dQ = scale · dS K, dK = scale · dSᵀ Q (dK and dV summed over the query heads of each KV head), all in Acc.
+// Uses neither the saved O nor the saved LSE.
+template <class Acc>
+Grads attention_backward(const core::Problem& p, const core::Strided& dout);
+
+extern template Grads attention_backward<double>(const core::Problem&, const core::Strided&);
+extern template Grads attention_backward<float>(const core::Problem&, const core::Strided&);
+
+// Writes gradients into views shaped like q, k and v, converting to their dtypes.
+void store_grads(const core::Problem& p, const Grads& g, const core::Strided& dq, const core::Strided& dk,
+                 const core::Strided& dv);
+
 }  // namespace attn::reference

@@ -1,0 +1,28 @@
+// The backward entry point: validate everything, choose the implementation once, run it.
+#include "attn/backward.h"
+
+#include "core/backward_problem.h"
+#include "cpu/kernels.h"
+#include "reference/reference.h"
+
+namespace attn {
+
+Status attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                          const TensorView& lse, const TensorView& grad_out, const TensorView& grad_q,
+                          const TensorView& grad_k, const TensorView& grad_v, const Params& params) {
+  core::BackwardProblem bp;
+  if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, &bp); !s)
+    return s;
+  if (bp.fwd.backend == Backend::reference) {
+    reference::store_grads(bp.fwd, reference::attention_backward<double>(bp.fwd, bp.dout), bp.dq, bp.dk, bp.dv);
+    return Status::Ok();
+  }
+  const cpu::BackwardFn kernel = cpu::select_backward(bp.fwd);
+  if (!kernel)
+    return Status::Unsupported("q", std::string("no backward kernel for q dtype ") + dtype_name(bp.fwd.q.dtype) +
+                                        " with k/v dtype " + dtype_name(bp.fwd.k.dtype));
+  kernel(bp, cpu::resolve_threads(bp.fwd.threads));
+  return Status::Ok();
+}
+
+}  // namespace attn

@@ -1,0 +1,22 @@
+// The backward kernel compiled for AVX-512 (F, BW, VL, DQ).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/backward_problem.h"
+#include "core/convert.h"
+#include "core/mask.h"
+#include "core/online_softmax.h"
+#include "core/problem.h"
+#include "cpu/kernels.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#define ATTN_ISA_NS avx512
+#include "cpu/backward_kernel.h"
+
+namespace attn::cpu::avx512 {
+BackwardFn backward_kernel(DType q, DType kv, core::MaskKind mask) { return bwd::pick_backward(q, kv, mask); }
+}  // namespace attn::cpu::avx512
+#pragma GCC pop_options
