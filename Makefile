@@ -38,7 +38,7 @@ test-python: deps
 # and the scaling sweep. BENCH_ARGS passes options on, e.g. make bench BENCH_ARGS="--shapes P1,D1 --quick".
 .PHONY: bench
 bench: build
-	python3 bench/run_bench.py --attn $(BUILD)/attn $(if $(TORCH),--install-torch) $(BENCH_ARGS)
+	$(PYTHON) bench/run_bench.py --attn $(BUILD)/attn $(if $(TORCH),--install-torch) $(BENCH_ARGS)
 
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this too).
 test-sanitize: deps
