@@ -33,6 +33,13 @@ test-python: deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VENV)/bin/python -m pip install -q --force-reinstall --no-deps .
 	$(VENV)/bin/python -m pytest -q tests/python
 
+# Release build, then bench/run_bench.py: every canonical shape of DESIGN.md for attn, side by side with
+# PyTorch SDPA when torch is importable (TORCH=1 first pip-installs torch + matplotlib into bench/.venv),
+# and the scaling sweep. BENCH_ARGS passes options on, e.g. make bench BENCH_ARGS="--shapes P1,D1 --quick".
+.PHONY: bench
+bench: build
+	$(PYTHON) bench/run_bench.py --attn $(BUILD)/attn $(if $(TORCH),--install-torch) $(BENCH_ARGS)
+
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this too).
 test-sanitize: deps
 	cmake -S . -B $(BUILD)-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE=ON $(CMAKE_FLAGS)

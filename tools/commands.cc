@@ -436,6 +436,8 @@ void add_cost_commands(CLI::App& app, std::ostream& out);  // tools/cmd_cost.cc:
 void add_generate_command(CLI::App& app, std::ostream& out);  // tools/cmd_generate.cc
 void add_heatmap_command(CLI::App& app, std::ostream& out);   // tools/cmd_heatmap.cc
 void add_decode_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_decode_bench.cc
+void add_info_command(CLI::App& app, std::ostream& out);   // tools/cmd_info.cc
+void add_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_bench.cc
 
 int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"attn: scaled dot-product attention, O = softmax(scale * Q K^T + mask) V", "attn"};
@@ -450,6 +452,8 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   add_generate_command(app, out);
   add_heatmap_command(app, out);
   add_decode_bench_command(app, out);
+  add_info_command(app, out);
+  add_bench_command(app, out);
   app.footer("Run 'attn COMMAND --help' for the options of a command.");  // after: subcommands copy it
 
   try {

@@ -1,0 +1,601 @@
+#!/usr/bin/env python3
+"""attn benchmarks: the canonical shapes of DESIGN.md for attn and PyTorch SDPA side by side, and a
+scaling sweep of time against sequence length.
+
+    python3 bench/run_bench.py                       # every shape, fp32 and bf16 (+ fp16 K/V for decode)
+    python3 bench/run_bench.py --shapes P1,D1 --quick
+    python3 bench/run_bench.py --install-torch       # torch + matplotlib into bench/.venv first (PyPI)
+    python3 bench/run_bench.py --self-test           # a dry run on tiny shapes (no torch needed)
+
+attn is timed by `attn bench --json` (one process per dtype, so the ceilings it measures are shared by
+its shapes); PyTorch's torch.nn.functional.scaled_dot_product_attention runs in this process with the
+same shapes, dtype, thread count and number of K/V sets rotated between runs. Results go to a markdown
+table (bench/results.md), a JSON file (bench/results.json) and a log-log plot (bench/scaling.png).
+Only the standard library is required; torch and matplotlib are used when importable.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+VENV = BENCH_DIR / ".venv"
+
+# DESIGN.md's canonical shapes. kv_min > 0: ragged key lengths spread evenly from kv_min to Skv.
+SHAPES = {
+    "P1": dict(B=1, Hq=32, Hkv=8, Sq=2048, Skv=2048, D=128, causal=True, page=0, kv_min=0),
+    "P2": dict(B=8, Hq=12, Hkv=12, Sq=512, Skv=512, D=64, causal=False, page=0, kv_min=0),
+    "P3": dict(B=1, Hq=8, Hkv=8, Sq=16384, Skv=16384, D=128, causal=True, page=0, kv_min=0),
+    "D1": dict(B=1, Hq=32, Hkv=8, Sq=1, Skv=4096, D=128, causal=False, page=0, kv_min=0),
+    "D2": dict(B=1, Hq=32, Hkv=8, Sq=1, Skv=32768, D=128, causal=False, page=0, kv_min=0),
+    "D3": dict(B=16, Hq=32, Hkv=8, Sq=1, Skv=8000, D=128, causal=False, page=16, kv_min=100),
+    "X1": dict(B=4, Hq=8, Hkv=8, Sq=128, Skv=1024, D=64, causal=False, page=0, kv_min=0),
+}
+DECODE = ("D1", "D2", "D3")
+
+# Tiny stand-ins of the same kinds, for --self-test.
+TINY = {
+    "P1": dict(B=1, Hq=4, Hkv=2, Sq=64, Skv=64, D=32, causal=True, page=0, kv_min=0),
+    "P2": dict(B=2, Hq=2, Hkv=2, Sq=32, Skv=32, D=16, causal=False, page=0, kv_min=0),
+    "P3": dict(B=1, Hq=2, Hkv=2, Sq=96, Skv=96, D=32, causal=True, page=0, kv_min=0),
+    "D1": dict(B=1, Hq=4, Hkv=2, Sq=1, Skv=256, D=32, causal=False, page=0, kv_min=0),
+    "D2": dict(B=1, Hq=4, Hkv=2, Sq=1, Skv=512, D=32, causal=False, page=0, kv_min=0),
+    "D3": dict(B=4, Hq=4, Hkv=2, Sq=1, Skv=100, D=32, causal=False, page=4, kv_min=10),
+    "X1": dict(B=2, Hq=2, Hkv=2, Sq=16, Skv=64, D=16, causal=False, page=0, kv_min=0),
+}
+
+# (label, Q/O dtype, K/V dtype, which shapes)
+CONFIGS = [
+    ("fp32", "f32", "f32", None),
+    ("bf16", "bf16", "bf16", None),
+    ("fp32 Q, fp16 K/V", "f32", "f16", DECODE),
+]
+
+# What every `attn bench --json` object must carry (documented in the README's Benchmarks section).
+BENCH_KEYS = (
+    "tool label shape backend isa B Hq Hkv Sq Skv Dk Dv causal dtype kv_dtype page_size kv_len_min kv_tokens "
+    "threads warmup reps kv_sets kv_set_bytes huge_pages time_median_s time_min_s time_max_s times_s flops flops_nominal "
+    "gflops bytes gbps ceilings frac_fma frac_amx frac_read_bw bound frac_bound rss_before_inputs_bytes "
+    "rss_with_inputs_bytes peak_rss_bytes extra_rss_bytes peak_rss_scope maxrss_bytes output_finite"
+).split()
+CEILING_KEYS = ("threads fma_gflops fma_isa amx_bf16_gflops amx_note read_gbps read_buffer_bytes huge_pages seconds "
+                "read_setup_seconds").split()
+
+SCALING_N = [512 * 2**i for i in range(7)]  # 512 .. 32768
+SCALING_PREFILL = dict(B=1, Hq=4, Hkv=1, D=128, causal=True)  # one head group of P1
+SCALING_DECODE = dict(B=1, Hq=32, Hkv=8, Sq=1, D=128, causal=False)  # D1's heads
+REFERENCE_MAX_N = 2048  # attn's fp64 reference materialises Sq x Skv scores: O(N^2) memory and slow
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---- attn ------------------------------------------------------------------------------------------------
+
+
+def kv_len(shape, b):
+    """Key length of sequence b; the same formula as tools/cmd_bench.cc."""
+    if shape["kv_min"] <= 0 or shape["B"] == 1:
+        return shape["Skv"]
+    lo, hi, B = shape["kv_min"], shape["Skv"], shape["B"]
+    return lo + ((hi - lo) * b + (B - 1) // 2) // (B - 1)
+
+
+def dims_args(shape):
+    a = ["--batch", shape["B"], "--heads", shape["Hq"], "--kv-heads", shape["Hkv"], "--q-len", shape["Sq"],
+         "--kv-len", shape["Skv"], "--head-dim", shape["D"]]
+    if shape["causal"]:
+        a.append("--causal")
+    if shape["page"]:
+        a += ["--paged", shape["page"]]
+    if shape["kv_min"]:
+        a += ["--kv-len-min", shape["kv_min"]]
+    return [str(x) for x in a]
+
+
+def hp_flag(args):
+    return ["--no-huge-pages"] if args.no_huge_pages else []
+
+
+def run_attn(attn, args):
+    """Runs `attn bench ... --json` and returns its JSON objects (one per run)."""
+    cmd = [str(attn), "bench", "--json"] + [str(a) for a in args]
+    log("  $ " + " ".join(cmd))
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()}")
+    runs = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+    for r in runs:
+        check_bench_json(r)
+    return runs
+
+
+def check_bench_json(r):
+    missing = [k for k in BENCH_KEYS if k not in r]
+    if missing:
+        raise RuntimeError(f"attn bench JSON lacks {missing}: {r}")
+    if r["ceilings"] is not None:
+        missing = [k for k in CEILING_KEYS if k not in r["ceilings"]]
+        if missing:
+            raise RuntimeError(f"attn bench ceilings lack {missing}: {r['ceilings']}")
+    if r["reps"] != len(r["times_s"]) or r["reps"] < 1:
+        raise RuntimeError(f"attn bench: reps {r['reps']} but {len(r['times_s'])} times")
+    if not r["output_finite"]:
+        raise RuntimeError(f"attn bench: non-finite output for {r['label']}")
+
+
+def attn_info(attn):
+    p = subprocess.run([str(attn), "info", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"attn info failed: {p.stderr.strip()}")
+    return json.loads(p.stdout)
+
+
+# ---- PyTorch ---------------------------------------------------------------------------------------------
+
+
+def import_torch():
+    try:
+        import torch  # noqa: F401
+        return torch
+    except Exception:  # ImportError, or a broken install
+        return None
+
+
+def available_memory():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class Peer:
+    """PyTorch SDPA on the CPU."""
+
+    def __init__(self, torch, threads, llc_bytes):
+        self.torch = torch
+        self.threads = threads
+        self.llc = llc_bytes
+        torch.set_num_threads(threads)
+        self.F = torch.nn.functional
+        self.gqa = self._has_enable_gqa()
+        self.notes = []
+
+    def _has_enable_gqa(self):
+        t = self.torch
+        q = t.zeros(1, 2, 1, 4)
+        k = t.zeros(1, 1, 1, 4)
+        try:
+            self.F.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+            return True
+        except TypeError:
+            return False
+
+    def dtype(self, name):
+        return {"f32": self.torch.float32, "bf16": self.torch.bfloat16, "f16": self.torch.float16}[name]
+
+    def time(self, shape, q_dtype, kv_dtype, reps, rotate):
+        """Median seconds of SDPA on `shape`, rotating K/V sets like attn when `rotate` (decode)."""
+        t, F = self.torch, self.F
+        # SDPA takes one dtype for Q, K and V: with 16-bit K/V and fp32 Q it runs everything in the K/V dtype.
+        dt = self.dtype(kv_dtype if q_dtype != kv_dtype else q_dtype)
+        B, Hq, Hkv, Sq, Skv, D = (shape[k] for k in ("B", "Hq", "Hkv", "Sq", "Skv", "D"))
+        gen = t.Generator().manual_seed(1)
+
+        def rand(*size):
+            return (t.rand(*size, generator=gen, dtype=t.float32) * 2 - 1).to(dt)
+
+        set_bytes = 2 * B * Hkv * Skv * D * t.finfo(dt).bits // 8
+        sets = 1
+        if rotate and self.llc > 0:
+            sets = max(1, math.ceil(2 * self.llc / set_bytes))
+            avail = available_memory()
+            if avail:
+                sets = max(1, min(sets, (avail // 2) // set_bytes))
+        q = rand(B, Hq, Sq, D)
+        kv = [(rand(B, Hkv, Skv, D), rand(B, Hkv, Skv, D)) for _ in range(sets)]
+        kwargs = {}
+        if shape["kv_min"]:  # ragged: a padded batch with a key-padding mask (SDPA has no paged path)
+            lens = t.tensor([kv_len(shape, b) for b in range(B)])
+            kwargs["attn_mask"] = (t.arange(Skv)[None, :] < lens[:, None]).view(B, 1, 1, Skv)
+        elif shape["causal"] and Sq == Skv:
+            kwargs["is_causal"] = True
+        elif shape["causal"]:  # bottom-right: key j allowed for query i when j <= i + Skv - Sq
+            i = t.arange(Sq)[:, None]
+            j = t.arange(Skv)[None, :]
+            kwargs["attn_mask"] = j <= i + (Skv - Sq)
+        if Hq != Hkv and self.gqa:
+            kwargs["enable_gqa"] = True
+
+        def call(k, v):
+            if Hq != Hkv and not self.gqa:  # older torch: expand the KV heads (inside the timing)
+                k = k.repeat_interleave(Hq // Hkv, dim=1)
+                v = v.repeat_interleave(Hq // Hkv, dim=1)
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+        times = []
+        with t.inference_mode():
+            n = 0
+            warm = 0.0
+            while True:  # warm-up like attn bench: at least one call, more while under 50 ms in all
+                s = time.perf_counter()
+                out = call(*kv[n % sets])
+                warm += time.perf_counter() - s
+                n += 1
+                if warm >= 0.05 or n >= 20:
+                    break
+            if not bool(t.isfinite(out).all()):
+                raise RuntimeError("torch produced non-finite output")
+            for _ in range(reps):
+                s = time.perf_counter()
+                call(*kv[n % sets])
+                times.append(time.perf_counter() - s)
+                n += 1
+        return statistics.median(times), sets
+
+
+# ---- the canonical shapes --------------------------------------------------------------------------------
+
+
+def run_shapes(args, attn, peer, shapes_table, ids, threads):
+    rows = []
+    for label, qd, kvd, only in CONFIGS:
+        chosen = [s for s in ids if only is None or s in only]
+        if not chosen:
+            continue
+        log(f"{label}: {', '.join(chosen)}")
+        common = ["--dtype", qd, "--kv-dtype", kvd, "--threads", threads] + hp_flag(args)
+        if args.reps:
+            common += ["--reps", args.reps]
+        if args.self_test:
+            runs = []
+            for s in chosen:  # tiny dimensions: one process each, quick ceilings, two K/V sets for decode
+                extra = ["--quick-ceilings", "--label", s] + (["--kv-sets", "2"] if s in DECODE else [])
+                runs += run_attn(attn, dims_args(shapes_table[s]) + common + extra)
+        else:
+            runs = run_attn(attn, ["--shape", ",".join(chosen)] + common)
+        for s, r in zip(chosen, runs):
+            shape = shapes_table[s]
+            if (r["B"], r["Hq"], r["Hkv"], r["Sq"], r["Skv"], r["Dk"]) != tuple(
+                    shape[k] for k in ("B", "Hq", "Hkv", "Sq", "Skv", "D")):
+                raise RuntimeError(f"attn bench ran {r['label']} with other dimensions than {s}: {r}")
+            row = dict(shape=s, config=label, dtype=qd, kv_dtype=kvd, attn=r, torch_s=None, torch_sets=None)
+            if peer:
+                log(f"  torch SDPA {s} {label}")
+                try:
+                    row["torch_s"], row["torch_sets"] = peer.time(shape, qd, kvd, r["reps"], s in DECODE)
+                except Exception as e:  # e.g. a dtype this torch build has no CPU kernel for
+                    row["torch_error"] = f"{type(e).__name__}: {e}"
+                    log(f"    torch failed: {row['torch_error']}")
+            rows.append(row)
+    return rows
+
+
+# ---- the scaling sweep -----------------------------------------------------------------------------------
+
+
+def run_scaling(args, attn, peer, threads, ns, ref_max):
+    points = []
+    for kind in ("prefill", "decode"):
+        for n in ns:
+            if kind == "prefill":
+                shape = dict(SCALING_PREFILL, Sq=n, Skv=n, page=0, kv_min=0)
+            else:
+                shape = dict(SCALING_DECODE, Skv=n, page=0, kv_min=0)
+            base = dims_args(shape) + ["--threads", threads, "--no-ceilings"] + hp_flag(args)
+            reps = ["--reps", args.reps] if args.reps else []
+            sets = ["--kv-sets", "1"] if args.self_test else []  # the dry run: no GiB of rotated K/V
+            flash = run_attn(attn, base + reps + sets + ["--label", f"{kind} N={n}"])[0]
+            points.append(dict(kind=kind, N=n, impl="attn flash", time_s=flash["time_median_s"],
+                               gflops=flash["gflops"], gbps=flash["gbps"]))
+            if kind == "decode" or n <= ref_max:
+                # No K/V rotation for the reference: it is timed to show its O(N^2) growth, not bandwidth.
+                r = run_attn(attn, base + ["--backend", "reference", "--reps", "1" if args.quick else "3",
+                                           "--kv-sets", "1", "--label", f"{kind} N={n} reference"])[0]
+                points.append(dict(kind=kind, N=n, impl="attn reference", time_s=r["time_median_s"],
+                                   gflops=r["gflops"], gbps=r["gbps"]))
+            if peer:
+                try:
+                    t, _ = peer.time(shape, "f32", "f32", max(3, flash["reps"]), kind == "decode")
+                    points.append(dict(kind=kind, N=n, impl="torch SDPA", time_s=t))
+                except Exception as e:
+                    log(f"    torch failed at {kind} N={n}: {e}")
+    return points
+
+
+def plot_scaling(points, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        log("matplotlib is not installed: no plot (--install-torch installs it into bench/.venv)")
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    styles = {"attn flash": "o-", "attn reference": "s--", "torch SDPA": "^-"}
+    for ax, kind, guide, title in ((axes[0], "prefill", 2, "prefill: causal, Hq=4, Hkv=1, D=128, Sq=Skv=N"),
+                                   (axes[1], "decode", 1, "decode: Sq=1, Hq=32, Hkv=8, D=128, Skv=N")):
+        for impl, style in styles.items():
+            pts = sorted((p["N"], p["time_s"]) for p in points if p["kind"] == kind and p["impl"] == impl)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=impl)
+        flash = sorted((p["N"], p["time_s"]) for p in points if p["kind"] == kind and p["impl"] == "attn flash")
+        if flash:
+            n_hi, t_hi = flash[-1]
+            ns = [p[0] for p in flash]
+            for power, name in ((2, "∝ N²"), (1, "∝ N")):
+                ax.plot(ns, [t_hi * (n / n_hi) ** power for n in ns], ":", color="grey" if power == guide else "silver",
+                        label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("time per call (s)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---- the report ------------------------------------------------------------------------------------------
+
+
+def fmt_time(s):
+    if s is None:
+        return "—"
+    return f"{s * 1e3:.1f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
+
+
+def throughput(r, seconds):
+    """GFLOP/s for compute-bound runs, GB/s for memory-bound ones (attn's useful counts)."""
+    if seconds is None:
+        return "—", None
+    memory = r["bound"] == "memory" or (r["ceilings"] is None and r["Sq"] <= 16)
+    c = r["ceilings"]
+    if memory:
+        rate = r["bytes"] / seconds / 1e9
+        return f"{rate:.1f} GB/s", (rate / c["read_gbps"] if c else None)
+    rate = r["flops"] / seconds / 1e9
+    ceiling = None
+    if c:
+        ceiling = c["amx_bf16_gflops"] if r["bound"].startswith("compute (AMX") else c["fma_gflops"]
+    return f"{rate:.0f} GFLOP/s", (rate / ceiling if ceiling else None)
+
+
+def pct(x):
+    return "—" if x is None else f"{100 * x:.0f}%"
+
+
+def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_pages, self_test):
+    out = []
+    ceil = next((r["attn"]["ceilings"] for r in rows if r["attn"]["ceilings"]), None)
+    out.append("| shape | dtype | attn | PyTorch SDPA | PyTorch / attn | attn rate | attn % of ceiling | "
+               "PyTorch rate | PyTorch % of ceiling | attn extra RSS |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        r = row["attn"]
+        t = row["torch_s"]
+        ratio = f"{t / r['time_median_s']:.2f}×" if t else ("error" if row.get("torch_error") else "—")
+        a_rate, a_frac = throughput(r, r["time_median_s"])
+        p_rate, p_frac = throughput(r, t)
+        extra = r["extra_rss_bytes"] / 2**20
+        out.append(f"| {row['shape']} | {row['config']} | {fmt_time(r['time_median_s'])} | {fmt_time(t)} | {ratio} | "
+                   f"{a_rate} | {pct(a_frac)} | {p_rate} | {pct(p_frac)} | {extra:.1f} MiB |")
+    head = ["**Self-test on tiny shapes with quick ceilings: the numbers mean nothing.**"] if self_test else []
+    head += [f"Machine: {info.get('brand') or info.get('vendor')}; {threads} threads for both; attn kernel "
+            f"{info['active_isa']} (best {info['best_isa']}); PyTorch {torch_version or 'not installed'}."]
+    if ceil:
+        amx = f"{ceil['amx_bf16_gflops']:.0f} GFLOP/s" if ceil["amx_bf16_gflops"] else f"n/a ({ceil['amx_note']})"
+        head.append(f"Ceilings measured in the same run ({ceil['threads']} threads, best of 3 trials): "
+                    f"fp32 FMA {ceil['fma_gflops']:.0f} GFLOP/s ({ceil['fma_isa']}), AMX bf16 {amx}, "
+                    f"streaming read {ceil['read_gbps']:.1f} GB/s ({ceil['read_buffer_bytes'] / 2**20:.0f} MiB buffer).")
+    notes = [
+        "Times are medians; PyTorch / attn > 1 means attn is faster.",
+        "Rates use the same useful work for both: flops = 2·(Dk+Dv)·Hq·(allowed query-key pairs), exact for "
+        "causal; bytes = Q, K, V read once and O written. Compute-bound rows show GFLOP/s against the fp32 FMA "
+        "peak (the AMX bf16 peak for bf16 where the CPU has AMX), memory-bound rows (decode) GB/s against the "
+        "streaming read bandwidth.",
+        "Decode rows rotate between K/V sets that together exceed twice the last-level cache, so every call "
+        "reads K/V from memory (both attn and PyTorch).",
+        "D3: attn runs attention_paged (pages of 16 keys scattered over the pool); PyTorch has no paged path "
+        "and runs a padded batch (Skv = 8000) with a key-padding mask.",
+        "\"fp32 Q, fp16 K/V\": attn keeps Q and O in fp32; SDPA needs one dtype, so PyTorch runs all in fp16.",
+        "attn extra RSS: peak resident memory while running minus the resident memory with the inputs allocated.",
+    ] + peer_notes
+    if huge_pages:
+        notes.append("Inputs of 2 MiB and more sit on transparent huge pages for both (attn bench madvises its "
+                     "buffers, PyTorch gets THP_MEM_ALLOC_ENABLE=1), and so does the bandwidth buffer.")
+    text = "\n".join(head) + "\n\n" + "\n".join(out) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    if scaling_png:
+        text += f"\n![time vs sequence length]({scaling_png})\n"
+    return text
+
+
+def scaling_markdown(points):
+    ns = sorted({p["N"] for p in points})
+    impls = ["attn flash", "attn reference", "torch SDPA"]
+    lines = []
+    for kind in ("prefill", "decode"):
+        lines.append(f"\n{kind} (time per call)\n")
+        lines.append("| N | " + " | ".join(impls) + " |")
+        lines.append("|---|" + "---|" * len(impls))
+        for n in ns:
+            cells = []
+            for impl in impls:
+                p = next((p for p in points if p["kind"] == kind and p["N"] == n and p["impl"] == impl), None)
+                cells.append(fmt_time(p["time_s"]) if p else "—")
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- setup -----------------------------------------------------------------------------------------------
+
+
+def install_torch(argv):
+    """Creates bench/.venv, pip-installs torch and matplotlib from PyPI, and re-runs this script there."""
+    py = VENV / "bin" / "python"
+    if not py.exists():
+        log(f"creating {VENV}")
+        subprocess.check_call([sys.executable, "-m", "venv", str(VENV)])
+    if subprocess.run([str(py), "-c", "import torch, matplotlib"], capture_output=True).returncode != 0:
+        log("installing torch and matplotlib into bench/.venv (PyPI; torch's Linux wheels are large)")
+        subprocess.check_call([str(py), "-m", "pip", "install", "torch", "matplotlib"])
+    rest = [a for a in argv if a != "--install-torch"]
+    os.execv(str(py), [str(py), str(Path(__file__).resolve())] + rest)
+
+
+def default_threads():
+    env = os.environ.get("ATTN_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--attn", default=str(REPO / "build" / "attn"), help="the attn program (default: build/attn)")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated shape ids (default: all)")
+    ap.add_argument("--threads", type=int, default=default_threads(), help="threads for attn and torch")
+    ap.add_argument("--reps", type=int, default=0, help="timed repetitions (default: attn's automatic choice)")
+    ap.add_argument("--quick", action="store_true", help="scaling sweep only up to N = 4096")
+    ap.add_argument("--max-n", type=int, default=0, help="largest N of the scaling sweep (default 32768)")
+    ap.add_argument("--no-scaling", action="store_true", help="skip the scaling sweep")
+    ap.add_argument("--scaling-only", action="store_true", help="only the scaling sweep")
+    ap.add_argument("--no-torch", action="store_true", help="do not run PyTorch even if it is installed")
+    ap.add_argument("--install-torch", action="store_true", help="pip-install torch + matplotlib into bench/.venv")
+    ap.add_argument("--out-dir", default=str(BENCH_DIR), help="where results.md/.json and scaling.png go")
+    ap.add_argument("--out", default=None, help="markdown table path (default: OUT_DIR/results.md)")
+    ap.add_argument("--no-huge-pages", action="store_true",
+                    help="no transparent huge pages for the inputs, neither for attn nor for torch")
+    ap.add_argument("--self-test", action="store_true",
+                    help="dry run on tiny shapes with quick ceilings; checks the JSON and the outputs")
+    args = ap.parse_args(argv)
+
+    if args.install_torch:
+        install_torch(argv)
+    if not args.no_huge_pages:
+        # attn bench asks for transparent huge pages for buffers of 2 MiB and more; PyTorch's CPU allocator
+        # does the same when this is set (read when torch loads).
+        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    torch = None if args.no_torch else import_torch()
+    if torch is None and not args.no_torch and not args.self_test and (VENV / "bin" / "python").exists() \
+            and Path(sys.executable).resolve() != (VENV / "bin" / "python").resolve() \
+            and not os.environ.get("ATTN_BENCH_REEXEC"):
+        os.environ["ATTN_BENCH_REEXEC"] = "1"  # torch lives in bench/.venv: run there
+        py = str(VENV / "bin" / "python")
+        os.execv(py, [py, str(Path(__file__).resolve())] + argv)
+
+    attn = Path(args.attn).resolve()
+    if not attn.exists():
+        log(f"error: {attn} does not exist; build it first (make build) or pass --attn PATH")
+        return 2
+    ids = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    bad = [s for s in ids if s not in SHAPES]
+    if bad:
+        log(f"error: unknown shape(s) {bad}; expected some of {','.join(SHAPES)}")
+        return 2
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md_path = Path(args.out) if args.out else out_dir / "results.md"
+    json_path = md_path.with_suffix(".json")
+    png_path = out_dir / "scaling.png"
+
+    info = attn_info(attn)
+    threads = args.threads
+    # The dry run keeps PyTorch on one K/V set (rotating tiny sets through 2x the LLC would cost a GiB).
+    peer = Peer(torch, threads, 0 if args.self_test else info.get("l3_bytes") or 0) if torch else None
+    peer_notes = []
+    if peer:
+        peer_notes.append(f"PyTorch {torch.__version__}: GQA via "
+                          f"{'enable_gqa=True' if peer.gqa else 'repeat_interleave of K/V inside the timing'}; "
+                          "causal via is_causal when Sq = Skv, else a bottom-right boolean mask.")
+    elif not args.no_torch:
+        log("torch is not installed: attn only (python3 bench/run_bench.py --install-torch installs it)")
+
+    shapes_table = TINY if args.self_test else SHAPES
+    rows = [] if args.scaling_only else run_shapes(args, attn, peer, shapes_table, ids, threads)
+
+    points = []
+    if not args.no_scaling:
+        if args.self_test:
+            ns, ref_max = [16, 32, 64], 32
+        else:
+            max_n = args.max_n or (4096 if args.quick else SCALING_N[-1])
+            ns, ref_max = [n for n in SCALING_N if n <= max_n], REFERENCE_MAX_N
+        points = run_scaling(args, attn, peer, threads, ns, ref_max)
+    have_png = bool(points) and plot_scaling(points, png_path)
+
+    text = "# attn vs PyTorch SDPA on the CPU\n\n"
+    if rows:
+        text += markdown(rows, info, threads, torch.__version__ if torch else None, peer_notes,
+                         png_path.name if have_png and png_path.parent == md_path.parent else
+                         (str(png_path) if have_png else None), not args.no_huge_pages, args.self_test)
+    if points:
+        text += "\n## Scaling\n" + scaling_markdown(points)
+    md_path.write_text(text)
+    json_path.write_text(json.dumps(dict(machine=info, threads=threads, torch=torch.__version__ if torch else None,
+                                         rows=rows, scaling=points), indent=1))
+    print(text)
+    log(f"wrote {md_path}, {json_path}" + (f", {png_path}" if have_png else ""))
+
+    if args.self_test:
+        return self_check(rows, points, ids, md_path, json_path, peer, not args.no_scaling)
+    return 0
+
+
+def self_check(rows, points, ids, md_path, json_path, peer, scaling):
+    """The dry run's own assertions: every shape x config ran, the files exist and parse."""
+    problems = []
+    expected = [(s, c[0]) for c in CONFIGS for s in ids if c[3] is None or s in c[3]]
+    got = [(r["shape"], r["config"]) for r in rows]
+    if sorted(got) != sorted(expected):
+        problems.append(f"rows {got} != expected {expected}")
+    for r in rows:
+        a = r["attn"]
+        if not (a["time_median_s"] > 0 and a["flops"] > 0 and a["bytes"] > 0):
+            problems.append(f"{r['shape']}: non-positive time, flops or bytes")
+        if a["ceilings"] is None or not a["ceilings"]["fma_gflops"] or not a["ceilings"]["read_gbps"]:
+            problems.append(f"{r['shape']}: no ceilings")
+        if r["shape"] in DECODE and a["kv_sets"] != 2:
+            problems.append(f"{r['shape']}: kv_sets {a['kv_sets']}, expected 2")
+        if peer and r["torch_s"] is None and "torch_error" not in r:
+            problems.append(f"{r['shape']}: torch did not run")
+    if scaling and len({(p["kind"], p["N"]) for p in points if p["impl"] == "attn flash"}) != 6:
+        problems.append("scaling: expected 3 prefill and 3 decode points for attn flash")
+    data = json.loads(Path(json_path).read_text())
+    if len(data["rows"]) != len(rows):
+        problems.append("results JSON does not hold every row")
+    md = Path(md_path).read_text()
+    for s in ids:
+        if f"| {s} |" not in md:
+            problems.append(f"markdown lacks {s}")
+    if problems:
+        for p in problems:
+            log("self-test problem: " + p)
+        return 1
+    log(f"self-test ok: {len(rows)} shape/dtype runs, {len(points)} scaling points"
+        f"{', torch included' if peer else ', torch not installed (skipped)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,233 @@
+// Tests for `attn info`, `attn bench` and the CPU feature detection behind them. They check that the
+// commands run and report what they should; they never assert anything about time or speed.
+// (bench/run_bench.py --self-test, run by ctest too, parses the JSON with a real JSON parser.)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "cpu/cpu_features.h"
+#include "cpu/kernels.h"
+
+namespace attn {
+namespace {
+
+struct Outcome {
+  int code = -1;
+  std::string out, err;
+};
+
+Outcome cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "attn");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::ostringstream out, err;
+  Outcome r;
+  r.code = tools::main(static_cast<int>(args.size()), argv.data(), out, err);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> result;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) result.push_back(line);
+  return result;
+}
+
+bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+
+void expect_error(const std::vector<std::string>& args, const std::string& needle) {
+  const Outcome r = cli(args);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.err.rfind("attn: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_TRUE(has(r.err, needle)) << "expected '" << needle << "' in: " << r.err;
+}
+
+// ---- CPU features ----------------------------------------------------------------------------------------
+
+TEST(CpuFeatures, AgreeWithTheDispatchLevel) {
+  // dispatch.cc decides with __builtin_cpu_supports; cpu_features() reads cpuid and XCR0 itself.
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  const cpu::Isa expected = f.avx512_usable() ? cpu::Isa::avx512 : f.avx2_usable() ? cpu::Isa::avx2 : cpu::Isa::sse2;
+  EXPECT_EQ(cpu::best_isa(), expected);
+#if defined(__x86_64__)
+  EXPECT_TRUE(f.sse2);
+  EXPECT_FALSE(f.vendor.empty());
+#endif
+  if (f.os_avx512) EXPECT_TRUE(f.os_avx);
+  if (f.avx512_usable()) EXPECT_TRUE(f.avx512f && f.os_avx512);
+  EXPECT_GE(f.l1d_bytes, 0);
+  EXPECT_GE(f.last_level_cache_bytes(), f.l1d_bytes > 0 ? f.l1d_bytes : 0);
+}
+
+TEST(CpuFeatures, AmxRequestIsStable) {
+  const cpu::AmxRequest first = cpu::request_amx(), second = cpu::request_amx();
+  EXPECT_EQ(first.ok, second.ok);
+  if (first.ok) EXPECT_TRUE(cpu::amx_permission().permitted);
+  if (!cpu::cpu_features().amx_tile) EXPECT_FALSE(first.ok && cpu::cpu_features().amx_bf16_usable());
+}
+
+// ---- attn info -------------------------------------------------------------------------------------------
+
+TEST(CliInfo, PrintsFeaturesOsSupportAndChoice) {
+  const Outcome r = cli({"info"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_TRUE(has(r.out, "CPUID has:"));
+  EXPECT_TRUE(has(r.out, "XCR0"));
+  EXPECT_TRUE(has(r.out, "AMX"));
+  EXPECT_TRUE(has(r.out, std::string("best level for this CPU and OS: ") + cpu::isa_name(cpu::best_isa())));
+  EXPECT_TRUE(has(r.out, std::string("level in use:                   ") + cpu::isa_name(cpu::active_isa())));
+  EXPECT_TRUE(has(r.out, "threads per call:               " + std::to_string(cpu::resolve_threads(0))));
+  EXPECT_TRUE(has(r.out, "ATTN_ISA"));
+}
+
+TEST(CliInfo, JsonIsOneObject) {
+  const Outcome r = cli({"info", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto l = lines(r.out);
+  ASSERT_EQ(l.size(), 1u) << r.out;
+  EXPECT_EQ(l[0].front(), '{');
+  EXPECT_EQ(l[0].back(), '}');
+  for (const char* key : {"vendor", "cpuid", "xcr0", "os_avx512", "os_amx", "amx_request_ok", "best_isa", "active_isa",
+                          "threads", "l3_bytes"})
+    EXPECT_TRUE(has(l[0], std::string("\"") + key + "\":")) << key;
+  EXPECT_TRUE(has(l[0], std::string("\"best_isa\":\"") + cpu::isa_name(cpu::best_isa()) + "\""));
+  EXPECT_TRUE(has(l[0], "\"avx512_bf16\":"));
+  EXPECT_TRUE(has(l[0], "\"amx_bf16\":"));
+}
+
+// ---- attn bench ------------------------------------------------------------------------------------------
+
+// clang-format off
+const char* const kBenchKeys[] = {
+    "tool", "label", "shape", "backend", "isa", "B", "Hq", "Hkv", "Sq", "Skv", "Dk", "Dv", "causal", "dtype",
+    "kv_dtype", "page_size", "kv_len_min", "kv_tokens", "threads", "warmup", "reps", "kv_sets", "kv_set_bytes",
+    "huge_pages", "time_median_s", "time_min_s", "time_max_s", "times_s", "flops", "flops_nominal", "gflops",
+    "bytes", "gbps", "ceilings", "frac_fma", "frac_amx", "frac_read_bw", "bound", "frac_bound",
+    "rss_before_inputs_bytes", "rss_with_inputs_bytes", "peak_rss_bytes", "extra_rss_bytes", "peak_rss_scope",
+    "maxrss_bytes", "output_finite"};
+// clang-format on
+
+void expect_bench_json(const std::string& line) {
+  ASSERT_FALSE(line.empty());
+  EXPECT_EQ(line.front(), '{');
+  EXPECT_EQ(line.back(), '}');
+  for (const char* key : kBenchKeys) EXPECT_TRUE(has(line, std::string("\"") + key + "\":")) << key << " in " << line;
+  EXPECT_TRUE(has(line, "\"output_finite\":true")) << line;
+}
+
+TEST(CliBench, TinyShapeJson) {
+  const Outcome r = cli({"bench",  "--batch",       "2",         "--heads",    "4",  "--kv-heads", "2",      "--q-len",
+                         "20",     "--kv-len",      "33",        "--head-dim", "16", "--causal",   "--reps", "1",
+                         "--json", "--no-ceilings", "--threads", "2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  const auto l = lines(r.out);
+  ASSERT_EQ(l.size(), 1u) << r.out;
+  expect_bench_json(l[0]);
+  EXPECT_TRUE(has(l[0], "\"reps\":1,"));
+  EXPECT_TRUE(has(l[0], "\"ceilings\":null"));
+  EXPECT_TRUE(has(l[0], "\"shape\":\"custom\""));
+  EXPECT_TRUE(has(l[0], "\"threads\":2,"));
+  EXPECT_TRUE(has(l[0], "\"kv_sets\":1,"));  // a prefill shape is not rotated
+}
+
+TEST(CliBench, ExactCausalFlopCount) {
+  // Sq = Skv = 4, causal: 1 + 2 + 3 + 4 = 10 allowed pairs; flops = 2·(Dk + Dv)·Hq·pairs = 2·16·1·10.
+  const Outcome r = cli({"bench", "--heads", "1", "--q-len", "4", "--head-dim", "8", "--causal", "--reps", "1",
+                         "--json", "--no-ceilings"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "\"flops\":320,")) << r.out;
+  EXPECT_TRUE(has(r.out, "\"flops_nominal\":256,")) << r.out;  // DESIGN.md's rule: 4·4·4·8 / 2
+  // Bytes: Q and O 4·8 floats each, K and V 4·8 floats each, all read or written once.
+  EXPECT_TRUE(has(r.out, "\"bytes\":512,")) << r.out;
+}
+
+TEST(CliBench, PagedRaggedMixedDtypesWithQuickCeilings) {
+  // Lengths 5, 23, 40 (evenly spaced from --kv-len-min to --kv-len): 68 keys.
+  const Outcome r = cli({"bench",
+                         "--batch",
+                         "3",
+                         "--heads",
+                         "4",
+                         "--kv-heads",
+                         "1",
+                         "--q-len",
+                         "1",
+                         "--kv-len",
+                         "40",
+                         "--kv-len-min",
+                         "5",
+                         "--paged",
+                         "4",
+                         "--head-dim",
+                         "8",
+                         "--kv-dtype",
+                         "bf16",
+                         "--reps",
+                         "2",
+                         "--kv-sets",
+                         "2",
+                         "--json",
+                         "--quick-ceilings",
+                         "--threads",
+                         "2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto l = lines(r.out);
+  ASSERT_EQ(l.size(), 1u) << r.out;
+  expect_bench_json(l[0]);
+  EXPECT_TRUE(has(l[0], "\"kv_tokens\":68,"));
+  EXPECT_TRUE(has(l[0], "\"page_size\":4,"));
+  EXPECT_TRUE(has(l[0], "\"kv_sets\":2,"));
+  EXPECT_TRUE(has(l[0], "\"dtype\":\"f32\",\"kv_dtype\":\"bf16\""));
+  EXPECT_TRUE(has(l[0], "\"bound\":\"memory\"")) << l[0];  // one query per sequence: always memory-bound
+  EXPECT_TRUE(has(l[0], "\"ceilings\":{\"threads\":2,\"fma_gflops\":"));
+  EXPECT_FALSE(has(l[0], "\"fma_gflops\":null"));
+  EXPECT_FALSE(has(l[0], "\"read_gbps\":null"));
+}
+
+TEST(CliBench, RaggedWithoutPagesUsesKeyLengths) {
+  const Outcome r = cli({"bench", "--batch", "2", "--heads", "2", "--q-len", "3", "--kv-len", "9", "--kv-len-min", "2",
+                         "--head-dim", "8", "--dtype", "bf16", "--reps", "1", "--json", "--no-ceilings"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "\"kv_tokens\":11,")) << r.out;
+  expect_bench_json(lines(r.out).at(0));
+}
+
+TEST(CliBench, ReferenceBackendAndText) {
+  const Outcome r = cli({"bench", "--heads", "2", "--q-len", "5", "--kv-len", "9", "--head-dim", "8", "--dtype", "f16",
+                         "--backend", "reference", "--reps", "1", "--no-ceilings", "--label", "tiny"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "tiny: B=1 Hq=2 Hkv=2 Sq=5 Skv=9 D=8")) << r.out;
+  EXPECT_TRUE(has(r.out, "reference")) << r.out;
+  EXPECT_TRUE(has(r.out, "median")) << r.out;
+  EXPECT_TRUE(has(r.out, "GFLOP/s")) << r.out;
+  EXPECT_TRUE(has(r.out, "working memory")) << r.out;
+  EXPECT_FALSE(has(r.out, "WARNING")) << r.out;
+}
+
+TEST(CliBench, Errors) {
+  expect_error({"bench"}, "--heads");
+  expect_error({"bench", "--heads", "6", "--kv-heads", "4", "--q-len", "2", "--head-dim", "8"}, "--kv-heads");
+  expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--dtype", "f64"}, "--dtype");
+  expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--kv-dtype", "int8"}, "--kv-dtype");
+  expect_error({"bench", "--heads", "2", "--q-len", "0", "--head-dim", "8"}, "--q-len");
+  expect_error({"bench", "--heads", "2", "--q-len", "2", "--kv-len", "4", "--kv-len-min", "5", "--head-dim", "8"},
+               "--kv-len-min");
+  expect_error({"bench", "--shape", "Q9"}, "--shape");
+  expect_error({"bench", "--shape", "P1", "--heads", "2"}, "--shape");
+  expect_error({"bench", "--shape", "P1", "--threads", "-1"}, "--threads");
+  expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--backend", "cuda"}, "--backend");
+  expect_error({"bench", "--heads", "two"}, "--heads");
+}
+
+}  // namespace
+}  // namespace attn

@@ -1,0 +1,38 @@
+// attn bench: the machine's ceilings, measured in the same process as the runs they judge.
+//   - peak fp32 FMA rate: a register-only loop of independent multiply-adds, compiled per instruction
+//     set (the best one the CPU and OS allow), on every thread at once;
+//   - peak AMX bf16 rate (tdpbf16ps on tiles that stay in the tile registers), where the CPU has AMX;
+//   - streaming read bandwidth: every thread sums its slice of a buffer far larger than the last-level
+//     cache.
+// Each is the best of a few short trials (the ceiling is what the machine can do, so the fastest
+// trial is the estimate; noise only ever slows a trial down).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace attn::tools {
+
+struct CeilingOptions {
+  int threads = 1;
+  bool quick = false;      // tiny buffer and loops: exercises the code in tests, the numbers mean little
+  bool huge_pages = true;  // ask for transparent huge pages for the bandwidth buffer
+};
+
+struct Ceilings {
+  int threads = 1;
+  double fma_gflops = 0;       // fp32; an FMA counts as 2 flops (SSE2 has none: a mul plus an add)
+  std::string fma_isa;         // "avx512", "avx2" or "sse2"
+  double amx_bf16_gflops = 0;  // 0 when not measured
+  std::string amx_note;        // why AMX was not measured ("" when it was)
+  double read_gbps = 0;        // 1e9 bytes per second
+  std::int64_t read_buffer_bytes = 0;
+  bool huge_pages = true;
+  double seconds = 0;             // time spent measuring all of them
+  double read_setup_seconds = 0;  // of which allocating and first-touching the bandwidth buffer
+};
+
+// Measured on the first call for a given `options`, then cached for the life of the process.
+const Ceilings& measure_ceilings(const CeilingOptions& options);
+
+}  // namespace attn::tools

@@ -1,0 +1,689 @@
+// attn bench: times attn::attention (or attn::attention_paged) on random inputs of a given or canonical
+// shape and reports the median time, GFLOP/s, GB/s, the fractions of the machine's ceilings measured in
+// the same process (tools/bench_ceilings.h) and the resident memory before, with and while running.
+//
+// Counting: flops = 2·(Dk + Dv)·Hq·(allowed (query, key) pairs), exact for the causal mask and ragged key
+// lengths (flops_nominal is ../shared/DESIGN.md's 4·B·Hq·Sq·Skv·D, halved for causal when Sq = Skv);
+// bytes = Q read + O written at their dtype + the K and V rows the keys use, read once, at the KV dtype.
+#include <omp.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench_ceilings.h"
+#include "commands.h"
+#include "core/convert.h"
+#include "cpu/cpu_features.h"
+#include "cpu/kernels.h"
+#include "json_writer.h"
+#include "subcommand.h"
+
+namespace attn::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- shapes ----------------------------------------------------------------------------------------------
+
+struct Shape {
+  std::string name;
+  std::int64_t B = 1, Hq = 0, Hkv = 0, Sq = 0, Skv = 0, D = 0;
+  bool causal = false;          // bottom-right (the KV-cache alignment; the same as top-left when Sq = Skv)
+  std::int64_t page_size = 0;   // 0: contiguous K/V; else attention_paged with pages of this many keys
+  std::int64_t kv_len_min = 0;  // 0: every sequence has Skv keys; else lengths spread evenly kv_len_min..Skv
+};
+
+// ../shared/DESIGN.md's canonical shapes.
+const Shape kCanonical[] = {
+    {"P1", 1, 32, 8, 2048, 2048, 128, true, 0, 0},    // LLM prefill
+    {"P2", 8, 12, 12, 512, 512, 64, false, 0, 0},     // encoder layer (BERT-base)
+    {"P3", 1, 8, 8, 16384, 16384, 128, true, 0, 0},   // long prefill
+    {"D1", 1, 32, 8, 1, 4096, 128, false, 0, 0},      // decode
+    {"D2", 1, 32, 8, 1, 32768, 128, false, 0, 0},     // long decode
+    {"D3", 16, 32, 8, 1, 8000, 128, false, 16, 100},  // batched paged decode, ragged 100..8000
+    {"X1", 4, 8, 8, 128, 1024, 64, false, 0, 0},      // cross-attention
+};
+
+// Key length of sequence b: Skv, or evenly spaced from kv_len_min (b = 0) to Skv (b = B - 1).
+std::int64_t kv_len(const Shape& s, std::int64_t b) {
+  if (s.kv_len_min <= 0 || s.B == 1) return s.Skv;
+  return s.kv_len_min + ((s.Skv - s.kv_len_min) * b + (s.B - 1) / 2) / (s.B - 1);
+}
+
+// Allowed (query, key) pairs of one (batch, head) with L keys: all, or bottom-right causal.
+std::int64_t allowed_pairs(std::int64_t Sq, std::int64_t L, bool causal) {
+  if (!causal) return Sq * L;
+  std::int64_t pairs = 0;
+  for (std::int64_t i = 0; i < Sq; ++i) pairs += std::clamp<std::int64_t>(i + L - Sq + 1, 0, L);
+  return pairs;
+}
+
+// ---- measurements of the process ---------------------------------------------------------------------------
+
+// A field of /proc/self/status in bytes ("VmRSS", "VmHWM"), -1 if unavailable.
+std::int64_t proc_status_bytes(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind(field + ":", 0) == 0) {
+      std::istringstream fields(line.substr(field.size() + 1));
+      std::int64_t kib = -1;
+      fields >> kib;
+      return kib < 0 ? -1 : kib * 1024;
+    }
+  return -1;
+}
+
+// Resets the peak resident set size (VmHWM) to the current one (Linux >= 4.0).
+bool reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  return static_cast<bool>(clear);
+}
+
+std::int64_t maxrss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;  // kilobytes on Linux
+}
+
+std::int64_t available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  std::int64_t value = 0;
+  while (meminfo >> key >> value >> unit)
+    if (key == "MemAvailable:") return value * 1024;
+  return 0;
+}
+
+// ---- buffers -------------------------------------------------------------------------------------------
+
+// An input buffer, 64-byte aligned. From 2 MiB up it is its own anonymous mapping, with transparent huge
+// pages asked for unless --no-huge-pages (in a VM, streaming through 4 KiB pages can cost more in nested
+// page walks than the DRAM reads themselves; run_bench.py gives PyTorch's allocator the same advice).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(std::int64_t bytes, bool huge_pages) {
+    size_ = static_cast<std::size_t>((std::max<std::int64_t>(bytes, 1) + 63) / 64 * 64);
+    if (size_ >= kMapThreshold) {
+      void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+      if (huge_pages) madvise(p, size_, MADV_HUGEPAGE);
+#endif
+      data_ = static_cast<unsigned char*>(p);
+      mapped_ = true;
+    } else {
+      data_ = static_cast<unsigned char*>(std::aligned_alloc(64, size_));
+      if (!data_) throw std::bad_alloc();
+    }
+  }
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+    std::swap(mapped_, other.mapped_);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (!data_) return;
+    if (mapped_) munmap(data_, size_);
+    else std::free(data_);
+  }
+  unsigned char* get() const { return data_; }
+
+ private:
+  static constexpr std::size_t kMapThreshold = std::size_t{2} << 20;
+  unsigned char* data_ = nullptr;
+  std::size_t size_ = 0;
+  bool mapped_ = false;
+};
+
+std::uint64_t splitmix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+template <class T>
+void fill_chunk(T* p, std::int64_t n, std::uint64_t state) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    state = splitmix(state);
+    const float u = static_cast<float>(state >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
+    p[i] = core::from_float<T>(2.0f * u - 1.0f);
+  }
+}
+
+// Uniform values in [-1, 1), the same for a given seed whatever the thread count.
+void fill_random(void* data, DType dtype, std::int64_t n, std::uint64_t seed, int threads) {
+  constexpr std::int64_t kChunk = 1 << 16;
+  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const std::int64_t begin = c * kChunk, count = std::min(kChunk, n - begin);
+    const std::uint64_t state = splitmix(seed * 0x100000001b3ull + static_cast<std::uint64_t>(c));
+    switch (dtype) {
+      case DType::bf16: fill_chunk(static_cast<core::bf16*>(data) + begin, count, state); break;
+      case DType::f16: fill_chunk(static_cast<core::f16*>(data) + begin, count, state); break;
+      default: fill_chunk(static_cast<float*>(data) + begin, count, state); break;
+    }
+  }
+}
+
+void fill_nan(void* data, DType dtype, std::int64_t n) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (dtype == DType::f32) static_cast<float*>(data)[i] = nan;
+    else if (dtype == DType::bf16) static_cast<core::bf16*>(data)[i] = core::from_float<core::bf16>(nan);
+    else static_cast<core::f16*>(data)[i] = core::from_float<core::f16>(nan);
+  }
+}
+
+bool all_finite(const void* data, DType dtype, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    float x = 0;
+    if (dtype == DType::f32) x = static_cast<const float*>(data)[i];
+    else if (dtype == DType::bf16) x = core::to_float(static_cast<const core::bf16*>(data)[i]);
+    else x = core::to_float(static_cast<const core::f16*>(data)[i]);
+    if (!std::isfinite(x)) return false;
+  }
+  return true;
+}
+
+// ---- text ---------------------------------------------------------------------------------------------
+
+std::string fmt(const char* format, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, x);
+  return buf;
+}
+
+std::string bytes_text(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::fabs(bytes) >= 1024 && u < 4) bytes /= 1024, ++u;
+  return fmt(u == 0 ? "%.0f" : "%.1f", bytes) + " " + units[u];
+}
+
+std::string time_text(double s) {
+  if (s >= 1) return fmt("%.3f s", s);
+  if (s >= 1e-3) return fmt("%.3f ms", s * 1e3);
+  return fmt("%.1f us", s * 1e6);
+}
+
+std::string percent(double x) { return std::isfinite(x) ? fmt("%.0f%%", 100 * x) : "n/a"; }
+
+// ---- the command ---------------------------------------------------------------------------------------
+
+struct BenchArgs {
+  std::string shapes;  // comma-separated canonical ids
+  std::int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
+  bool causal = false;
+  std::string dtype = "f32", kv_dtype;
+  int threads = 0;
+  std::int64_t paged = 0, kv_len_min = 0;
+  int reps = 0;     // 0: enough for about a second, at least 3
+  int kv_sets = 0;  // 0: automatic
+  std::string backend = "flash";
+  std::string label;
+  bool json = false, no_ceilings = false, quick_ceilings = false, no_huge_pages = false;
+};
+
+Status parse_dtype(const std::string& text, const char* option, DType* dtype) {
+  if (text == "f32" || text == "fp32" || text == "float32") *dtype = DType::f32;
+  else if (text == "bf16" || text == "bfloat16") *dtype = DType::bf16;
+  else if (text == "f16" || text == "fp16" || text == "float16") *dtype = DType::f16;
+  else return Status::Invalid(option, "'" + text + "'; expected f32, bf16 or f16");
+  return Status::Ok();
+}
+
+Status positive(std::int64_t value, const char* option) {
+  if (value <= 0) return Status::Invalid(option, std::to_string(value) + "; expected a positive integer");
+  return Status::Ok();
+}
+
+// The shapes to run: the canonical ones named by --shape, else the one the dimension options describe.
+Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
+  const bool dims =
+      a.batch || a.heads || a.kv_heads || a.q_len || a.kv_len || a.head_dim || a.causal || a.paged || a.kv_len_min;
+  if (!a.shapes.empty()) {
+    if (dims)
+      return Status::Invalid(
+          "--shape", "'" + a.shapes +
+                         "' together with dimension options; expected either --shape "
+                         "or --batch/--heads/--kv-heads/--q-len/--kv-len/--head-dim/--causal/--paged/--kv-len-min");
+    std::stringstream list(a.shapes);
+    std::string id;
+    while (std::getline(list, id, ',')) {
+      if (id == "all") {
+        shapes->insert(shapes->end(), std::begin(kCanonical), std::end(kCanonical));
+        continue;
+      }
+      const Shape* found = nullptr;
+      for (const Shape& s : kCanonical)
+        if (id == s.name) found = &s;
+      if (!found) return Status::Invalid("--shape", "'" + id + "'; expected P1, P2, P3, D1, D2, D3, X1 or all");
+      shapes->push_back(*found);
+    }
+    if (shapes->empty()) return Status::Invalid("--shape", "empty; expected P1, P2, P3, D1, D2, D3, X1 or all");
+    return Status::Ok();
+  }
+  if (!a.heads || !a.q_len || !a.head_dim)
+    return Status::Invalid(!a.heads   ? "--heads"
+                           : !a.q_len ? "--q-len"
+                                      : "--head-dim",
+                           "missing; expected --shape P1|P2|P3|D1|D2|D3|X1|all, or at least --heads, --q-len and "
+                           "--head-dim");
+  Shape s;
+  s.name = "custom";
+  s.B = a.batch ? a.batch : 1;
+  s.Hq = a.heads;
+  s.Hkv = a.kv_heads ? a.kv_heads : a.heads;
+  s.Sq = a.q_len;
+  s.Skv = a.kv_len ? a.kv_len : a.q_len;
+  s.D = a.head_dim;
+  s.causal = a.causal;
+  s.page_size = a.paged;
+  s.kv_len_min = a.kv_len_min;
+  if (Status st = positive(s.B, "--batch"); !st) return st;
+  if (Status st = positive(s.Hq, "--heads"); !st) return st;
+  if (Status st = positive(s.Hkv, "--kv-heads"); !st) return st;
+  if (Status st = positive(s.Sq, "--q-len"); !st) return st;
+  if (Status st = positive(s.Skv, "--kv-len"); !st) return st;
+  if (Status st = positive(s.D, "--head-dim"); !st) return st;
+  if (s.Hq % s.Hkv != 0)
+    return Status::Invalid("--kv-heads", std::to_string(s.Hkv) + " does not divide --heads " + std::to_string(s.Hq) +
+                                             "; expected a divisor (Hkv = Hq: MHA, 1: MQA, between: GQA)");
+  if (s.page_size < 0) return Status::Invalid("--paged", std::to_string(s.page_size) + "; expected a page size >= 1");
+  if (s.kv_len_min < 0 || s.kv_len_min > s.Skv)
+    return Status::Invalid("--kv-len-min", std::to_string(s.kv_len_min) + "; expected 1 .. --kv-len (" +
+                                               std::to_string(s.Skv) + "), or 0 for equal lengths");
+  shapes->push_back(s);
+  return Status::Ok();
+}
+
+struct Setup {
+  DType dtype = DType::f32, kv_dtype = DType::f32;
+  int threads = 1;
+  Backend backend = Backend::flash;
+  bool huge_pages = true;
+};
+
+// Everything one run allocates: Q, O, the K/V sets it rotates through, and for paged runs the page
+// table and lengths.
+struct Inputs {
+  Buffer q, out, lens, table;
+  std::vector<Buffer> k, v;
+  TensorView qv, ov, lens_view, table_view;
+  std::vector<TensorView> kv, vv;
+  std::int64_t kv_set_bytes = 0;
+};
+
+std::int64_t checked_mul(std::initializer_list<std::int64_t> factors) {
+  std::int64_t r = 1;
+  for (std::int64_t f : factors)
+    if (__builtin_mul_overflow(r, f, &r)) return std::numeric_limits<std::int64_t>::max();
+  return r;
+}
+
+// Bytes of one K/V set: contiguous [B, Hkv, Skv, D] twice, or the page pool.
+std::int64_t kv_set_bytes(const Shape& s, DType kv_dtype, std::int64_t* pool_pages) {
+  const std::int64_t esize = static_cast<std::int64_t>(dtype_size(kv_dtype));
+  if (s.page_size > 0) {
+    std::int64_t pages = 0;
+    for (std::int64_t b = 0; b < s.B; ++b) pages += (kv_len(s, b) + s.page_size - 1) / s.page_size;
+    *pool_pages = pages;
+    return checked_mul({2, pages, s.Hkv, s.page_size, s.D, esize});
+  }
+  *pool_pages = 0;
+  return checked_mul({2, s.B, s.Hkv, s.Skv, s.D, esize});
+}
+
+Status make_inputs(const Shape& s, const Setup& setup, int sets, Inputs* in) {
+  const std::int64_t qsize = static_cast<std::int64_t>(dtype_size(setup.dtype));
+  const std::int64_t kvsize = static_cast<std::int64_t>(dtype_size(setup.kv_dtype));
+  const std::int64_t q_elems = checked_mul({s.B, s.Hq, s.Sq, s.D});
+  std::int64_t pages = 0;
+  in->kv_set_bytes = kv_set_bytes(s, setup.kv_dtype, &pages);
+
+  in->q = Buffer(q_elems * qsize, setup.huge_pages);
+  in->out = Buffer(q_elems * qsize, setup.huge_pages);
+  fill_random(in->q.get(), setup.dtype, q_elems, 1, setup.threads);
+  fill_nan(in->out.get(), setup.dtype, q_elems);  // poison: an element the kernel leaves unwritten shows
+  in->qv = TensorView::contiguous(in->q.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.D});
+  in->ov = TensorView::contiguous(in->out.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.D});
+
+  const std::int64_t kv_elems = in->kv_set_bytes / 2 / kvsize;
+  for (int set = 0; set < sets; ++set) {
+    in->k.emplace_back(kv_elems * kvsize, setup.huge_pages);
+    in->v.emplace_back(kv_elems * kvsize, setup.huge_pages);
+    fill_random(in->k.back().get(), setup.kv_dtype, kv_elems, 1000 + 2 * set, setup.threads);
+    fill_random(in->v.back().get(), setup.kv_dtype, kv_elems, 1001 + 2 * set, setup.threads);
+    if (s.page_size > 0) {
+      in->kv.push_back(TensorView::contiguous(in->k.back().get(), setup.kv_dtype, {pages, s.Hkv, s.page_size, s.D}));
+      in->vv.push_back(TensorView::contiguous(in->v.back().get(), setup.kv_dtype, {pages, s.Hkv, s.page_size, s.D}));
+    } else {
+      in->kv.push_back(TensorView::contiguous(in->k.back().get(), setup.kv_dtype, {s.B, s.Hkv, s.Skv, s.D}));
+      in->vv.push_back(TensorView::contiguous(in->v.back().get(), setup.kv_dtype, {s.B, s.Hkv, s.Skv, s.D}));
+    }
+  }
+
+  if (s.page_size > 0 || s.kv_len_min > 0) {
+    in->lens = Buffer(s.B * 4, false);
+    auto* lens = reinterpret_cast<std::int32_t*>(in->lens.get());
+    for (std::int64_t b = 0; b < s.B; ++b) lens[b] = static_cast<std::int32_t>(kv_len(s, b));
+    in->lens_view = TensorView::contiguous(lens, DType::i32, {s.B});
+  }
+  if (s.page_size > 0) {
+    // Each sequence's pages are scattered over the pool, as in a cache that has served many requests.
+    const std::int64_t max_pages = (s.Skv + s.page_size - 1) / s.page_size;
+    std::vector<std::int32_t> order(static_cast<std::size_t>(pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
+    in->table = Buffer(s.B * max_pages * 4, false);
+    auto* table = reinterpret_cast<std::int32_t*>(in->table.get());
+    std::fill(table, table + s.B * max_pages, 0);  // past a sequence's last page: never read
+    std::size_t next = 0;
+    for (std::int64_t b = 0; b < s.B; ++b)
+      for (std::int64_t n = 0; n < (kv_len(s, b) + s.page_size - 1) / s.page_size; ++n)
+        table[b * max_pages + n] = order[next++];
+    in->table_view = TensorView::contiguous(table, DType::i32, {s.B, max_pages});
+  }
+  return Status::Ok();
+}
+
+Status call(const Shape& s, const Inputs& in, int set, const Params& params) {
+  if (s.page_size > 0)
+    return attention_paged(in.qv, in.kv[set], in.vv[set], in.table_view, in.lens_view, in.ov, params);
+  return attention(in.qv, in.kv[set], in.vv[set], in.ov, params);
+}
+
+struct Result {
+  std::vector<double> times;
+  int warmup = 0;
+  double median = 0;
+  std::int64_t rss_before = -1, rss_inputs = -1, peak_rss = -1, maxrss = -1;
+  bool peak_is_runs = false;
+  bool output_finite = false;
+};
+
+// How many K/V sets a run rotates through so that each run reads K/V from DRAM, not from the last-level
+// cache: decode-like shapes (Sq <= 16) whose K/V would fit get enough sets to cover twice the LLC.
+int choose_kv_sets(const Shape& s, std::int64_t set_bytes, int requested, std::int64_t other_bytes) {
+  if (requested > 0) return requested;
+  if (s.Sq > 16) return 1;
+  const std::int64_t llc = cpu::cpu_features().last_level_cache_bytes();
+  if (llc <= 0 || set_bytes <= 0) return 1;
+  std::int64_t sets = std::min<std::int64_t>((2 * llc + set_bytes - 1) / set_bytes, 1024);
+  if (const std::int64_t avail = available_memory_bytes(); avail > 0)
+    sets = std::min<std::int64_t>(sets, std::max<std::int64_t>(1, (avail / 2 - other_bytes) / set_bytes));
+  return static_cast<int>(std::max<std::int64_t>(sets, 1));
+}
+
+Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Ceilings* ceil, std::ostream& out) {
+  const std::int64_t qsize = static_cast<std::int64_t>(dtype_size(setup.dtype));
+  const std::int64_t kvsize = static_cast<std::int64_t>(dtype_size(setup.kv_dtype));
+  std::int64_t pool_pages = 0;
+  const std::int64_t set_bytes = kv_set_bytes(s, setup.kv_dtype, &pool_pages);
+  const std::int64_t q_bytes = checked_mul({s.B, s.Hq, s.Sq, s.D, qsize});
+  const int sets = choose_kv_sets(s, set_bytes, a.kv_sets, 2 * q_bytes);
+  const std::int64_t need = 2 * q_bytes + set_bytes * sets;
+  if (const std::int64_t avail = available_memory_bytes(); avail > 0 && need > avail - avail / 8)
+    return Status::Invalid(a.kv_sets > 0      ? "--kv-sets"
+                           : a.shapes.empty() ? "--kv-len"
+                                              : "--shape",
+                           "the inputs need " + bytes_text(static_cast<double>(need)) + " but only " +
+                               bytes_text(static_cast<double>(avail)) +
+                               " of memory is available; expected a smaller "
+                               "shape or fewer --kv-sets");
+
+  Result r;
+  r.rss_before = proc_status_bytes("VmRSS");
+  Inputs in;
+  if (Status st = make_inputs(s, setup, sets, &in); !st) return st;
+  r.rss_inputs = proc_status_bytes("VmRSS");
+  r.peak_is_runs = reset_peak_rss();
+
+  Params params;
+  params.threads = setup.threads;
+  params.backend = setup.backend;
+  if (s.causal) params.causal = Causal::bottom_right;
+  if (s.kv_len_min > 0 && s.page_size == 0) params.kv_lens = in.lens_view;
+
+  // Warm-up: at least one call, and more while they take under 50 ms in all.
+  int call_index = 0;
+  double warm_total = 0, last = 0;
+  do {
+    const auto start = Clock::now();
+    if (Status st = call(s, in, call_index % sets, params); !st) return with_option_names(st);
+    last = std::chrono::duration<double>(Clock::now() - start).count();
+    warm_total += last;
+    ++call_index;
+  } while (warm_total < 0.05 && call_index < 20);
+  r.warmup = call_index;
+  const int reps =
+      a.reps > 0 ? a.reps : static_cast<int>(std::clamp(std::ceil(1.0 / std::max(last, 1e-9)), 3.0, 100.0));
+  for (int rep = 0; rep < reps; ++rep) {
+    const auto start = Clock::now();
+    if (Status st = call(s, in, call_index % sets, params); !st) return with_option_names(st);
+    r.times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    ++call_index;
+  }
+  r.peak_rss = r.peak_is_runs ? proc_status_bytes("VmHWM") : maxrss_bytes();
+  r.maxrss = maxrss_bytes();
+  const std::int64_t o_elems = checked_mul({s.B, s.Hq, s.Sq, s.D});
+  r.output_finite = all_finite(in.out.get(), setup.dtype, o_elems);
+  std::vector<double> sorted = r.times;
+  std::sort(sorted.begin(), sorted.end());
+  const std::size_t n = sorted.size();
+  r.median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+
+  // Work and traffic.
+  std::int64_t pairs = 0, kv_tokens = 0;
+  for (std::int64_t b = 0; b < s.B; ++b) {
+    pairs += allowed_pairs(s.Sq, kv_len(s, b), s.causal);
+    kv_tokens += kv_len(s, b);
+  }
+  const double flops = 2.0 * static_cast<double>(2 * s.D) * static_cast<double>(s.Hq) * static_cast<double>(pairs);
+  const double nominal = 4.0 * static_cast<double>(s.Hq * s.Sq * s.D) * static_cast<double>(kv_tokens) *
+                         (s.causal && s.Sq == s.Skv ? 0.5 : 1.0);
+  const double bytes = 2.0 * static_cast<double>(q_bytes) +
+                       static_cast<double>(kv_tokens) * static_cast<double>(s.Hkv * 2 * s.D * kvsize);
+  const double gflops = flops / r.median / 1e9, gbps = bytes / r.median / 1e9;
+
+  // Fractions of the ceilings; the bound is the one the shape's arithmetic intensity hits first.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  double frac_fma = nan, frac_amx = nan, frac_read = nan, frac_bound = nan;
+  std::string bound = "unknown";
+  if (ceil) {
+    frac_fma = gflops / ceil->fma_gflops;
+    frac_read = gbps / ceil->read_gbps;
+    const bool amx = setup.dtype == DType::bf16 && ceil->amx_bf16_gflops > 0;
+    if (amx) frac_amx = gflops / ceil->amx_bf16_gflops;
+    const double compute = amx ? ceil->amx_bf16_gflops : ceil->fma_gflops;
+    // Memory-bound: below the ridge point, and the data really come from DRAM (rotated K/V sets, or more
+    // than the last-level cache); a small prefill below the ridge runs from cache, against compute.
+    const bool from_dram = sets > 1 || bytes > static_cast<double>(cpu::cpu_features().last_level_cache_bytes());
+    const bool memory_bound = flops / bytes < compute / ceil->read_gbps && from_dram;
+    bound = memory_bound ? "memory" : amx ? "compute (AMX bf16)" : "compute (fp32 FMA)";
+    frac_bound = memory_bound ? frac_read : amx ? frac_amx : frac_fma;
+  }
+  const std::string isa = setup.backend == Backend::reference ? "reference" : cpu::isa_name(cpu::active_isa());
+  const std::string label = a.label.empty() ? s.name : a.label;
+
+  if (a.json) {
+    JsonObject o;
+    o.add("tool", "attn")
+        .add("label", label)
+        .add("shape", s.name)
+        .add("backend", setup.backend == Backend::reference ? "reference" : "flash")
+        .add("isa", isa);
+    o.add("B", s.B).add("Hq", s.Hq).add("Hkv", s.Hkv).add("Sq", s.Sq).add("Skv", s.Skv).add("Dk", s.D).add("Dv", s.D);
+    o.add("causal", s.causal).add("dtype", dtype_name(setup.dtype)).add("kv_dtype", dtype_name(setup.kv_dtype));
+    o.add("page_size", s.page_size).add("kv_len_min", s.kv_len_min).add("kv_tokens", kv_tokens);
+    o.add("threads", setup.threads).add("warmup", r.warmup).add("reps", static_cast<int>(r.times.size()));
+    o.add("kv_sets", sets).add("kv_set_bytes", set_bytes).add("huge_pages", setup.huge_pages);
+    o.add("time_median_s", r.median).add("time_min_s", sorted.front()).add("time_max_s", sorted.back());
+    o.add("times_s", r.times);
+    o.add("flops", flops).add("flops_nominal", nominal).add("gflops", gflops).add("bytes", bytes).add("gbps", gbps);
+    if (ceil) {
+      JsonObject c;
+      c.add("threads", ceil->threads).add("fma_gflops", ceil->fma_gflops).add("fma_isa", ceil->fma_isa);
+      if (ceil->amx_bf16_gflops > 0) c.add("amx_bf16_gflops", ceil->amx_bf16_gflops);
+      else c.add_null("amx_bf16_gflops");
+      c.add("amx_note", ceil->amx_note)
+          .add("read_gbps", ceil->read_gbps)
+          .add("read_buffer_bytes", ceil->read_buffer_bytes);
+      c.add("huge_pages", ceil->huge_pages)
+          .add("seconds", ceil->seconds)
+          .add("read_setup_seconds", ceil->read_setup_seconds);
+      o.add("ceilings", c);
+    } else {
+      o.add_null("ceilings");
+    }
+    o.add("frac_fma", frac_fma).add("frac_amx", frac_amx).add("frac_read_bw", frac_read);
+    o.add("bound", bound).add("frac_bound", frac_bound);
+    o.add("rss_before_inputs_bytes", r.rss_before).add("rss_with_inputs_bytes", r.rss_inputs);
+    o.add("peak_rss_bytes", r.peak_rss).add("extra_rss_bytes", r.peak_rss - r.rss_inputs);
+    o.add("peak_rss_scope", r.peak_is_runs ? "runs" : "process").add("maxrss_bytes", r.maxrss);
+    o.add("output_finite", r.output_finite);
+    out << o.str() << std::endl;
+    return Status::Ok();
+  }
+
+  out << label << ": B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Sq=" << s.Sq << " Skv=" << s.Skv
+      << (s.kv_len_min > 0 ? " (ragged " + std::to_string(s.kv_len_min) + ".." + std::to_string(s.Skv) + ")" : "")
+      << " D=" << s.D << (s.causal ? " causal" : "")
+      << (s.page_size ? " paged(" + std::to_string(s.page_size) + ")" : "") << ", q/out " << dtype_name(setup.dtype)
+      << ", k/v " << dtype_name(setup.kv_dtype) << "; " << isa << ", " << setup.threads << " thread"
+      << (setup.threads == 1 ? "" : "s") << "\n";
+  out << "  time     median " << time_text(r.median) << " (min " << time_text(sorted.front()) << ", max "
+      << time_text(sorted.back()) << "; " << r.times.size() << (r.times.size() == 1 ? " rep" : " reps") << " after "
+      << r.warmup << " warm-up"
+      << (sets > 1 ? "; rotating " + std::to_string(sets) + " K/V sets of " + bytes_text(static_cast<double>(set_bytes))
+                   : std::string())
+      << ")\n";
+  out << "  compute  " << fmt("%.1f", gflops) << " GFLOP/s";
+  if (ceil) {
+    out << " = " << percent(frac_fma) << " of peak fp32 FMA (" << fmt("%.0f", ceil->fma_gflops) << " GFLOP/s, "
+        << ceil->fma_isa << ")";
+    if (std::isfinite(frac_amx))
+      out << ", " << percent(frac_amx) << " of AMX bf16 (" << fmt("%.0f", ceil->amx_bf16_gflops) << ")";
+  }
+  out << "   [" << fmt("%.4g", flops) << " flops, exact pair count]\n";
+  out << "  memory   " << fmt("%.2f", gbps) << " GB/s";
+  if (ceil) out << " = " << percent(frac_read) << " of streaming read (" << fmt("%.1f", ceil->read_gbps) << " GB/s)";
+  out << "   [" << bytes_text(bytes) << " of Q, K, V read and O written]\n";
+  if (ceil) out << "  bound    " << bound << ": " << percent(frac_bound) << " of that ceiling\n";
+  out << "  RSS      " << bytes_text(static_cast<double>(r.rss_before)) << " before inputs, "
+      << bytes_text(static_cast<double>(r.rss_inputs)) << " with inputs, peak "
+      << bytes_text(static_cast<double>(r.peak_rss)) << (r.peak_is_runs ? " while running" : " (process)") << " = +"
+      << bytes_text(static_cast<double>(r.peak_rss - r.rss_inputs)) << " working memory\n";
+  if (!r.output_finite) out << "  WARNING  the output has non-finite elements\n";
+  return Status::Ok();
+}
+
+Status bench(const BenchArgs& a, std::ostream& out) {
+  std::vector<Shape> shapes;
+  if (Status s = shapes_of(a, &shapes); !s) return s;
+  Setup setup;
+  if (Status s = parse_dtype(a.dtype, "--dtype", &setup.dtype); !s) return s;
+  setup.kv_dtype = setup.dtype;
+  if (!a.kv_dtype.empty())
+    if (Status s = parse_dtype(a.kv_dtype, "--kv-dtype", &setup.kv_dtype); !s) return s;
+  if (a.threads < 0 || a.threads > 4096)
+    return Status::Invalid("--threads", std::to_string(a.threads) + "; expected 0 (the default) or 1 to 4096");
+  setup.threads = cpu::resolve_threads(a.threads);
+  if (a.reps < 0) return Status::Invalid("--reps", std::to_string(a.reps) + "; expected >= 1, or 0 for automatic");
+  if (a.kv_sets < 0 || a.kv_sets > 4096)
+    return Status::Invalid("--kv-sets", std::to_string(a.kv_sets) + "; expected 1 to 4096, or 0 for automatic");
+  if (a.backend == "flash" || a.backend == "auto") setup.backend = Backend::flash;
+  else if (a.backend == "reference") setup.backend = Backend::reference;
+  else return Status::Invalid("--backend", "'" + a.backend + "'; expected flash or reference");
+
+  setup.huge_pages = !a.no_huge_pages;
+
+  const Ceilings* ceil = nullptr;
+  if (!a.no_ceilings) ceil = &measure_ceilings(CeilingOptions{setup.threads, a.quick_ceilings, setup.huge_pages});
+  if (ceil && !a.json)
+    out << "ceilings (" << ceil->threads << " thread" << (ceil->threads == 1 ? "" : "s") << ", measured in "
+        << fmt("%.2f", ceil->seconds) << " s, " << fmt("%.2f", ceil->read_setup_seconds)
+        << " s of it filling the bandwidth buffer): fp32 FMA " << fmt("%.1f", ceil->fma_gflops) << " GFLOP/s ("
+        << ceil->fma_isa << "), AMX bf16 "
+        << (ceil->amx_bf16_gflops > 0 ? fmt("%.0f GFLOP/s", ceil->amx_bf16_gflops) : "n/a: " + ceil->amx_note)
+        << ", streaming read " << fmt("%.1f", ceil->read_gbps) << " GB/s ("
+        << bytes_text(double(ceil->read_buffer_bytes)) << " buffer)\n";
+  for (const Shape& s : shapes)
+    if (Status st = run_one(s, setup, a, ceil, out); !st) return st;
+  return Status::Ok();
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, std::ostream& out) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "bench",
+      "Time attention on random inputs: median time, GFLOP/s, GB/s, fractions of the ceilings (peak FMA, "
+      "AMX, streaming read) measured in the same run, and resident memory");
+  sub->add_option("--shape", a->shapes, "Canonical shape(s) of DESIGN.md, comma-separated: P1,P2,P3,D1,D2,D3,X1 or all")
+      ->type_name("IDS");
+  sub->add_option("--batch", a->batch, "Batch size B (default 1)")->type_name("B");
+  sub->add_option("--heads", a->heads, "Query heads Hq")->type_name("HQ");
+  sub->add_option("--kv-heads", a->kv_heads, "Key/value heads Hkv, dividing Hq (default Hq)")->type_name("HKV");
+  sub->add_option("--q-len", a->q_len, "Queries per sequence Sq")->type_name("SQ");
+  sub->add_option("--kv-len", a->kv_len, "Keys per sequence Skv (default Sq); the longest with --kv-len-min")
+      ->type_name("SKV");
+  sub->add_option("--head-dim", a->head_dim, "Head dimension D (Dk = Dv)")->type_name("D");
+  sub->add_flag("--causal", a->causal, "Causal mask, bottom-right aligned (top-left when Sq = Skv)");
+  sub->add_option("--dtype", a->dtype, "Q and O dtype: f32 (default), bf16 or f16")->type_name("DTYPE");
+  sub->add_option("--kv-dtype", a->kv_dtype, "K and V dtype (default: --dtype)")->type_name("DTYPE");
+  sub->add_option("--threads", a->threads, "Threads for attn and for the ceilings (0 = attn's default)")
+      ->type_name("N");
+  sub->add_option("--paged", a->paged, "Use attention_paged with pages of this many keys, scattered over the pool")
+      ->type_name("PAGE_SIZE");
+  sub->add_option("--kv-len-min", a->kv_len_min,
+                  "Ragged key lengths spread evenly from this (first sequence) to --kv-len (last)")
+      ->type_name("N");
+  sub->add_option("--reps", a->reps, "Timed repetitions after the warm-up (default: about 1 s worth, 3 to 100)")
+      ->type_name("R");
+  sub->add_option("--kv-sets", a->kv_sets,
+                  "K/V sets rotated between runs (default: decode shapes get enough to cover 2x the last-level cache)")
+      ->type_name("N");
+  sub->add_option("--backend", a->backend, "flash (default) or reference (fp64, materialises the scores)")
+      ->type_name("NAME");
+  sub->add_option("--label", a->label, "Name to report for this run (default: the shape id or 'custom')")
+      ->type_name("TEXT");
+  sub->add_flag("--json", a->json, "Print one JSON object per run (fields: see the README's Benchmarks section)");
+  sub->add_flag("--no-ceilings", a->no_ceilings, "Skip measuring the machine's ceilings (fractions become null)");
+  sub->add_flag("--no-huge-pages", a->no_huge_pages,
+                "Do not ask for transparent huge pages for the inputs and the bandwidth buffer");
+  sub->add_flag("--quick-ceilings", a->quick_ceilings, "Measure the ceilings with tiny loops and buffer (for tests)")
+      ->group("");  // hidden
+  on_run(sub, [a, &out] { return bench(*a, out); });
+}
+
+}  // namespace attn::tools

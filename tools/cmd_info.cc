@@ -1,0 +1,146 @@
+// attn info: what the CPU has, what the OS allows, which kernel level attn chose and how many threads
+// it will use.
+#include <omp.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cpu/cpu_features.h"
+#include "cpu/kernels.h"
+#include "json_writer.h"
+#include "subcommand.h"
+
+namespace attn::tools {
+namespace {
+
+std::string size_text(std::int64_t bytes) {
+  if (bytes <= 0) return "unknown";
+  char buf[32];
+  if (bytes >= (std::int64_t{1} << 20) && bytes % (std::int64_t{1} << 20) == 0)
+    std::snprintf(buf, sizeof buf, "%lld MiB", static_cast<long long>(bytes >> 20));
+  else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.0f KiB", static_cast<double>(bytes) / 1024);
+  else std::snprintf(buf, sizeof buf, "%lld bytes", static_cast<long long>(bytes));
+  return buf;
+}
+
+std::string hex(std::uint64_t x) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(x));
+  return buf;
+}
+
+const char* env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+// The CPUID flags this project cares about, in a fixed order.
+std::vector<std::pair<const char*, bool>> flags(const cpu::CpuFeatures& f) {
+  return {{"sse2", f.sse2},
+          {"avx", f.avx},
+          {"avx2", f.avx2},
+          {"fma", f.fma},
+          {"f16c", f.f16c},
+          {"avx512f", f.avx512f},
+          {"avx512bw", f.avx512bw},
+          {"avx512vl", f.avx512vl},
+          {"avx512dq", f.avx512dq},
+          {"avx512_bf16", f.avx512_bf16},
+          {"avx512_fp16", f.avx512_fp16},
+          {"amx_tile", f.amx_tile},
+          {"amx_bf16", f.amx_bf16},
+          {"amx_int8", f.amx_int8}};
+}
+
+struct InfoArgs {
+  bool json = false;
+};
+
+Status info(const InfoArgs& a, std::ostream& out) {
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  // Asked before the request below, so it shows what the process had on its own.
+  const cpu::AmxPermission before = cpu::amx_permission();
+  const bool try_amx = f.amx_tile && f.os_amx;
+  const cpu::AmxRequest request = try_amx ? cpu::request_amx() : cpu::AmxRequest{false, 0};
+  const cpu::Isa best = cpu::best_isa(), active = cpu::active_isa();
+  const char* isa_env = std::getenv("ATTN_ISA");
+  const int threads = cpu::resolve_threads(0);
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+
+  if (a.json) {
+    JsonObject cpu_flags;
+    for (const auto& [name, has] : flags(f)) cpu_flags.add(name, has);
+    JsonObject o;
+    o.add("vendor", f.vendor).add("brand", f.brand).add("cpuid", cpu_flags);
+    o.add("osxsave", f.osxsave).add("xcr0", hex(f.xcr0));
+    o.add("os_avx", f.os_avx).add("os_avx512", f.os_avx512).add("os_amx", f.os_amx);
+    o.add("amx_kernel_supports", before.kernel_supports).add("amx_permitted_before_request", before.permitted);
+    if (try_amx) o.add("amx_request_ok", request.ok);
+    else o.add_null("amx_request_ok");
+    o.add("l1d_bytes", f.l1d_bytes).add("l2_bytes", f.l2_bytes).add("l3_bytes", f.l3_bytes);
+    o.add("best_isa", cpu::isa_name(best)).add("active_isa", cpu::isa_name(active));
+    if (isa_env) o.add("ATTN_ISA", isa_env);
+    else o.add_null("ATTN_ISA");
+    o.add("threads", threads)
+        .add("omp_max_threads", omp_get_max_threads())
+        .add("online_cpus", static_cast<int>(online));
+    out << o.str() << "\n";
+    return Status::Ok();
+  }
+
+  out << "CPU: " << (f.brand.empty() ? "(no brand string)" : f.brand) << " [" << f.vendor << "]\n";
+  out << "  caches: L1d " << size_text(f.l1d_bytes) << ", L2 " << size_text(f.l2_bytes) << ", L3 "
+      << size_text(f.l3_bytes) << "\n";
+  std::string has, lacks;
+  for (const auto& [name, present] : flags(f)) (present ? has : lacks) += std::string(" ") + name;
+  out << "  CPUID has:  " << (has.empty() ? " (none)" : has) << "\n";
+  out << "  CPUID lacks:" << (lacks.empty() ? " (none)" : lacks) << "\n";
+
+  out << "\nOS support (XCR0 = " << (f.osxsave ? hex(f.xcr0) : std::string("unreadable: OSXSAVE off")) << "):\n";
+  out << "  AVX state (XMM, YMM; bits 1-2):              " << (f.os_avx ? "enabled" : "not enabled") << "\n";
+  out << "  AVX-512 state (opmask, ZMM; bits 5-7):       " << (f.os_avx512 ? "enabled" : "not enabled") << "\n";
+  out << "  AMX state (XTILECFG, XTILEDATA; bits 17-18): " << (f.os_amx ? "enabled" : "not enabled") << "\n";
+  out << "  AMX tile data for this process (Linux arch_prctl): ";
+  if (!before.kernel_supports) {
+    out << "the kernel does not offer it (ARCH_GET_XCOMP_SUPP)\n";
+  } else {
+    out << (before.permitted ? "already permitted" : "not permitted until requested");
+    if (try_amx)
+      out << "; ARCH_REQ_XCOMP_PERM(XTILEDATA = 18) "
+          << (request.ok ? "granted" : std::string("refused: ") + std::strerror(request.error));
+    out << "\n";
+  }
+
+  out << "\nattn kernels:\n";
+  out << "  best level for this CPU and OS: " << cpu::isa_name(best) << "   (levels: sse2 < avx2 < avx512)\n";
+  out << "  level in use:                   " << cpu::isa_name(active);
+  if (isa_env) out << "   (ATTN_ISA=" << isa_env << "; it can only lower the level, and an unknown value is ignored)\n";
+  else out << "   (set ATTN_ISA=sse2|avx2|avx512 to force a lower level; scalar = sse2)\n";
+  out << "  threads per call:               " << threads
+      << "   (ATTN_NUM_THREADS=" << env_or("ATTN_NUM_THREADS", "unset") << ", OpenMP default " << omp_get_max_threads()
+      << ", " << online << " CPUs online; Params::threads or "
+      << "--threads overrides)\n";
+  return Status::Ok();
+}
+
+}  // namespace
+
+void add_info_command(CLI::App& app, std::ostream& out) {
+  auto args = std::make_shared<InfoArgs>();
+  CLI::App* sub =
+      app.add_subcommand("info",
+                         "What the CPU has (CPUID), what the OS allows (XCR0, AMX permission), the kernel level attn "
+                         "chose and its thread count");
+  sub->add_flag("--json", args->json, "Print one JSON object instead of text");
+  on_run(sub, [args, &out] { return info(*args, out); });
+}
+
+}  // namespace attn::tools
