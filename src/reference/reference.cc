@@ -144,7 +144,7 @@ Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t h = 0; h < p.Hq; ++h) {
       const std::int64_t hk = h / p.group;
-      const double* P = &fwd.probs[static_cast<std::size_t>((b * p.Hq + h) * p.Sq * p.Skv)];
+      const double* P = fwd.probs.data() + (b * p.Hq + h) * p.Sq * p.Skv;  // (no element to reference when empty)
       const std::size_t kv_head = static_cast<std::size_t>((b * p.Hkv + hk) * p.Skv);
       for (std::int64_t i = 0; i < p.Sq; ++i) {
         // dP_ij = dO_i · V_j, and D_i = Σ_j P_ij dP_ij (= dO_i · O_i)
