@@ -17,17 +17,6 @@
 namespace attn::npy {
 namespace {
 
-std::size_t item_size(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::boolean: return 1;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-  }
-  return 0;
-}
 
 // Assembles a .npy file from a literal header (used as-is: no padding added), a version and data.
 std::string raw_npy(std::string_view header, std::string_view data = {}, int major = 1,
@@ -55,7 +44,7 @@ Status parse_string(const std::string& file, Array* out, const std::string& what
 
 // Deterministic bytes for `n` elements of `dtype`.
 std::vector<unsigned char> sample_data(DType dtype, std::int64_t n) {
-  std::vector<unsigned char> data(static_cast<std::size_t>(n) * item_size(dtype));
+  std::vector<unsigned char> data(static_cast<std::size_t>(n) * dtype_size(dtype));
   for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 37 + 11);
   if (dtype == DType::boolean) {
     for (std::size_t i = 0; i < data.size(); ++i) data[i] = (i % 3) != 0;
@@ -514,7 +503,7 @@ void check_parse_survives(const std::string& file, int* accepted) {
     ++*accepted;
     ASSERT_LE(a.shape.size(), static_cast<std::size_t>(kMaxRank));
     for (std::int64_t d : a.shape) ASSERT_GE(d, 0);
-    ASSERT_EQ(static_cast<std::uint64_t>(a.numel()) * item_size(a.dtype), a.data.size());
+    ASSERT_EQ(static_cast<std::uint64_t>(a.numel()) * dtype_size(a.dtype), a.data.size());
     ASSERT_LE(a.data.size(), file.size());
   } else {
     ASSERT_EQ(s.message().rfind("--fuzz: ", 0), 0u) << s.message();

@@ -39,19 +39,6 @@ constexpr char kSupported[] =
 // No single dimension may reach this; keeps every intermediate product comfortably in range.
 constexpr std::int64_t kMaxDim = std::int64_t{1} << 62;
 
-// Bytes per element. Local so this tool does not depend on the library's implementation.
-std::size_t item_size(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::boolean: return 1;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-  }
-  return 0;
-}
-
 Status fail(const std::string& what, const std::string& problem, const std::string& expected) {
   return Status::Invalid(what, problem + "; expected " + expected);
 }
@@ -377,7 +364,7 @@ Status check_writable(const std::string& what, DType dtype, const std::vector<st
                   "non-negative dimensions below 2^62");
     }
   }
-  if (!data_bytes(shape, item_size(dtype), nbytes)) {
+  if (!data_bytes(shape, dtype_size(dtype), nbytes)) {
     return fail(what, "shape " + shape_text(shape) + " is too large to address",
                 "a total size that fits in 64 bits");
   }
@@ -470,7 +457,7 @@ Status parse(const void* bytes, std::size_t size, const std::string& what, Array
   if (!decode_descr(header.descr, &dtype, &swap)) {
     return fail(what, "unsupported dtype " + quoted(header.descr), kSupported);
   }
-  const std::size_t itemsize = item_size(dtype);
+  const std::size_t itemsize = dtype_size(dtype);
 
   // Data size: compute without overflow, then require an exact match with the bytes present.
   std::uint64_t nbytes = 0;
