@@ -9,12 +9,10 @@ by pointer and strides, never copied, and results come back as the kind of array
 
 from ._attn import __version__
 from .functional import merge_attention, scaled_dot_product_attention
+from .modules import (KVCache, MultiHeadAttention, PagedKVCache, attention_cost, attention_paged, kv_cache_bytes,
+                      parameter_count)
 
-__all__ = ["__version__", "merge_attention", "scaled_dot_product_attention"]
+__all__ = ["__version__", "merge_attention", "scaled_dot_product_attention", "attention_paged", "MultiHeadAttention",
+           "KVCache", "PagedKVCache", "attention_cost", "parameter_count", "kv_cache_bytes"]
 
 # Tensors that require grad go through attn's backward (functional._autograd_function).
-# Where the rest goes as it lands in the C++ library (one module each, re-exported here):
-#   attn.MultiHeadAttention            the multi-head module (projections + SDPA)     -> modules.py
-#   attn.KVCache, attn.decode          KV caches, paged attention and decode          -> cache.py
-#   attn.cost                          FLOP / memory calculators                      -> cost.py
-# Each one binds its C++ entry point in python/src/bindings.cc the way attention() is bound there.

@@ -9,6 +9,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
@@ -16,6 +17,9 @@
 
 #include "attn/attn.h"
 #include "attn/backward.h"
+#include "attn/cost.h"
+#include "attn/kv_cache.h"
+#include "attn/mha.h"
 
 namespace nb = nanobind;
 
@@ -170,6 +174,81 @@ void merge_attention(const In& out_a, const In& lse_a, const In& out_b, const In
   check(s);
 }
 
+void attention_paged(const In& q, const In& k_pages, const In& v_pages, const In& page_table, const In& seq_lens,
+                     const Out& out, const std::optional<Out>& lse, const std::optional<In>& mask,
+                     std::optional<double> scale, const std::string& causal, std::int64_t window_left,
+                     std::int64_t window_right, const std::string& window_align) {
+  const attn::Params p = to_params(mask, std::nullopt, scale, causal, window_left, window_right, window_align);
+  const attn::TensorView qv = to_view("q", q), kv = to_view("k_pages", k_pages), vv = to_view("v_pages", v_pages),
+                         tv = to_view("page_table", page_table), sv = to_view("seq_lens", seq_lens),
+                         ov = to_view("out", out);
+  const std::optional<attn::TensorView> lv = to_view("lse", lse);
+  attn::Status s;
+  {
+    nb::gil_scoped_release unlocked;
+    s = attn::attention_paged(qv, kv, vv, tv, sv, ov, p, lv);
+  }
+  check(s);
+}
+
+// ---- the cost model: plain numbers in, a dict out ------------------------------------------------------
+
+nb::dict attention_cost(std::int64_t seq, std::int64_t d_model, std::int64_t heads, std::int64_t kv_heads,
+                        std::int64_t head_dim, std::int64_t v_head_dim, bool causal, std::int64_t batch,
+                        std::int64_t bytes_per_element) {
+  attn::AttentionShape shape;
+  shape.seq = seq, shape.d_model = d_model, shape.heads = heads, shape.kv_heads = kv_heads;
+  shape.head_dim = head_dim, shape.v_head_dim = v_head_dim, shape.causal = causal, shape.batch = batch;
+  shape.bytes_per_element = bytes_per_element;
+  attn::AttentionCost cost;
+  check(attn::attention_cost(shape, &cost));
+  nb::list stages;
+  for (const attn::StageCost& st : cost.stages) {
+    nb::dict d;
+    d["name"] = st.name, d["flops"] = st.flops, d["seed_ops"] = st.seed_ops, d["bytes"] = st.bytes;
+    stages.append(d);
+  }
+  nb::dict r;
+  r["stages"] = stages, r["total_flops"] = cost.total_flops, r["total_seed_ops"] = cost.total_seed_ops;
+  r["total_bytes"] = cost.total_bytes, r["dominant"] = cost.dominant;
+  r["fused_attention_bytes"] = cost.fused_attention_bytes, r["crossover_seq"] = cost.crossover_seq;
+  return r;
+}
+
+std::int64_t parameter_count(std::int64_t d_model, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+                             std::int64_t v_head_dim, bool bias) {
+  attn::ParamShape shape{d_model, heads, kv_heads, head_dim, v_head_dim, bias};
+  std::int64_t n = 0;
+  check(attn::parameter_count(shape, &n));
+  return n;
+}
+
+double kv_cache_bytes(std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t seq,
+                      std::int64_t batch, const std::string& dtype) {
+  attn::KvCacheShape shape;
+  shape.layers = layers, shape.kv_heads = kv_heads, shape.head_dim = head_dim, shape.seq = seq, shape.batch = batch;
+  if (dtype == "f32") shape.dtype = attn::KvDType::f32;
+  else if (dtype == "f16") shape.dtype = attn::KvDType::f16;
+  else if (dtype == "bf16") shape.dtype = attn::KvDType::bf16;
+  else if (dtype == "fp8") shape.dtype = attn::KvDType::fp8;
+  else throw nb::value_error(("dtype: '" + dtype + "'; expected 'f32', 'f16', 'bf16' or 'fp8'").c_str());
+  double bytes = 0;
+  check(attn::kv_cache_bytes(shape, &bytes));
+  return bytes;
+}
+
+// ---- objects: the multi-head module and the caches (f32 arrays, outputs allocated by the caller) --------
+
+template <class Fn>
+void unlocked(Fn&& fn) {
+  attn::Status s;
+  {
+    nb::gil_scoped_release released;
+    s = fn();
+  }
+  check(s);
+}
+
 }  // namespace
 
 NB_MODULE(_attn, m) {
@@ -184,6 +263,113 @@ NB_MODULE(_attn, m) {
         nb::arg("mask").none(), nb::arg("kv_lens").none(), nb::arg("scale").none(), nb::arg("causal"),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("window_align"),
         "attn::attention_backward: writes grad_q, grad_k and grad_v in place.");
+  m.def("attention_paged", &attention_paged, nb::arg("q"), nb::arg("k_pages"), nb::arg("v_pages"),
+        nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("out"), nb::arg("lse").none(), nb::arg("mask").none(),
+        nb::arg("scale").none(), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
+        nb::arg("window_align"), "attn::attention_paged: writes out (and lse) in place.");
+  m.def("attention_cost", &attention_cost, nb::arg("seq"), nb::arg("d_model"), nb::arg("heads"), nb::arg("kv_heads"),
+        nb::arg("head_dim"), nb::arg("v_head_dim"), nb::arg("causal"), nb::arg("batch"), nb::arg("bytes_per_element"));
+  m.def("parameter_count", &parameter_count, nb::arg("d_model"), nb::arg("heads"), nb::arg("kv_heads"),
+        nb::arg("head_dim"), nb::arg("v_head_dim"), nb::arg("bias"));
+  m.def("kv_cache_bytes", &kv_cache_bytes, nb::arg("layers"), nb::arg("kv_heads"), nb::arg("head_dim"),
+        nb::arg("seq"), nb::arg("batch"), nb::arg("dtype"));
+
+  nb::class_<attn::MultiHeadAttention>(m, "MultiHeadAttention")
+      .def("__init__",
+           [](attn::MultiHeadAttention* self, std::int64_t d_model, std::int64_t heads, std::int64_t kv_heads,
+              std::int64_t head_dim, std::int64_t v_head_dim, bool bias) {
+             new (self) attn::MultiHeadAttention();
+             check(attn::MultiHeadAttention::create({d_model, heads, kv_heads, head_dim, v_head_dim, bias}, self));
+           },
+           nb::arg("d_model"), nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("v_head_dim"),
+           nb::arg("bias"))
+      .def_prop_ro("config", [](const attn::MultiHeadAttention& a) {
+        const attn::MhaConfig& c = a.config();
+        return nb::make_tuple(c.d_model, c.heads, c.kv_heads, c.head_dim, c.v_head_dim, c.bias);
+      })
+      .def("parameter_count", &attn::MultiHeadAttention::parameter_count)
+      .def("init_random", &attn::MultiHeadAttention::init_random, nb::arg("seed"))
+      .def("get_weight", [](const attn::MultiHeadAttention& a, const std::string& name) {
+        const attn::MhaWeights& w = a.weights();
+        const std::vector<float>* v = name == "w_q" ? &w.w_q : name == "w_k" ? &w.w_k : name == "w_v" ? &w.w_v
+                                    : name == "w_o" ? &w.w_o : name == "b_q" ? &w.b_q : name == "b_k" ? &w.b_k
+                                    : name == "b_v" ? &w.b_v : name == "b_o" ? &w.b_o : nullptr;
+        if (!v) throw nb::value_error(("name: '" + name + "'; expected w_q, w_k, w_v, w_o, b_q, b_k, b_v or b_o").c_str());
+        return *v;
+      })
+      .def("set_weight", [](attn::MultiHeadAttention& a, const std::string& name, const std::vector<float>& values) {
+        attn::MhaWeights& w = a.weights();
+        std::vector<float>* v = name == "w_q" ? &w.w_q : name == "w_k" ? &w.w_k : name == "w_v" ? &w.w_v
+                              : name == "w_o" ? &w.w_o : name == "b_q" ? &w.b_q : name == "b_k" ? &w.b_k
+                              : name == "b_v" ? &w.b_v : name == "b_o" ? &w.b_o : nullptr;
+        if (!v) throw nb::value_error(("name: '" + name + "'; expected w_q, w_k, w_v, w_o, b_q, b_k, b_v or b_o").c_str());
+        if (values.size() != v->size())
+          throw nb::value_error((name + ": " + std::to_string(values.size()) + " values; expected " +
+                                 std::to_string(v->size())).c_str());
+        *v = values;
+      })
+      .def("forward", [](const attn::MultiHeadAttention& a, const In& x, const In& x_kv, const Out& out,
+                         const std::optional<In>& mask, const std::optional<In>& kv_lens, const std::string& causal,
+                         bool cross) {
+        const attn::Params p = to_params(mask, kv_lens, std::nullopt, causal, -1, -1, "bottom_right");
+        const attn::TensorView xv = to_view("x", x), kvv = to_view("x_kv", x_kv), ov = to_view("out", out);
+        unlocked([&] { return cross ? a.forward_cross(xv, kvv, ov, p) : a.forward(xv, ov, p); });
+      })
+      .def("forward_cached", [](const attn::MultiHeadAttention& a, const In& x, attn::KVCache& cache, const Out& out) {
+        const attn::TensorView xv = to_view("x", x), ov = to_view("out", out);
+        unlocked([&] { return a.forward_cached(xv, cache, ov); });
+      });
+
+  nb::class_<attn::KVCache>(m, "KVCache")
+      .def("__init__",
+           [](attn::KVCache* self, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
+              std::int64_t capacity) {
+             new (self) attn::KVCache();
+             check(attn::KVCache::create(kv_heads, head_dim, v_head_dim, capacity, self));
+           },
+           nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("v_head_dim"), nb::arg("capacity"))
+      .def_prop_ro("length", &attn::KVCache::length)
+      .def_prop_ro("capacity", &attn::KVCache::capacity)
+      .def("append", [](attn::KVCache& c, const In& k, const In& v) {
+        const attn::TensorView kv = to_view("k", k), vv = to_view("v", v);
+        unlocked([&] { return c.append(kv, vv); });
+      })
+      .def("attend", [](const attn::KVCache& c, const In& q, const Out& out, const std::optional<Out>& lse) {
+        const attn::TensorView qv = to_view("q", q), ov = to_view("out", out);
+        const std::optional<attn::TensorView> lv = to_view("lse", lse);
+        unlocked([&] { return c.attend(qv, ov, attn::decode_params(), lv); });
+      })
+      .def("truncate", [](attn::KVCache& c, std::int64_t length) { check(c.truncate(length)); })
+      .def("clear", &attn::KVCache::clear);
+
+  nb::class_<attn::PagedKVCache>(m, "PagedKVCache")
+      .def("__init__",
+           [](attn::PagedKVCache* self, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
+              std::int64_t page_size, std::int64_t num_pages) {
+             new (self) attn::PagedKVCache();
+             check(attn::PagedKVCache::create(kv_heads, head_dim, v_head_dim, page_size, num_pages, self));
+           },
+           nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("v_head_dim"), nb::arg("page_size"), nb::arg("num_pages"))
+      .def_prop_ro("free_pages", &attn::PagedKVCache::free_pages)
+      .def_prop_ro("num_pages", &attn::PagedKVCache::num_pages)
+      .def("add_sequence", &attn::PagedKVCache::add_sequence)
+      .def("remove_sequence", [](attn::PagedKVCache& c, std::int64_t id) { check(c.remove_sequence(id)); })
+      .def("length", [](const attn::PagedKVCache& c, std::int64_t id) {
+        std::int64_t n = 0;
+        check(c.length(id, &n));
+        return n;
+      })
+      .def("append", [](attn::PagedKVCache& c, std::int64_t id, const In& k, const In& v) {
+        const attn::TensorView kv = to_view("k", k), vv = to_view("v", v);
+        unlocked([&] { return c.append(id, kv, vv); });
+      })
+      .def("attend", [](const attn::PagedKVCache& c, const std::vector<std::int64_t>& ids, const In& q, const Out& out,
+                        const std::optional<Out>& lse) {
+        const attn::TensorView qv = to_view("q", q), ov = to_view("out", out);
+        const std::optional<attn::TensorView> lv = to_view("lse", lse);
+        unlocked([&] { return c.attend(ids, qv, ov, attn::decode_params(), lv); });
+      });
+
   m.def("merge_attention", &merge_attention, nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"), nb::arg("lse_b"),
         nb::arg("out"), nb::arg("lse"), "attn::merge_attention: writes out and lse in place.");
 }
