@@ -75,7 +75,8 @@ int resolve_threads(int requested) {
 std::int64_t flash_workspace_bytes(std::int64_t dk, std::int64_t dv) {
   const std::int64_t w = active_isa() == Isa::avx512 ? 16 : active_isa() == Isa::avx2 ? 8 : 4;
   const std::int64_t br = 4 * w, bc = 64;
-  return 4 * (dk * br + bc * dk + bc * dv + bc * br + dv * br + 2 * br);
+  // Q (Qᵀ or rows), K and V tiles, Sᵀ, O (Oᵀ or rows), m, l, α per lane, and the tile's row pointers.
+  return 4 * (dk * br + bc * dk + bc * dv + bc * br + dv * br + 3 * br) + 2 * bc * 8;
 }
 
 }  // namespace attn::cpu
