@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_support.h"
 #include "commands.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
@@ -15,23 +16,8 @@
 namespace attn {
 namespace {
 
-struct Outcome {
-  int code = -1;
-  std::string out, err;
-};
-
-Outcome cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "attn");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::ostringstream out, err;
-  Outcome r;
-  r.code = tools::main(static_cast<int>(args.size()), argv.data(), out, err);
-  r.out = out.str();
-  r.err = err.str();
-  return r;
-}
+using test::cli;
+using test::Outcome;
 
 std::vector<std::string> lines(const std::string& text) {
   std::vector<std::string> result;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attn/attn.h"
+#include "cli_support.h"
 #include "commands.h"
 #include "core/convert.h"
 #include "npy.h"
@@ -28,10 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Outcome {
-  int code = -1;
-  std::string out, err;
-};
+using test::Outcome;
 
 struct Dims {
   std::int64_t B = 2, Hq = 4, Hkv = 2, Sq = 5, Skv = 7, Dk = 8, Dv = 6;
@@ -45,35 +43,9 @@ std::vector<float> random_floats(std::size_t n, unsigned seed) {
   return x;
 }
 
-class CliTest : public ::testing::Test {
+class CliTest : public test::ScratchDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("attn_cli_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  // Runs `attn <args...>` in-process.
-  static Outcome cli(std::vector<std::string> args) {
-    args.insert(args.begin(), "attn");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::ostringstream out, err;
-    Outcome r;
-    r.code = tools::main(static_cast<int>(args.size()), argv.data(), out, err);
-    r.out = out.str();
-    r.err = err.str();
-    return r;
-  }
+  static Outcome cli(std::vector<std::string> args) { return test::cli(std::move(args)); }
 
   template <class T>
   void save(const std::string& name, DType dtype, const std::vector<std::int64_t>& shape, const std::vector<T>& data) {
@@ -160,7 +132,6 @@ class CliTest : public ::testing::Test {
     EXPECT_FALSE(fs::exists(path("lse.npy"))) << r.err;
   }
 
-  fs::path dir_;
   Dims dims_;
   std::vector<float> q_, k_, v_;
 };

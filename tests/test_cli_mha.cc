@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attn/mha.h"
+#include "cli_support.h"
 #include "commands.h"
 #include "mha_io.h"
 #include "npy.h"
@@ -21,39 +22,9 @@ namespace attn {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Outcome {
-  int code = -1;
-  std::string out, err;
-};
-
-Outcome cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "attn");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::ostringstream out, err;
-  Outcome r;
-  r.code = tools::main(static_cast<int>(args.size()), argv.data(), out, err);
-  r.out = out.str(), r.err = err.str();
-  return r;
-}
-
-class Dir : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / ("attn_mha_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
+using test::cli;
+using test::Outcome;
+using Dir = test::ScratchDirTest;
 
 bool is_png(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
