@@ -227,16 +227,6 @@ double peak_rate(int threads, double flops_per_iter, double trial_s, int trials,
   return best;
 }
 
-// Bytes of memory the kernel says are free for new allocations (MemAvailable), 0 if unknown.
-std::int64_t available_memory_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key, unit;
-  std::int64_t value = 0;
-  while (meminfo >> key >> value >> unit)
-    if (key == "MemAvailable:") return value * 1024;
-  return 0;
-}
-
 // An anonymous mapping, with transparent huge pages asked for: first-touching a GiB in 4 KiB pages costs
 // a quarter of a million page faults (seconds on a busy machine), in 2 MiB pages a few hundred.
 class Mapping {
@@ -348,6 +338,16 @@ const Ceilings& measure_ceilings(const CeilingOptions& options) {
   auto& slot = cache[{options.threads, options.quick, options.huge_pages}];
   if (!slot) slot = std::make_unique<Ceilings>(measure(options));
   return *slot;
+}
+
+// Bytes of memory the kernel says are free for new allocations (MemAvailable), 0 if unknown.
+std::int64_t available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  std::int64_t value = 0;
+  while (meminfo >> key >> value >> unit)
+    if (key == "MemAvailable:") return value * 1024;
+  return 0;
 }
 
 }  // namespace attn::tools

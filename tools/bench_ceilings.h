@@ -35,4 +35,7 @@ struct Ceilings {
 // Measured on the first call for a given `options`, then cached for the life of the process.
 const Ceilings& measure_ceilings(const CeilingOptions& options);
 
+// Bytes of memory the kernel says are free for new allocations (MemAvailable), 0 if unknown.
+std::int64_t available_memory_bytes();
+
 }  // namespace attn::tools

@@ -106,15 +106,6 @@ std::int64_t maxrss_bytes() {
   return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;  // kilobytes on Linux
 }
 
-std::int64_t available_memory_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key, unit;
-  std::int64_t value = 0;
-  while (meminfo >> key >> value >> unit)
-    if (key == "MemAvailable:") return value * 1024;
-  return 0;
-}
-
 // ---- buffers -------------------------------------------------------------------------------------------
 
 // An input buffer, 64-byte aligned. From 2 MiB up it is its own anonymous mapping, with transparent huge
