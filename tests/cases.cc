@@ -142,6 +142,16 @@ std::vector<Case> registry() {
   add({.B = 4, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .kv_lens = true, .kv_dtype = DType::bf16,
        .page_size = 16});
   add({.B = 1, .Hq = 4, .Hkv = 4, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .layout = Layout::bshd, .page_size = 16});
+  // bf16 prefill runs on its own kernel where the CPU has AMX: every prefill-sized case above again in bf16
+  // (every head dim, mask, window, alignment, layout, key length and page size).
+  const std::size_t fp32_cases = out.size();
+  for (std::size_t i = 0; i < fp32_cases; ++i) {
+    Case c = out[i];
+    if (c.dtype != DType::f32 || c.kv_dtype != DType::f32 || c.Sq * (c.Hq / std::max<std::int64_t>(c.Hkv, 1)) < 64)
+      continue;
+    c.dtype = c.kv_dtype = DType::bf16;
+    add(c);
+  }
   return out;
 }
 

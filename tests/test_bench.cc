@@ -41,7 +41,11 @@ void expect_error(const std::vector<std::string>& args, const std::string& needl
 TEST(CpuFeatures, AgreeWithTheDispatchLevel) {
   // dispatch.cc decides with __builtin_cpu_supports; cpu_features() reads cpuid and XCR0 itself.
   const cpu::CpuFeatures& f = cpu::cpu_features();
-  const cpu::Isa expected = f.avx512_usable() ? cpu::Isa::avx512 : f.avx2_usable() ? cpu::Isa::avx2 : cpu::Isa::sse2;
+  const bool amx = f.avx512_usable() && f.avx512_bf16 && f.amx_bf16_usable() && cpu::request_amx().ok;
+  const cpu::Isa expected = amx                  ? cpu::Isa::amx
+                            : f.avx512_usable() ? cpu::Isa::avx512
+                            : f.avx2_usable()   ? cpu::Isa::avx2
+                                                : cpu::Isa::sse2;
   EXPECT_EQ(cpu::best_isa(), expected);
 #if defined(__x86_64__)
   EXPECT_TRUE(f.sse2);

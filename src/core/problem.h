@@ -49,6 +49,14 @@ struct Problem {
   Backend backend = Backend::automatic;
 };
 
+// Element offset of row j of K or V (tensor t) for batch b and KV head hk: strided, or through the page table.
+inline std::int64_t kv_row_offset(const Problem& p, const Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j) {
+  if (!p.paged) return t.offset(b, hk, j, 0);
+  const Paged& pg = *p.paged;
+  const std::int64_t page = pg.table[b * pg.table_stride[0] + (j / pg.page_size) * pg.table_stride[1]];
+  return t.offset(page, hk, j % pg.page_size, 0);
+}
+
 // Checks every argument; on success fills *problem. Writes nothing anywhere else.
 Status validate(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                 const Params& params, const std::optional<TensorView>& lse, Problem* problem);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
 
 namespace attn::cpu {
@@ -14,6 +15,7 @@ const char* isa_name(Isa isa) {
     case Isa::sse2: return "sse2";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::amx: return "amx";
   }
   return "unknown";
 }
@@ -23,8 +25,12 @@ Isa best_isa() {
   static const Isa best = [] {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma"))
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
+      // AMX also needs the tile state enabled in XCR0 and Linux's per-process grant of tile data.
+      const CpuFeatures& f = cpu_features();
+      if (f.avx512_bf16 && f.amx_bf16_usable() && request_amx().ok) return Isa::amx;
       return Isa::avx512;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
       return Isa::avx2;
     return Isa::sse2;
@@ -35,7 +41,7 @@ Isa best_isa() {
 Isa active_isa() {
   Isa isa = best_isa();
   if (const char* env = std::getenv("ATTN_ISA")) {
-    for (Isa level : {Isa::sse2, Isa::avx2, Isa::avx512})
+    for (Isa level : {Isa::sse2, Isa::avx2, Isa::avx512, Isa::amx})
       if (std::strcmp(env, isa_name(level)) == 0 && static_cast<int>(level) < static_cast<int>(isa)) isa = level;
     if (std::strcmp(env, "scalar") == 0 || std::strcmp(env, "baseline") == 0) isa = Isa::sse2;
   }
@@ -45,7 +51,15 @@ Isa active_isa() {
 Choice select_flash(const core::Problem& p) {
   Choice c;
   c.isa = active_isa();
+  // AMX pays for its packing only with enough query rows per KV head (prefill); decode-sized problems are
+  // bound by memory and stay on the AVX-512 kernels.
+  if (c.isa == Isa::amx) {
+    if (p.Sq * p.group >= 64)
+      if ((c.fn = amx::flash_kernel(p))) return c;
+    c.isa = Isa::avx512;
+  }
   switch (c.isa) {
+    case Isa::amx:
     case Isa::avx512: c.fn = avx512::flash_kernel(p.q.dtype, p.k.dtype, p.mask_kind); break;
     case Isa::avx2: c.fn = avx2::flash_kernel(p.q.dtype, p.k.dtype, p.mask_kind); break;
     case Isa::sse2: c.fn = sse2::flash_kernel(p.q.dtype, p.k.dtype, p.mask_kind); break;
@@ -55,6 +69,7 @@ Choice select_flash(const core::Problem& p) {
 
 BackwardFn select_backward(const core::Problem& p) {
   switch (active_isa()) {
+    case Isa::amx:
     case Isa::avx512: return avx512::backward_kernel(p.q.dtype, p.k.dtype, p.mask_kind);
     case Isa::avx2: return avx2::backward_kernel(p.q.dtype, p.k.dtype, p.mask_kind);
     case Isa::sse2: return sse2::backward_kernel(p.q.dtype, p.k.dtype, p.mask_kind);

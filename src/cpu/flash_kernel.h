@@ -48,11 +48,7 @@ struct Lanes {
 // Where row j of K or V for (batch b, KV head hk) starts: strided, or through the page table.
 template <class T>
 const T* kv_row(const core::Problem& p, const core::Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j) {
-  const T* base = static_cast<const T*>(t.data);
-  if (!p.paged) return base + t.offset(b, hk, j, 0);
-  const core::Paged& pg = *p.paged;
-  const std::int64_t page = pg.table[b * pg.table_stride[0] + (j / pg.page_size) * pg.table_stride[1]];
-  return base + t.offset(page, hk, j % pg.page_size, 0);
+  return static_cast<const T*>(t.data) + core::kv_row_offset(p, t, b, hk, j);
 }
 
 // Pointers to rows j0 .. j0+cols-1 of a K or V tile as fp32 with unit stride: the caller's memory when it

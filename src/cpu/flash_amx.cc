@@ -1,0 +1,414 @@
+// The flash forward on AMX tiles: bf16 Q, K and V, fp32 accumulation, for prefill-sized problems.
+//
+// Same algorithm as flash_kernel.h (tiles of keys, online softmax, nothing of size Sq x Skv), with the two
+// matrix products on the AMX unit. Rows sit the natural way round here (queries as rows), because that is
+// the layout AMX consumes:
+//   S  = Q Kᵀ   A = Q rows [16 x 32 dims], B = K in pair-interleaved ("VNNI") form [16 dim pairs x 16 keys]
+//   O += P V    A = P rows [16 x 32 keys] in bf16, B = V pair-interleaved [16 key pairs x 16 dims]
+// K and V are packed into those forms once per key tile, and each packed tile serves every query row of a
+// work item: all queries of a chunk of every query head of one GQA group.
+//
+// The softmax between the products runs on AVX-512, row by row, in base 2: a row keeps its reference max m
+// (in units of log2) and its sum l, and weights are p = 2^(s·c - m) with c = scale·log2(e). The reference max
+// is raised lazily: only when a tile holds a score above m + 8, so p <= 2^8 always and the fp32 accumulator
+// O (kept in memory between tiles, since it does not fit the eight tile registers) is rescaled only when m
+// moves, not on every tile. P is rounded to bf16 for the second product, as every bf16 flash kernel does;
+// l sums the unrounded fp32 weights.
+//
+// Built with its own compiler target (AVX-512 + BF16 + AMX); chosen by select_flash() only when the CPU has
+// AMX-BF16 and Linux has granted tile data to the process (cpu::request_amx()).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/convert.h"
+#include "core/mask.h"
+#include "core/online_softmax.h"
+#include "core/problem.h"
+#include "cpu/kernels.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
+
+namespace attn::cpu::amx {
+namespace {
+
+constexpr std::int64_t RB = 32;  // query rows per row block: two 16-row tiles
+constexpr std::int64_t BC = 256;  // keys per tile
+
+// ---- the tile registers ------------------------------------------------------------------------------
+
+// tmm0-3: accumulators (2 x 2 tiles of 16 x 16 fp32); tmm4, tmm5: A (16 rows x 32 bf16); tmm6, tmm7: B
+// (16 pair-rows x 16 columns x 2 bf16). Every tile is 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+// Loaded with an explicit ldtilecfg from memory: g++ 12's _tile_loadconfig may drop the stores that fill
+// the configuration (the issue warns of SIGILL from exactly that).
+void configure_tiles() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  __asm__ volatile("ldtilecfg %0" : : "m"(config));
+}
+
+// The tile intrinsics are asm statements that do not tell the compiler which memory they read or write;
+// this barrier keeps ordinary loads and stores of the same buffers on the right side of them.
+inline void memory_fence() { __asm__ volatile("" ::: "memory"); }
+
+// ---- packing (K and V into the B-operand forms, Q into rows) -----------------------------------------
+
+inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+// 16 x 16 transpose of 32-bit words: out[c] (row c of the result) = column c of rows r[0..15].
+inline void transpose16(const __m512i* r, __m512i* out) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {  // u[4g + c], 128-bit lane L: rows 4g..4g+3 of column 4L + c
+    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // a 4 x 4 transpose of 128-bit lanes
+    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    out[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    out[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    out[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    out[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+  }
+}
+
+// Pointers to rows j0 .. j0+BC-1 of K or V (bf16), each with dim_pad readable values: the caller's rows when
+// they have unit stride and dim = dim_pad, else copies in `stage` [BC][dim_pad] zero-padded; rows past `cols`
+// point at `zero` (dim_pad zeros).
+void tile_rows(const core::Problem& p, const core::Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j0,
+               std::int64_t cols, std::int64_t dim, std::int64_t dim_pad, std::uint16_t* stage, const std::uint16_t* zero,
+               const std::uint16_t** rows) {
+  const bool direct = t.stride[3] == 1 && dim == dim_pad;
+  for (std::int64_t c = 0; c < BC; ++c) {
+    if (c >= cols) {
+      rows[c] = zero;
+      continue;
+    }
+    const auto* src = static_cast<const std::uint16_t*>(t.data) + core::kv_row_offset(p, t, b, hk, j0 + c);
+    if (direct) {
+      rows[c] = src;
+      continue;
+    }
+    std::uint16_t* row = stage + c * dim_pad;
+    for (std::int64_t d = 0; d < dim; ++d) row[d] = src[d * t.stride[3]];
+    std::fill(row + dim, row + dim_pad, std::uint16_t{0});
+    rows[c] = row;
+  }
+}
+
+// K rows (dkp values each) -> kp[dkp/2][BC] 32-bit words: word (pair q, key j) holds K[j][2q], K[j][2q+1].
+void pack_k(const std::uint16_t* const* rows, std::int64_t dkp, std::uint16_t* kp) {
+  auto* dst = reinterpret_cast<std::uint32_t*>(kp);
+  __m512i r[16], out[16];
+  for (std::int64_t j = 0; j < BC; j += 16)
+    for (std::int64_t q = 0; q < dkp / 2; q += 16) {
+      for (int t = 0; t < 16; ++t) r[t] = _mm512_loadu_si512(rows[j + t] + 2 * q);
+      transpose16(r, out);
+      for (int t = 0; t < 16; ++t) _mm512_storeu_si512(dst + (q + t) * BC + j, out[t]);
+    }
+}
+
+// V rows (dvp values each) -> vp[BC/2][dvp][2]: row q interleaves V[2q][d] and V[2q+1][d] for every d.
+void pack_v(const std::uint16_t* const* rows, std::int64_t dvp, std::uint16_t* vp) {
+  const __m512i lo_idx = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+  const __m512i hi_idx = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+  for (std::int64_t q = 0; q < BC / 2; ++q)
+    for (std::int64_t d = 0; d < dvp; d += 32) {
+      const __m512i a = _mm512_loadu_si512(rows[2 * q] + d), b = _mm512_loadu_si512(rows[2 * q + 1] + d);
+      const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+      _mm512_storeu_si512(vp + q * 2 * dvp + 2 * d, _mm512_permutex2var_epi64(lo, lo_idx, hi));
+      _mm512_storeu_si512(vp + q * 2 * dvp + 2 * d + 32, _mm512_permutex2var_epi64(lo, hi_idx, hi));
+    }
+}
+
+// ---- the softmax between the products ----------------------------------------------------------------
+
+// 2^x for x <= 8 (and -inf): x = n + f with |f| <= 1/2, 2^f from a degree-6 polynomial fitted for relative
+// error (9.6e-8 in fp32 arithmetic), and 2^n applied by vscalefps. Below 2^-160 the result is exactly 0.
+inline __m512 exp2_fast(__m512 x) {
+  const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
+  const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(xc, n);
+  __m512 p = _mm512_set1_ps(1.534581242594868e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3399930903688073e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618489071726799e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550328642129898e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022646248340607e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471824645996e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+constexpr float kLazy = 8.0f;  // the reference max moves only for a score above m + 8 (log2 units)
+
+// Per-thread scratch. Rows of a work item: Q (bf16, padded to whole row blocks and 32 dims), the fp32
+// output accumulator, the reference max m (log2 units) and the sum l (as 16 partial sums per row).
+struct Workspace {
+  std::int64_t dkp, dvp;
+  std::vector<std::uint16_t> q, kr, kp, vr, vp, pb, zero;
+  const std::uint16_t* rows[BC];
+  std::vector<float> o, m, l, s;
+  std::vector<std::int64_t> head, row;
+  std::vector<core::KeyRange> range;
+  Workspace(std::int64_t dk, std::int64_t dv, std::int64_t max_rows)
+      : dkp(round_up(dk, 32)), dvp(round_up(dv, 32)), q(max_rows * dkp), kr(BC * dkp), kp(BC * dkp), vr(BC * dvp),
+        vp(BC * dvp), pb(RB * BC), zero(std::max(dkp, dvp)), o(max_rows * dvp), m(max_rows), l(max_rows * 16), s(RB * BC), head(max_rows),
+        row(max_rows), range(max_rows) {}
+};
+
+// A dense mask's row: s = scale·s + mask, and -inf for keys the row may not see; the weights then use c = log2 e.
+template <class DenseMask>
+void finish_row(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, core::KeyRange range,
+                std::int64_t j0, std::int64_t k0, std::int64_t k1, float* s) {
+  const auto mask = DenseMask::row(p, b, h, i);
+  for (std::int64_t c = k0; c < k1; ++c) {
+    const std::int64_t j = j0 + c;
+    s[c] = (j < range.lo || j >= range.hi) ? core::kNegInf : static_cast<float>(s[c] * p.scale + mask.bias(j));
+  }
+}
+
+// Without a dense mask the dot products stay unscaled (the scale is folded into c); keys outside the row's
+// range [lo, hi) (tile-relative, so the tile's padding past its last key is outside too) become -inf.
+inline void mask_row(std::int64_t lo, std::int64_t hi, std::int64_t k0, std::int64_t k1, float* s) {
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512 neg_inf = _mm512_set1_ps(core::kNegInf);
+  for (std::int64_t c = k0; c < k1; c += 16) {
+    if (c >= lo && c + 16 <= hi) continue;
+    const __m512i j = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(c)));
+    const __mmask16 keep = _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(std::max<std::int64_t>(lo, -1)))) &
+                           _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(std::min<std::int64_t>(hi, k1))));
+    _mm512_storeu_ps(s + c, _mm512_mask_blend_ps(keep, neg_inf, _mm512_loadu_ps(s + c)));
+  }
+}
+
+// P = 2^(S·c - m) for keys [k0, k1) (multiples of 32) of one row, into bf16; raises m (and rescales the row's
+// O and l) first when a score passes m + kLazy.
+inline void softmax_row(const float* s, std::int64_t k0, std::int64_t k1, float c, std::int64_t dvp, float* m, float* l16,
+                        float* o, std::uint16_t* p) {
+  __m512 mx = _mm512_set1_ps(core::kNegInf);
+  for (std::int64_t k = k0; k < k1; k += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + k));
+  const __m512 cv = _mm512_set1_ps(c);
+  if (_mm512_cmp_ps_mask(_mm512_mul_ps(mx, cv), _mm512_set1_ps(*m + kLazy), _CMP_GT_OQ)) {
+    const float m_new = _mm512_reduce_max_ps(mx) * c;
+    const float alpha = *m == core::kNegInf ? 0.0f : std::exp2(*m - m_new);
+    const __m512 av = _mm512_set1_ps(alpha);
+    _mm512_storeu_ps(l16, _mm512_mul_ps(_mm512_loadu_ps(l16), av));
+    for (std::int64_t d = 0; d < dvp; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), av));
+    *m = m_new;
+  }
+  if (*m == core::kNegInf) {  // nothing visible yet: weights 0
+    std::memset(p + k0, 0, static_cast<std::size_t>(k1 - k0) * 2);
+    return;
+  }
+  const __m512 off = _mm512_set1_ps(-*m);
+  __m512 sum = _mm512_setzero_ps();
+  for (std::int64_t k = k0; k < k1; k += 32) {
+    const __m512 p0 = exp2_fast(_mm512_fmadd_ps(_mm512_loadu_ps(s + k), cv, off));
+    const __m512 p1 = exp2_fast(_mm512_fmadd_ps(_mm512_loadu_ps(s + k + 16), cv, off));
+    sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+    _mm512_storeu_si512(p + k, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+  }
+  _mm512_storeu_ps(l16, _mm512_add_ps(_mm512_loadu_ps(l16), sum));
+}
+
+// ---- the two products on tiles -------------------------------------------------------------------------
+
+// S[32][k0..k1) = Q[32 rows][dkp] · Kᵀ, from packed K (kp[dkp/2][BC] words); k0, k1 multiples of 32.
+inline void scores_tiles(const std::uint16_t* q, std::int64_t dkp, const std::uint16_t* kp, std::int64_t k0,
+                         std::int64_t k1, float* s) {
+  memory_fence();
+  for (std::int64_t k = k0; k < k1; k += 32) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (std::int64_t d = 0; d < dkp; d += 32) {
+      _tile_loadd(4, q + d, dkp * 2);
+      _tile_loadd(5, q + 16 * dkp + d, dkp * 2);
+      _tile_loadd(6, kp + (d / 2) * 2 * BC + 2 * k, BC * 4);
+      _tile_loadd(7, kp + (d / 2) * 2 * BC + 2 * (k + 16), BC * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, s + k, BC * 4);
+    _tile_stored(1, s + k + 16, BC * 4);
+    _tile_stored(2, s + 16 * BC + k, BC * 4);
+    _tile_stored(3, s + 16 * BC + k + 16, BC * 4);
+  }
+  memory_fence();
+}
+
+// O[32][dvp] += P[32][k0..k1) · V, from packed V (vp[BC/2][dvp][2]).
+inline void pv_tiles(const std::uint16_t* p, const std::uint16_t* vp, std::int64_t dvp, std::int64_t k0,
+                     std::int64_t k1, float* o) {
+  memory_fence();
+  for (std::int64_t d = 0; d < dvp; d += 32) {
+    _tile_loadd(0, o + d, dvp * 4);
+    _tile_loadd(1, o + d + 16, dvp * 4);
+    _tile_loadd(2, o + 16 * dvp + d, dvp * 4);
+    _tile_loadd(3, o + 16 * dvp + d + 16, dvp * 4);
+    for (std::int64_t k = k0; k < k1; k += 32) {
+      _tile_loadd(4, p + k, BC * 2);
+      _tile_loadd(5, p + 16 * BC + k, BC * 2);
+      _tile_loadd(6, vp + (k / 2) * 2 * dvp + 2 * d, dvp * 4);
+      _tile_loadd(7, vp + (k / 2) * 2 * dvp + 2 * (d + 16), dvp * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, o + d, dvp * 4);
+    _tile_stored(1, o + d + 16, dvp * 4);
+    _tile_stored(2, o + 16 * dvp + d, dvp * 4);
+    _tile_stored(3, o + 16 * dvp + d + 16, dvp * 4);
+  }
+  memory_fence();
+}
+
+// ---- work items ----------------------------------------------------------------------------------------
+
+// Work item = (batch, KV head, chunk of `chunk` queries) with the rows of every query head of the group:
+// row r is query i0 + r % n of head h0 + r / n.
+struct Plan {
+  std::int64_t chunk = 0, chunks = 0, items = 0, max_rows = 0;
+  explicit Plan(const core::Problem& p) {
+    chunk = std::min(p.Sq, std::max<std::int64_t>(RB, 512 / p.group));
+    // Enough items for many cores, down to one row block per head. The cut depends on the shape only (a
+    // row's key tiles start where its item's visible keys start), so results are the same on any thread count.
+    constexpr std::int64_t kTargetItems = 32;
+    while (chunk > RB && p.B * p.Hkv * ((p.Sq + chunk - 1) / chunk) < kTargetItems) chunk = round_up(chunk / 2, RB);
+    chunks = (p.Sq + chunk - 1) / chunk;
+    items = p.B * p.Hkv * chunks;
+    max_rows = round_up(chunk * p.group, RB);
+  }
+};
+
+template <class DenseMask>
+void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Workspace& ws) {
+  const std::int64_t ch = item % plan.chunks, hk = (item / plan.chunks) % p.Hkv, b = item / (plan.chunks * p.Hkv);
+  const std::int64_t i0 = ch * plan.chunk, n = std::min(plan.chunk, p.Sq - i0), rows = n * p.group;
+  const std::int64_t blocks = (rows + RB - 1) / RB, dkp = ws.dkp, dvp = ws.dvp;
+
+  // Rows: their query, their key range, Q as bf16 rows; accumulators empty.
+  std::int64_t vis_lo = p.Skv, vis_hi = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    ws.head[r] = hk * p.group + r / n, ws.row[r] = i0 + r % n;
+    ws.range[r] = core::key_range(p, b, ws.row[r]);
+    if (ws.range[r].lo < ws.range[r].hi) vis_lo = std::min(vis_lo, ws.range[r].lo), vis_hi = std::max(vis_hi, ws.range[r].hi);
+    const auto* src = static_cast<const std::uint16_t*>(p.q.data) + p.q.offset(b, ws.head[r], ws.row[r], 0);
+    std::uint16_t* dst = ws.q.data() + r * dkp;
+    for (std::int64_t d = 0; d < p.Dk; ++d) dst[d] = src[d * p.q.stride[3]];
+    std::fill(dst + p.Dk, dst + dkp, std::uint16_t{0});
+  }
+  std::fill(ws.q.begin() + rows * dkp, ws.q.begin() + blocks * RB * dkp, std::uint16_t{0});
+  std::fill(ws.o.begin(), ws.o.begin() + blocks * RB * dvp, 0.0f);
+  std::fill(ws.m.begin(), ws.m.begin() + rows, core::kNegInf);
+  std::fill(ws.l.begin(), ws.l.begin() + rows * 16, 0.0f);
+
+  // Each row block's union and intersection of key ranges: tiles outside the union are skipped, and keys
+  // inside the intersection need no per-element masking.
+  struct Block { std::int64_t lo, hi, all_lo, all_hi; };
+  std::vector<Block> blk(static_cast<std::size_t>(blocks));
+  for (std::int64_t k = 0; k < blocks; ++k) {
+    Block& bl = blk[k];
+    bl = {p.Skv, 0, 0, p.Skv};
+    for (std::int64_t r = k * RB; r < std::min(rows, (k + 1) * RB); ++r) {
+      const core::KeyRange rg = ws.range[r];
+      if (rg.lo < rg.hi) bl.lo = std::min(bl.lo, rg.lo), bl.hi = std::max(bl.hi, rg.hi);
+      bl.all_lo = std::max(bl.all_lo, rg.lo), bl.all_hi = std::min(bl.all_hi, rg.hi);
+    }
+  }
+
+  const float c = static_cast<float>((DenseMask::kActive ? 1.0 : p.scale) * core::kLog2e);
+  for (std::int64_t j0 = vis_lo; j0 < vis_hi; j0 += BC) {
+    const std::int64_t cols = std::min(BC, vis_hi - j0);
+    tile_rows(p, p.k, b, hk, j0, cols, p.Dk, dkp, ws.kr.data(), ws.zero.data(), ws.rows);
+    pack_k(ws.rows, dkp, ws.kp.data());                                                        // K tile, VNNI
+    tile_rows(p, p.v, b, hk, j0, cols, p.Dv, dvp, ws.vr.data(), ws.zero.data(), ws.rows);
+    pack_v(ws.rows, dvp, ws.vp.data());                                                        // V tile, VNNI
+    for (std::int64_t k = 0; k < blocks; ++k) {
+      const Block& bl = blk[k];
+      if (bl.hi <= j0 || bl.lo >= j0 + cols) continue;                                         // hidden tile
+      // The block's keys in this tile, in whole 32-key steps: [k0, k1).
+      const std::int64_t k0 = std::max<std::int64_t>(0, bl.lo - j0) / 32 * 32;
+      const std::int64_t k1 = round_up(std::min(cols, bl.hi - j0), 32);
+      const bool all_visible = j0 + k0 >= bl.all_lo && j0 + k1 <= bl.all_hi;
+      const std::int64_t r0 = k * RB, nr = std::min(RB, rows - r0);
+      scores_tiles(ws.q.data() + r0 * dkp, dkp, ws.kp.data(), k0, k1, ws.s.data());            // S = Q Kᵀ
+      for (std::int64_t r = 0; r < nr; ++r) {                                                  // P = 2^(S·c - m)
+        float* s = ws.s.data() + r * BC;
+        const core::KeyRange rg = ws.range[r0 + r];
+        if constexpr (DenseMask::kActive) finish_row<DenseMask>(p, b, ws.head[r0 + r], ws.row[r0 + r], rg, j0, k0, k1, s);
+        else if (!all_visible) mask_row(rg.lo - j0, std::min(rg.hi, vis_hi) - j0, k0, k1, s);
+        softmax_row(s, k0, k1, c, dvp, &ws.m[r0 + r], &ws.l[(r0 + r) * 16], ws.o.data() + (r0 + r) * dvp,
+                    ws.pb.data() + r * BC);
+      }
+      for (std::int64_t r = nr; r < RB; ++r) std::memset(ws.pb.data() + r * BC + k0, 0, static_cast<std::size_t>(k1 - k0) * 2);
+      pv_tiles(ws.pb.data(), ws.vp.data(), dvp, k0, k1, ws.o.data() + r0 * dvp);              // O += P V
+    }
+  }
+
+  // O = o / l and LSE = (m + log2 l)·ln 2 per row.
+  auto* out = static_cast<core::bf16*>(const_cast<void*>(p.out.data));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float l = _mm512_reduce_add_ps(_mm512_loadu_ps(&ws.l[r * 16]));
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    core::bf16* o = out + p.out.offset(b, ws.head[r], ws.row[r], 0);
+    for (std::int64_t d = 0; d < p.Dv; ++d) o[d * p.out.stride[3]] = core::from_float<core::bf16>(ws.o[r * dvp + d] * inv);
+    if (p.lse) {
+      const float lse = l > 0.0f ? static_cast<float>((static_cast<double>(ws.m[r]) + std::log2(static_cast<double>(l))) /
+                                                      core::kLog2e)
+                                 : core::kNegInf;
+      static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(b, ws.head[r], ws.row[r], 0)] = lse;
+    }
+  }
+}
+
+template <class DenseMask>
+void amx_forward(const core::Problem& p, int threads) {
+  const Plan plan(p);
+#pragma omp parallel num_threads(threads) if (plan.items > 1)
+  {
+    configure_tiles();
+    Workspace ws(p.Dk, p.Dv, plan.max_rows);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t it = 0; it < plan.items; ++it) run_item<DenseMask>(p, plan, it, ws);
+    _tile_release();
+  }
+}
+
+}  // namespace
+
+FlashFn flash_kernel(const core::Problem& p) {
+  if (p.q.dtype != DType::bf16 || p.k.dtype != DType::bf16) return nullptr;
+  switch (p.mask_kind) {
+    case core::MaskKind::none: return &amx_forward<core::NoDenseMask>;
+    case core::MaskKind::additive: return &amx_forward<core::AdditiveMask>;
+    case core::MaskKind::keep: return &amx_forward<core::KeepMask>;
+  }
+  return nullptr;
+}
+
+}  // namespace attn::cpu::amx
+#pragma GCC pop_options
