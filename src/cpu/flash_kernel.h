@@ -141,36 +141,57 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 }
 
 // Row-major forms for blocks of few lanes (decode): with NL <= 8 lanes, vectors run along the head
-// dimension instead of across lanes, so no lane of a vector is wasted.
-// Sᵀ[c][r] = q_r · k_c for every key of the tile and lanes r < NL (q rows [BR][dk]).
-template <int NL>
-inline void scores_rows(const float* q, const float* const* k, std::int64_t dk, std::int64_t cols, float* st) {
-  for (std::int64_t c = 0; c < cols; ++c) {
-    V acc[NL];
-    for (int r = 0; r < NL; ++r) acc[r] = Vec::zero();
-    std::int64_t d = 0;
-    for (; d + W <= dk; d += W) {
-      const V kv = Vec::load(k[c] + d);
-      for (int r = 0; r < NL; ++r) acc[r] = Vec::fmadd(Vec::load(q + r * dk + d), kv, acc[r]);
+// dimension instead of across lanes, so no lane of a vector is wasted. K and V rows are read in their
+// storage type (fp32, bf16 or f16) and widened in registers: decode is bound by the bytes of K and V.
+// Sᵀ[c][r] = q_r · k_c for every key of the tile and lanes r < NL (q rows [BR][dk]). KG keys at a time
+// give KG·NL dot-product vectors, summed W at a time by one transposing add tree.
+template <int NL, class KVT>
+inline void scores_rows(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t cols, float* st) {
+  constexpr int KG = NL >= W ? 1 : W / NL, NA = KG * NL;  // NA is a multiple of W
+  const std::int64_t d_end = dk / W * W;
+  std::int64_t c = 0;
+  for (; c + KG <= cols; c += KG) {
+    V acc[NA];
+    for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
+    for (std::int64_t d = 0; d < d_end; d += W) {
+      V qv[NL];
+      for (int r = 0; r < NL; ++r) qv[r] = Vec::load(q + r * dk + d);
+      for (int g = 0; g < KG; ++g) {
+        const V kv = load_as_float(k[c + g] + d);
+        for (int r = 0; r < NL; ++r) acc[g * NL + r] = Vec::fmadd(qv[r], kv, acc[g * NL + r]);
+      }
     }
-    for (int r = 0; r < NL; ++r) {
-      float s = Vec::reduce_add(acc[r]);
-      for (std::int64_t e = d; e < dk; ++e) s += q[r * dk + e] * k[c][e];
-      st[c * BR + r] = s;
+    for (int a0 = 0; a0 < NA; a0 += W) {
+      alignas(64) float sums[W];
+      Vec::store(sums, Vec::sum_each(acc + a0));
+      for (int lane = 0; lane < W; ++lane) {
+        const int a = a0 + Vec::kSumOrder[lane], g = a / NL, r = a % NL;
+        float s = sums[lane];
+        for (std::int64_t e = d_end; e < dk; ++e) s += q[r * dk + e] * core::to_float(k[c + g][e]);
+        st[(c + g) * BR + r] = s;
+      }
     }
   }
+  for (; c < cols; ++c)  // the last keys, one by one
+    for (int r = 0; r < NL; ++r) {
+      V acc = Vec::zero();
+      for (std::int64_t d = 0; d < d_end; d += W) acc = Vec::fmadd(Vec::load(q + r * dk + d), load_as_float(k[c] + d), acc);
+      float s = Vec::reduce_add(acc);
+      for (std::int64_t e = d_end; e < dk; ++e) s += q[r * dk + e] * core::to_float(k[c][e]);
+      st[c * BR + r] = s;
+    }
 }
 
 // o_r = α_r·o_r + Σ_c Pᵀ[c][r] v_c for lanes r < NL (o rows [BR][dv]).
-template <int NL>
-inline void pv_rows(const float* pt, const float* const* vrows, std::int64_t dv, std::int64_t cols,
-                    const float* alpha, float* o) {
+template <int NL, class KVT>
+inline void pv_rows(const float* pt, const KVT* const* vrows, std::int64_t dv, std::int64_t cols, const float* alpha,
+                    float* o) {
   std::int64_t d = 0;
   for (; d + W <= dv; d += W) {
     V acc[NL];
     for (int r = 0; r < NL; ++r) acc[r] = Vec::mul(Vec::load(o + r * dv + d), Vec::set1(alpha[r]));
     for (std::int64_t c = 0; c < cols; ++c) {
-      const V vv = Vec::load(vrows[c] + d);
+      const V vv = load_as_float(vrows[c] + d);
       for (int r = 0; r < NL; ++r) acc[r] = Vec::fmadd(Vec::set1(pt[c * BR + r]), vv, acc[r]);
     }
     for (int r = 0; r < NL; ++r) Vec::store(o + r * dv + d, acc[r]);
@@ -178,7 +199,7 @@ inline void pv_rows(const float* pt, const float* const* vrows, std::int64_t dv,
   for (; d < dv; ++d)
     for (int r = 0; r < NL; ++r) {
       float acc = o[r * dv + d] * alpha[r];
-      for (std::int64_t c = 0; c < cols; ++c) acc += pt[c * BR + r] * vrows[c][d];
+      for (std::int64_t c = 0; c < cols; ++c) acc += pt[c * BR + r] * core::to_float(vrows[c][d]);
       o[r * dv + d] = acc;
     }
 }
@@ -276,6 +297,19 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
   for (std::int64_t j0 = visible_lo; j0 < visible_hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, visible_hi - j0);
     const bool interior = j0 >= shared_lo && j0 + cols <= shared_hi;
+    if constexpr (NL > 0 && !std::is_same_v<KVT, float>) {
+      if (p.k.stride[3] == 1 && p.v.stride[3] == 1) {  // decode on bf16/f16 rows as they are stored
+        const KVT* krows[BC];
+        const KVT* vrows[BC];
+        for (std::int64_t c = 0; c < cols; ++c)
+          krows[c] = kv_row<KVT>(p, p.k, lanes.b, lanes.hk, j0 + c), vrows[c] = kv_row<KVT>(p, p.v, lanes.b, lanes.hk, j0 + c);
+        scores_rows<NL>(ws.q.data(), krows, dk, cols, ws.st.data());                      // Sᵀ = K Qᵀ
+        finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());         // Sᵀ = scale·Sᵀ + mask
+        softmax_step<QV>(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.alpha.data());  // Pᵀ = e^(Sᵀ - m); m, l
+        pv_rows<NL>(ws.st.data(), vrows, dv, cols, ws.alpha.data(), ws.o.data());         // O = α·O + P V
+        continue;
+      }
+    }
     tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);      // K tile
     tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);      // V tile
     if constexpr (NL == 0) {

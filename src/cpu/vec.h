@@ -31,6 +31,18 @@ struct Vec {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
   }
   static T load_f16(const std::uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+  // The sums of W vectors at once (a transposing add tree, W - 1 adds): lane p of the result is the sum of
+  // all lanes of v[kSumOrder[p]]. v is overwritten.
+  static constexpr int kSumOrder[W] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+  static T sum_each(T* v) {
+    for (int i = 0; i < 8; ++i)
+      v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xEE));
+    for (int i = 0; i < 4; ++i)
+      v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 4], 0x88), _mm512_shuffle_f32x4(v[i], v[i + 4], 0xDD));
+    for (int i = 0; i < 2; ++i)
+      v[i] = _mm512_add_ps(_mm512_shuffle_ps(v[i], v[i + 2], 0x44), _mm512_shuffle_ps(v[i], v[i + 2], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xDD));
+  }
 };
 
 #elif defined(ATTN_VEC_AVX2)
@@ -61,6 +73,14 @@ struct Vec {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
   }
   static T load_f16(const std::uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+  static constexpr int kSumOrder[W] = {0, 2, 1, 3, 4, 6, 5, 7};
+  static T sum_each(T* v) {
+    for (int i = 0; i < 4; ++i)
+      v[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[i], v[i + 4], 0x20), _mm256_permute2f128_ps(v[i], v[i + 4], 0x31));
+    for (int i = 0; i < 2; ++i)
+      v[i] = _mm256_add_ps(_mm256_shuffle_ps(v[i], v[i + 2], 0x44), _mm256_shuffle_ps(v[i], v[i + 2], 0xEE));
+    return _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], 0x88), _mm256_shuffle_ps(v[0], v[1], 0xDD));
+  }
 };
 
 #elif defined(ATTN_VEC_SSE2)
@@ -99,11 +119,25 @@ struct Vec {
     for (int i = 0; i < 4; ++i) f[i] = core::to_float(core::f16{p[i]});
     return _mm_load_ps(f);
   }
+  static constexpr int kSumOrder[W] = {0, 2, 1, 3};
+  static T sum_each(T* v) {
+    for (int i = 0; i < 2; ++i)
+      v[i] = _mm_add_ps(_mm_shuffle_ps(v[i], v[i + 2], 0x44), _mm_shuffle_ps(v[i], v[i + 2], 0xEE));
+    return _mm_add_ps(_mm_shuffle_ps(v[0], v[1], 0x88), _mm_shuffle_ps(v[0], v[1], 0xDD));
+  }
 };
 
 #else
 #error "define one of ATTN_VEC_AVX512, ATTN_VEC_AVX2, ATTN_VEC_SSE2"
 #endif
+
+// W storage values (fp32, bf16 or f16) as one vector of fp32.
+template <class T>
+inline Vec::T load_as_float(const T* p) {
+  if constexpr (std::is_same_v<T, core::bf16>) return Vec::load_bf16(reinterpret_cast<const std::uint16_t*>(p));
+  else if constexpr (std::is_same_v<T, core::f16>) return Vec::load_f16(reinterpret_cast<const std::uint16_t*>(p));
+  else return Vec::load(p);
+}
 
 // 2^x for every lane, written once over the wrapper: x = n + f with n = round(x), |f| <= 1/2, and
 // 2^f from its degree-7 Taylor polynomial (relative error below 1e-8, under fp32 rounding).
