@@ -148,13 +148,12 @@ inline __m512 exp2_fast(__m512 x) {
   const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
   const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(xc, n);
-  __m512 p = _mm512_set1_ps(1.534581242594868e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3399930903688073e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618489071726799e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550328642129898e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022646248340607e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471824645996e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(1.3276472454890609e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.675541892647743e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550713092088699e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022120237350464e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931469440460205e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
   return _mm512_scalef_ps(p, n);
 }
 
