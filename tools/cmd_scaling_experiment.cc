@@ -38,8 +38,8 @@ namespace attn::tools {
 namespace {
 
 struct ExperimentArgs {
-  int seeds = 3, steps = 600, dk = 64, seq = 16, vocab = 32, batch = 32, eval_batches = 16, window = 10;
-  double lr = 3e-3, threshold = 0.2;
+  int seeds = 5, steps = 600, dk = 64, seq = 16, vocab = 32, batch = 32, eval_batches = 16, window = 10;
+  double lr = 3e-3, threshold = 0.2, init_gain = 1.0;
   std::string png = "scaling.png";
   bool json = false;
 };
@@ -95,7 +95,7 @@ Status make_model(const ExperimentArgs& a, std::uint64_t seed, Model* m) {
   m->d = a.dk, m->V = a.vocab;
   if (Status s = MultiHeadAttention::create({a.dk, 1, 1, a.dk, a.dk, false}, &m->mha); !s) return s;
   std::mt19937_64 rng(seed);
-  const double w_std = 1.0 / std::sqrt(double(a.dk));
+  const double w_std = a.init_gain / std::sqrt(double(a.dk));
   m->e_key.init_normal(sz(a.vocab * a.dk), 1.0, rng);
   m->e_val.init_normal(sz(a.vocab * a.dk), 1.0, rng);
   for (Param* p : {&m->mq, &m->mk, &m->mv, &m->mo}) p->init_normal(sz(a.dk * a.dk), w_std, rng);
@@ -139,7 +139,7 @@ Status step(Model& m, const Batch& b, int B, int S, double scale, bool train, St
       const double p = std::exp(scale * dot - saved.lse[sz(i)]);
       if (p > 0) h -= p * std::log(p);
     }
-    r->entropy += h / B;
+    r->entropy += std::max(h, 0.0) / B;  // (p may round a hair above 1)
   }
   // Readout and cross-entropy.
   std::vector<float> dlogits(sz(B * V));
@@ -258,6 +258,8 @@ Status check(const ExperimentArgs& a) {
     return Status::Invalid("--vocab", std::to_string(a.vocab) + "; expected at least --seq = " + std::to_string(a.seq) +
                                           " (the keys of a sequence are distinct)");
   if (!(a.lr > 0) || !std::isfinite(a.lr)) return Status::Invalid("--lr", fixed(a.lr, 6) + "; expected a number > 0");
+  if (!(a.init_gain > 0) || !std::isfinite(a.init_gain))
+    return Status::Invalid("--init-gain", fixed(a.init_gain, 6) + "; expected a number > 0");
   if (!(a.threshold > 0) || !std::isfinite(a.threshold))
     return Status::Invalid("--threshold", fixed(a.threshold, 6) + "; expected a loss > 0 (nats)");
   return Status::Ok();
@@ -293,7 +295,7 @@ Status experiment(const ExperimentArgs& a, std::ostream& out) {
     o.add("task", "associative recall").add("seq", std::int64_t{a.seq}).add("vocab", std::int64_t{a.vocab});
     o.add("dk", std::int64_t{a.dk}).add("batch", std::int64_t{a.batch}).add("steps", std::int64_t{a.steps});
     o.add("lr", a.lr).add("threshold", a.threshold).add("window", std::int64_t{a.window}).add("seconds", seconds);
-    o.add("init", "embeddings N(0,1); W_Q, W_K, W_V, W_O, W_r N(0,1/d_model)");
+    o.add("init", "embeddings N(0,1); W_Q, W_K, W_V, W_O, W_r N(0,gain^2/d_model)").add("init_gain", a.init_gain);
     for (int arm = 0; arm < 2; ++arm) {
       std::vector<std::int64_t> reached;
       std::vector<double> acc, loss, e0, e10, e50, efinal, g0;
@@ -315,8 +317,11 @@ Status experiment(const ExperimentArgs& a, std::ostream& out) {
     out << "associative recall: " << a.seq << " (key, value) pairs per sequence, " << a.vocab << " keys and " << a.vocab
         << " values, one head, d_model = d_k = " << a.dk << ", batch " << a.batch << ", Adam lr " << a.lr << ", "
         << a.steps << " steps, " << a.seeds << " seeds\n";
-    out << "init: embeddings N(0, 1), W_Q W_K W_V W_O W_r N(0, 1/d_model): q and k components of variance ~1, so q.k has "
-           "variance ~d_k = " << a.dk << " (std " << fixed(std::sqrt(double(a.dk)), 1) << ")\n";
+    const double g2 = a.init_gain * a.init_gain;
+    out << "init: embeddings N(0, 1), W_Q W_K W_V W_O W_r N(0, " << (a.init_gain == 1.0 ? "1" : fixed(g2, 3))
+        << "/d_model): q and k components of variance ~" << fixed(g2, 3) << ", so q.k has variance ~"
+        << (a.init_gain == 1.0 ? "" : fixed(g2 * g2, 3) + " x ") << "d_k = " << fixed(g2 * g2 * a.dk, 1) << " (std "
+        << fixed(g2 * std::sqrt(double(a.dk)), 2) << ")\n";
     out << "threshold: training loss, mean of the last " << a.window << " steps, <= " << a.threshold
         << " nats (chance: ln " << a.vocab << " = " << fixed(std::log(double(a.vocab)), 2)
         << "); entropy: the query's attention row, nats (uniform: ln " << a.seq << " = "
@@ -347,7 +352,7 @@ Status experiment(const ExperimentArgs& a, std::ostream& out) {
 
   if (!a.png.empty()) {
     plot::LinePlot p;
-    p.title = "associative recall, d_k = " + std::to_string(a.dk) + ": training loss (mean of " + std::to_string(a.window) +
+    p.title = "associative recall (d_k = " + std::to_string(a.dk) + "): training loss (mean of " + std::to_string(a.window) +
               " steps)";
     p.x_label = "step";
     p.y_label = "cross-entropy (nats)";
@@ -360,7 +365,7 @@ Status experiment(const ExperimentArgs& a, std::ostream& out) {
         for (std::size_t i = 0; i < y.size(); ++i) mean[i] += y[i] / a.seeds;
         if (a.seeds > 1) p.series.push_back({"", x, y, arm, 1});
       }
-      p.series.push_back({std::string("scale ") + names[arm] + (a.seeds > 1 ? ", mean of seeds" : ""), x, mean, arm, 3});
+      p.series.push_back({std::string("scale ") + names[arm] + (a.seeds > 1 ? " (mean of " + std::to_string(a.seeds) + " seeds)" : ""), x, mean, arm, 3});
     }
     p.series.push_back({"threshold", {1.0, double(a.steps)}, {a.threshold, a.threshold}, 2, 1});
     if (Status s = plot::write_line_plot(a.png, p); !s) return Status::Invalid("--png", s.message());
@@ -385,6 +390,9 @@ void add_scaling_experiment_command(CLI::App& app, std::ostream& out) {
   sub->add_option("--vocab", a->vocab, "Distinct keys (and values); at least --seq")->capture_default_str();
   sub->add_option("--batch", a->batch, "Sequences per step")->capture_default_str();
   sub->add_option("--lr", a->lr, "Adam learning rate")->capture_default_str();
+  sub->add_option("--init-gain", a->init_gain,
+                  "Projections start N(0, gain^2/d_model): q.k variance ~gain^4 d_k (0.577 ~ PyTorch's nn.Linear default)")
+      ->capture_default_str();
   sub->add_option("--threshold", a->threshold, "Loss (nats) the trailing 10-step mean must reach")->capture_default_str();
   sub->add_option("--png", a->png, "Loss curves of both arms; empty = none")->capture_default_str();
   sub->add_flag("--json", a->json, "One JSON object instead of the table");
