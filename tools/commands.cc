@@ -438,6 +438,7 @@ void add_heatmap_command(CLI::App& app, std::ostream& out);   // tools/cmd_heatm
 void add_decode_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_decode_bench.cc
 void add_info_command(CLI::App& app, std::ostream& out);   // tools/cmd_info.cc
 void add_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_bench.cc
+void add_scaling_experiment_command(CLI::App& app, std::ostream& out);  // tools/cmd_scaling_experiment.cc
 
 int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"attn: scaled dot-product attention, O = softmax(scale * Q K^T + mask) V", "attn"};
@@ -454,6 +455,7 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   add_decode_bench_command(app, out);
   add_info_command(app, out);
   add_bench_command(app, out);
+  add_scaling_experiment_command(app, out);
   app.footer("Run 'attn COMMAND --help' for the options of a command.");  // after: subcommands copy it
 
   try {

@@ -232,7 +232,7 @@ Status write_line_plot(const std::string& path, const LinePlot& plot) {
   // Series, then the legend box in the top-left corner of the plot area.
   for (std::size_t n = 0; n < plot.series.size(); ++n) {
     const Series& s = plot.series[n];
-    const Rgb c = kPalette[n % std::size(kPalette)];
+    const Rgb c = kPalette[static_cast<std::size_t>(s.color >= 0 ? s.color : static_cast<int>(n)) % std::size(kPalette)];
     bool have = false;
     int lx = 0, ly = 0;
     for (std::size_t i = 0; i < s.x.size(); ++i) {
@@ -241,22 +241,27 @@ Status write_line_plot(const std::string& path, const LinePlot& plot) {
         continue;
       }
       const int x = px(s.x[i]), y = py(plot.log_y ? std::log10(s.y[i]) : s.y[i]);
-      if (have) cv.line(lx, ly, x, y, c, 2);
+      if (have) cv.line(lx, ly, x, y, c, s.thickness);
       else cv.fill(x - 1, y - 1, 3, 3, c);
       lx = x, ly = y, have = true;
     }
   }
+  std::vector<std::size_t> legend;  // the labelled series
   int legend_w = 0;
-  for (const Series& s : plot.series) legend_w = std::max(legend_w, Canvas::text_width(s.label, 2));
-  if (!plot.series.empty()) {
-    const int bx = left + 12, by = top + 10, bh = static_cast<int>(plot.series.size()) * 22 + 8;
+  for (std::size_t n = 0; n < plot.series.size(); ++n)
+    if (!plot.series[n].label.empty())
+      legend.push_back(n), legend_w = std::max(legend_w, Canvas::text_width(plot.series[n].label, 2));
+  if (!legend.empty()) {
+    const int bx = left + 12, by = top + 10, bh = static_cast<int>(legend.size()) * 22 + 8;
     cv.fill(bx, by, legend_w + 52, bh, {255, 255, 255});
     cv.line(bx, by, bx + legend_w + 52, by, kDark), cv.line(bx, by + bh, bx + legend_w + 52, by + bh, kDark);
     cv.line(bx, by, bx, by + bh, kDark), cv.line(bx + legend_w + 52, by, bx + legend_w + 52, by + bh, kDark);
-    for (std::size_t n = 0; n < plot.series.size(); ++n) {
-      const int y = by + 8 + static_cast<int>(n) * 22;
-      cv.line(bx + 8, y + 7, bx + 36, y + 7, kPalette[n % std::size(kPalette)], 3);
-      cv.text(bx + 44, y, plot.series[n].label, kBlack, 2);
+    for (std::size_t i = 0; i < legend.size(); ++i) {
+      const Series& s = plot.series[legend[i]];
+      const int y = by + 8 + static_cast<int>(i) * 22;
+      const int color = s.color >= 0 ? s.color : static_cast<int>(legend[i]);
+      cv.line(bx + 8, y + 7, bx + 36, y + 7, kPalette[static_cast<std::size_t>(color) % std::size(kPalette)], 3);
+      cv.text(bx + 44, y, s.label, kBlack, 2);
     }
   }
   return cv.write_png(path);

@@ -57,8 +57,10 @@ std::vector<double> nice_ticks(double lo, double hi, int target = 6);
 std::string tick_label(double v);
 
 struct Series {
-  std::string label;
+  std::string label;         // empty: not in the legend
   std::vector<double> x, y;  // same length; non-finite points are skipped
+  int color = -1;            // index into the palette; -1 = the series' position
+  int thickness = 2;         // line width in pixels
 };
 
 struct LinePlot {

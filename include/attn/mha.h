@@ -36,6 +36,25 @@ struct MhaWeights {
   std::vector<float> b_q, b_k, b_v, b_o;  // empty without bias
 };
 
+// What backward() needs from a training forward: the projections, the per-head attention output before
+// W_O and its log-sum-exp (all row-major f32, filled by forward / forward_cross when given a MhaSaved*).
+//   q [B, Sq, Hq·Dk]   k [B, Skv, Hkv·Dk]   v [B, Skv, Hkv·Dv]   y [B, Sq, Hq·Dv]   lse [B, Hq, Sq]
+struct MhaSaved {
+  std::int64_t batch = 0, q_len = 0, kv_len = 0;
+  bool self = false;  // from forward (x_q = x_kv = x)
+  std::vector<float> q, k, v, y, lse;
+};
+
+// Gradients of a loss L, as backward() writes them (row-major f32, sized by backward; nothing is added to
+// what the vectors held before). weights has the layout of MhaWeights (b_* empty without bias).
+//   x_q [B, Sq, d_model]: ∂L/∂x_q     x_kv [B, Skv, d_model]: ∂L/∂x_kv
+// For self-attention (saved.self) x is both inputs, so its gradient is the sum of both paths: backward writes
+// that sum into x_q and leaves x_kv empty.
+struct MhaGrads {
+  std::vector<float> x_q, x_kv;
+  MhaWeights weights;
+};
+
 class MultiHeadAttention {
  public:
   MultiHeadAttention() = default;
@@ -59,6 +78,18 @@ class MultiHeadAttention {
   // Cross-attention: queries from x_q [B, Sq, d_model], keys/values from x_kv [B, Skv, d_model].
   Status forward_cross(const TensorView& x_q, const TensorView& x_kv, const TensorView& out,
                        const Params& params = {}) const;
+  // Training forwards: as above, and also keep in *saved what backward() needs (its vectors are replaced).
+  Status forward(const TensorView& x, const TensorView& out, const Params& params, MhaSaved* saved) const;
+  Status forward_cross(const TensorView& x_q, const TensorView& x_kv, const TensorView& out, const Params& params,
+                       MhaSaved* saved) const;
+  // The backward pass of a training forward: from grad_out = ∂L/∂out [B, Sq, d_model] (f32, contiguous last
+  // dimension) the gradients of the inputs and of every weight and bias, into *grads. x_q and x_kv must be
+  // the inputs the forward saw (for self-attention pass x twice) and params the forward's params; the weights
+  // must not have changed since. The attention part is attn::attention_backward; the projections are OpenBLAS
+  // sgemm calls. Everything is checked first: on error *grads is untouched.
+  Status backward(const TensorView& x_q, const TensorView& x_kv, const MhaSaved& saved, const TensorView& grad_out,
+                  MhaGrads* grads, const Params& params = {}) const;
+
   // A decode step of one sequence: x [1, T, d_model] are the new tokens; their K/V are appended to
   // `cache` and their queries attend to the whole cache (params default to decode_params()).
   Status forward_cached(const TensorView& x, KVCache& cache, const TensorView& out,
@@ -72,6 +103,9 @@ class MultiHeadAttention {
   Status project_qkv(const TensorView& x, std::vector<float>* q, std::vector<float>* k, std::vector<float>* v) const;
 
  private:
+  Status forward_impl(const TensorView& x_q, const TensorView& x_kv, const TensorView& out, const Params& params,
+                      MhaSaved* saved) const;
+
   MhaConfig config_;
   MhaWeights weights_;
 };

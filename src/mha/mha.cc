@@ -1,10 +1,13 @@
 // MultiHeadAttention: OpenBLAS projections around attn::attention.
 #include "attn/mha.h"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 #include <string>
 
+#include "attn/backward.h"
 #include "attn/cost.h"
 #include "mha/linear.h"
 
@@ -131,11 +134,30 @@ Status MultiHeadAttention::project_qkv(const TensorView& x, std::vector<float>* 
 }
 
 Status MultiHeadAttention::forward(const TensorView& x, const TensorView& out, const Params& params) const {
-  return forward_cross(x, x, out, params);
+  return forward_impl(x, x, out, params, nullptr);
 }
 
 Status MultiHeadAttention::forward_cross(const TensorView& x_q, const TensorView& x_kv, const TensorView& out,
                                          const Params& params) const {
+  return forward_impl(x_q, x_kv, out, params, nullptr);
+}
+
+Status MultiHeadAttention::forward(const TensorView& x, const TensorView& out, const Params& params,
+                                   MhaSaved* saved) const {
+  if (!saved) return Status::Invalid("saved", "null; expected a MhaSaved to fill");
+  if (Status s = forward_impl(x, x, out, params, saved); !s) return s;
+  saved->self = true;
+  return Status::Ok();
+}
+
+Status MultiHeadAttention::forward_cross(const TensorView& x_q, const TensorView& x_kv, const TensorView& out,
+                                         const Params& params, MhaSaved* saved) const {
+  if (!saved) return Status::Invalid("saved", "null; expected a MhaSaved to fill");
+  return forward_impl(x_q, x_kv, out, params, saved);
+}
+
+Status MultiHeadAttention::forward_impl(const TensorView& x_q, const TensorView& x_kv, const TensorView& out,
+                                        const Params& params, MhaSaved* saved) const {
   if (Status s = check_weights(); !s) return s;
   const MhaConfig& c = config_;
   Seq sq, skv, so;
@@ -159,15 +181,125 @@ Status MultiHeadAttention::forward_cross(const TensorView& x_q, const TensorView
   project(x_q, sq.len, weights_.w_q, weights_.b_q, wq, &q);
   project(x_kv, skv.len, weights_.w_k, weights_.b_k, c.kv_heads * c.head_dim, &k);
   project(x_kv, skv.len, weights_.w_v, weights_.b_v, c.kv_heads * c.v_head_dim, &v);
-  std::vector<float> y(sz(B * sq.len * wo), 0.0f);
+  std::vector<float> y(sz(B * sq.len * wo), 0.0f), lse;
+  if (saved) lse.assign(sz(B * c.heads * sq.len), 0.0f);
   const Status s = attention(TensorView::bshd(q.data(), DType::f32, B, sq.len, c.heads, c.head_dim),
                              TensorView::bshd(k.data(), DType::f32, B, skv.len, c.kv_heads, c.head_dim),
                              TensorView::bshd(v.data(), DType::f32, B, skv.len, c.kv_heads, c.v_head_dim),
-                             TensorView::bshd(y.data(), DType::f32, B, sq.len, c.heads, c.v_head_dim), params);
+                             TensorView::bshd(y.data(), DType::f32, B, sq.len, c.heads, c.v_head_dim), params,
+                             saved ? std::optional<TensorView>(TensorView::contiguous(lse.data(), DType::f32, {B, c.heads, sq.len}))
+                                   : std::nullopt);
   if (!s) return s;
   for (std::int64_t b = 0; b < B; ++b)
     mha::linear(y.data() + b * sq.len * wo, sq.len, wo, wo, weights_.w_o.data(), c.d_model, or_null(weights_.b_o),
                 static_cast<float*>(out.data) + b * out.strides[0], pitch(out, c.d_model));
+  if (saved) {
+    saved->batch = B, saved->q_len = sq.len, saved->kv_len = skv.len, saved->self = false;
+    saved->q = std::move(q), saved->k = std::move(k), saved->v = std::move(v), saved->y = std::move(y);
+    saved->lse = std::move(lse);
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// The rows of a checked [B, S, width] view, packed into a contiguous [B·S, width] buffer.
+std::vector<float> packed(const TensorView& x, const Seq& seq, std::int64_t width) {
+  std::vector<float> out(sz(seq.batch * seq.len * width));
+  for (std::int64_t b = 0; b < seq.batch; ++b)
+    for (std::int64_t s = 0; s < seq.len; ++s) {
+      const float* row = row_ptr(x, b) + s * x.strides[1];
+      std::copy(row, row + width, out.begin() + (b * seq.len + s) * width);
+    }
+  return out;
+}
+
+// Column sums of a [rows, cols] row-major matrix (a bias gradient), or nothing when `want` is false.
+std::vector<float> column_sums(const std::vector<float>& m, std::int64_t rows, std::int64_t cols, bool want) {
+  if (!want) return {};
+  std::vector<double> acc(sz(cols), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < cols; ++j) acc[sz(j)] += m[sz(r * cols + j)];
+  return std::vector<float>(acc.begin(), acc.end());
+}
+
+}  // namespace
+
+Status MultiHeadAttention::backward(const TensorView& x_q, const TensorView& x_kv, const MhaSaved& saved,
+                                    const TensorView& grad_out, MhaGrads* grads, const Params& params) const {
+  if (Status s = check_weights(); !s) return s;
+  if (!grads) return Status::Invalid("grads", "null; expected a MhaGrads to write");
+  const MhaConfig& c = config_;
+  Seq sq, skv, sg;
+  if (Status s = check_rows("x_q", x_q, c.d_model, &sq); !s) return s;
+  if (Status s = check_rows("x_kv", x_kv, c.d_model, &skv); !s) return s;
+  if (Status s = check_rows("grad_out", grad_out, c.d_model, &sg); !s) return s;
+  if (skv.batch != sq.batch) return Status::Invalid("x_kv", "batch " + str(skv.batch) + "; expected " + str(sq.batch) + " (as x_q)");
+  if (sg.batch != sq.batch || sg.len != sq.len)
+    return Status::Invalid("grad_out", "shape [" + str(sg.batch) + ", " + str(sg.len) + ", d]; expected [" +
+                                           str(sq.batch) + ", " + str(sq.len) + ", " + str(c.d_model) + "] (as x_q)");
+  if (saved.self && (x_q.data != x_kv.data || sq.len != skv.len || x_q.strides != x_kv.strides))
+    return Status::Invalid("x_kv", "differs from x_q; expected the same x twice after a self-attention forward");
+  const std::int64_t B = sq.batch, Nq = B * sq.len, Nkv = B * skv.len, d = c.d_model;
+  const std::int64_t wq = c.heads * c.head_dim, wk = c.kv_heads * c.head_dim, wv = c.kv_heads * c.v_head_dim,
+                     wo = c.heads * c.v_head_dim;
+  if (saved.batch != B || saved.q_len != sq.len || saved.kv_len != skv.len)
+    return Status::Invalid("saved", "from a forward of batch " + str(saved.batch) + ", lengths " + str(saved.q_len) + "/" +
+                                        str(saved.kv_len) + "; expected batch " + str(B) + ", lengths " + str(sq.len) +
+                                        "/" + str(skv.len) + " (as x_q and x_kv)");
+  const struct {
+    const char* name;
+    const std::vector<float>* t;
+    std::int64_t n;
+  } expected[] = {{"saved.q", &saved.q, Nq * wq}, {"saved.k", &saved.k, Nkv * wk}, {"saved.v", &saved.v, Nkv * wv},
+                  {"saved.y", &saved.y, Nq * wo}, {"saved.lse", &saved.lse, Nq * c.heads}};
+  for (const auto& e : expected)
+    if (static_cast<std::int64_t>(e.t->size()) != e.n)
+      return Status::Invalid(e.name, str(static_cast<std::int64_t>(e.t->size())) + " values; expected " + str(e.n) +
+                                         " (from a training forward on these inputs)");
+
+  const std::vector<float> xq = packed(x_q, sq, d), xkv = saved.self ? std::vector<float>() : packed(x_kv, skv, d);
+  const std::vector<float>& xk = saved.self ? xq : xkv;
+  const std::vector<float> g = packed(grad_out, sg, d);
+  MhaGrads r;
+  MhaWeights& w = r.weights;
+  // out = y W_Oᵀ + b_O:  ∂y = ∂out W_O,  ∂W_O = ∂outᵀ y,  ∂b_O = Σ_rows ∂out.
+  std::vector<float> dy(sz(Nq * wo));
+  mha::gemm(false, false, Nq, wo, d, g.data(), d, weights_.w_o.data(), wo, 0.0f, dy.data(), wo);
+  w.w_o.assign(sz(d * wo), 0.0f);
+  mha::gemm(true, false, d, wo, Nq, g.data(), d, saved.y.data(), wo, 0.0f, w.w_o.data(), wo);
+  w.b_o = column_sums(g, Nq, d, c.bias);
+  // The attention itself.
+  std::vector<float> dq(sz(Nq * wq)), dk(sz(Nkv * wk)), dv(sz(Nkv * wv));
+  const Status s = attention_backward(
+      TensorView::bshd(saved.q.data(), DType::f32, B, sq.len, c.heads, c.head_dim),
+      TensorView::bshd(saved.k.data(), DType::f32, B, skv.len, c.kv_heads, c.head_dim),
+      TensorView::bshd(saved.v.data(), DType::f32, B, skv.len, c.kv_heads, c.v_head_dim),
+      TensorView::bshd(saved.y.data(), DType::f32, B, sq.len, c.heads, c.v_head_dim),
+      TensorView::contiguous(saved.lse.data(), DType::f32, {B, c.heads, sq.len}),
+      TensorView::bshd(dy.data(), DType::f32, B, sq.len, c.heads, c.v_head_dim),
+      TensorView::bshd(dq.data(), DType::f32, B, sq.len, c.heads, c.head_dim),
+      TensorView::bshd(dk.data(), DType::f32, B, skv.len, c.kv_heads, c.head_dim),
+      TensorView::bshd(dv.data(), DType::f32, B, skv.len, c.kv_heads, c.v_head_dim), params);
+  if (!s) return s;
+  // Q = x_q W_Qᵀ + b_Q (and K, V from x_kv):  ∂W_Q = ∂Qᵀ x_q,  ∂b_Q = Σ_rows ∂Q,  ∂x_q = ∂Q W_Q.
+  w.w_q.assign(sz(wq * d), 0.0f), w.w_k.assign(sz(wk * d), 0.0f), w.w_v.assign(sz(wv * d), 0.0f);
+  mha::gemm(true, false, wq, d, Nq, dq.data(), wq, xq.data(), d, 0.0f, w.w_q.data(), d);
+  mha::gemm(true, false, wk, d, Nkv, dk.data(), wk, xk.data(), d, 0.0f, w.w_k.data(), d);
+  mha::gemm(true, false, wv, d, Nkv, dv.data(), wv, xk.data(), d, 0.0f, w.w_v.data(), d);
+  w.b_q = column_sums(dq, Nq, wq, c.bias);
+  w.b_k = column_sums(dk, Nkv, wk, c.bias);
+  w.b_v = column_sums(dv, Nkv, wv, c.bias);
+  r.x_q.assign(sz(Nq * d), 0.0f);
+  mha::gemm(false, false, Nq, d, wq, dq.data(), wq, weights_.w_q.data(), d, 0.0f, r.x_q.data(), d);
+  r.x_kv.assign(sz(Nkv * d), 0.0f);
+  mha::gemm(false, false, Nkv, d, wk, dk.data(), wk, weights_.w_k.data(), d, 0.0f, r.x_kv.data(), d);
+  mha::gemm(false, false, Nkv, d, wv, dv.data(), wv, weights_.w_v.data(), d, 1.0f, r.x_kv.data(), d);
+  if (saved.self) {  // x fed both paths: its gradient is the sum
+    for (std::size_t i = 0; i < r.x_q.size(); ++i) r.x_q[i] += r.x_kv[i];
+    r.x_kv.clear();
+  }
+  *grads = std::move(r);
   return Status::Ok();
 }
 
