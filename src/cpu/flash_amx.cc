@@ -317,7 +317,8 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
     if (ws.range[r].lo < ws.range[r].hi) vis_lo = std::min(vis_lo, ws.range[r].lo), vis_hi = std::max(vis_hi, ws.range[r].hi);
     const auto* src = static_cast<const std::uint16_t*>(p.q.data) + p.q.offset(b, ws.head[r], ws.row[r], 0);
     std::uint16_t* dst = ws.q.data() + r * dkp;
-    for (std::int64_t d = 0; d < p.Dk; ++d) dst[d] = src[d * p.q.stride[3]];
+    if (p.q.stride[3] == 1) std::memcpy(dst, src, static_cast<std::size_t>(p.Dk) * 2);
+    else for (std::int64_t d = 0; d < p.Dk; ++d) dst[d] = src[d * p.q.stride[3]];
     std::fill(dst + p.Dk, dst + dkp, std::uint16_t{0});
   }
   std::fill(ws.q.begin() + rows * dkp, ws.q.begin() + blocks * RB * dkp, std::uint16_t{0});
@@ -374,7 +375,12 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
     const float l = _mm512_reduce_add_ps(_mm512_loadu_ps(&ws.l[r * 16]));
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     core::bf16* o = out + p.out.offset(b, ws.head[r], ws.row[r], 0);
-    for (std::int64_t d = 0; d < p.Dv; ++d) o[d * p.out.stride[3]] = core::from_float<core::bf16>(ws.o[r * dvp + d] * inv);
+    std::int64_t d = 0;
+    if (p.out.stride[3] == 1)  // vcvtneps2bf16 rounds to nearest even, as core::from_float does
+      for (; d + 16 <= p.Dv; d += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(&ws.o[r * dvp + d]), _mm512_set1_ps(inv))));
+    for (; d < p.Dv; ++d) o[d * p.out.stride[3]] = core::from_float<core::bf16>(ws.o[r * dvp + d] * inv);
     if (p.lse) {
       const float lse = l > 0.0f ? static_cast<float>((static_cast<double>(ws.m[r]) + std::log2(static_cast<double>(l))) /
                                                       core::kLog2e)
