@@ -292,7 +292,7 @@ inline void pv_tiles(const std::uint16_t* p, const std::uint16_t* vp, std::int64
 struct Plan {
   std::int64_t chunk = 0, chunks = 0, items = 0, max_rows = 0;
   explicit Plan(const core::Problem& p) {
-    chunk = std::min(p.Sq, std::max<std::int64_t>(RB, 512 / p.group));
+    chunk = std::min(p.Sq, std::max<std::int64_t>(RB, 1024 / p.group));
     // Enough items for many cores, down to one row block per head. The cut depends on the shape only (a
     // row's key tiles start where its item's visible keys start), so results are the same on any thread count.
     constexpr std::int64_t kTargetItems = 32;
