@@ -1,7 +1,10 @@
 // The backward kernel compiled for AVX-512 (F, BW, VL, DQ).
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/backward_problem.h"
@@ -14,6 +17,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #define ATTN_ISA_NS avx512
+#define ATTN_VEC_AVX512
 #include "cpu/backward_kernel.h"
 
 namespace attn::cpu::avx512 {
