@@ -102,48 +102,46 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t kn, const float* a
   }
 }
 
-// ---- per-thread tiles --------------------------------------------------------------------------------------
+// ---- K and V, packed once per call ---------------------------------------------------------------------
 
-// All fp32; row lengths padded to a multiple of W (Dkp, Dvp) with zeros, so every vector is whole.
-struct Workspace {
-  std::int64_t dkp, dvp;
-  std::vector<float> q;      // [BR][Dkp]  query rows (zero rows past the block)
-  std::vector<float> dout;   // [BR][Dvp]  dO rows
-  std::vector<float> kt;     // [Dk][BC]   keys transposed (zero past the tile's keys)
-  std::vector<float> vt;     // [Dv][BC]   values transposed
-  std::vector<float> k;      // [BC][Dkp]  key rows
-  std::vector<float> s;      // [BR][BC]   scores, then P
-  std::vector<float> ds;     // [BR][BC]   dP, then dS
-  std::vector<float> dk, dv;  // [BC][Dkp], [BC][Dvp]  the key block's accumulators
-  std::vector<float> l, pd;  // [BR][W]    row_statistics' per-lane sums
-  float m[BR], inv_l[BR], d[BR];  // the rows' statistics (m = 0, inv_l = 0 for rows past the block)
-  core::KeyRange range[BR];
-  Workspace(std::int64_t dk_, std::int64_t dv_)
-      : dkp(padded(dk_)), dvp(padded(dv_)), q(BR * dkp), dout(BR * dvp), kt(dk_ * BC), vt(dv_ * BC), k(BC * dkp),
-        s(BR * BC), ds(BR * BC), dk(BC * dkp), dv(BC * dvp), l(BR * W), pd(BR * W) {}
+// Every key block of every (batch, KV head) in the layouts the tile steps read, fp32 and zero-padded:
+// Kᵀ [Dk][BC] and Vᵀ [Dv][BC] (keys in lanes: S = Q Kᵀ, dP = dO Vᵀ) and K rows [BC][Dkp] (dQ += dS K), and
+// the largest key norm of the block. The same size as K and V in fp32 (x 1.5); the sweeps then convert and
+// transpose nothing per tile.
+struct PackedKV {
+  std::int64_t kblocks = 0, kt_len = 0, vt_len = 0, k_len = 0;
+  std::vector<float> kt, vt, k, knorm;
 };
 
-// Per-row values the later sweeps read, [B, Hq, Sq] each: P_ij = e^(s_ij − m_i) · inv_l_i, and D_i.
-struct RowStats {
-  std::vector<float> m, inv_l, d;
+struct KeyTile {
+  const float* kt;  // [Dk][BC]
+  const float* vt;  // [Dv][BC]
+  const float* k;   // [BC][Dkp]
+  float knorm;      // max_j ‖k_j‖
 };
 
-// ---- loading (any storage dtype -> fp32) ---------------------------------------------------------------
+inline KeyTile key_tile(const PackedKV& kv, const core::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0) {
+  const std::int64_t t = (b * p.Hkv + hk) * kv.kblocks + j0 / BC;
+  return {kv.kt.data() + t * kv.kt_len, kv.vt.data() + t * kv.vt_len, kv.k.data() + t * kv.k_len,
+          kv.knorm[static_cast<std::size_t>(t)]};
+}
 
-// Rows [s0, s0 + rows) of head h as dst[r][0..dim) with row stride ld; zero elsewhere up to `pad` rows.
+// Rows [s0, s0 + rows) of head h as dst[r][0..dim) with row stride ld, zero elsewhere up to `pad` rows;
+// returns the largest row norm.
 template <class T>
-void load_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
-               std::int64_t pad, std::int64_t dim, std::int64_t ld, float* dst) {
+float load_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
+                std::int64_t pad, std::int64_t dim, std::int64_t ld, float* dst) {
+  float norm2 = 0.0f;
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* src = static_cast<const T*>(t.data) + t.offset(b, h, s0 + r, 0);
     float* out = dst + r * ld;
-    if (std::is_same_v<T, float> && t.stride[3] == 1)
-      std::copy(reinterpret_cast<const float*>(src), reinterpret_cast<const float*>(src) + dim, out);
-    else
-      for (std::int64_t d = 0; d < dim; ++d) out[d] = core::to_float(src[d * t.stride[3]]);
+    float n2 = 0.0f;
+    for (std::int64_t d = 0; d < dim; ++d) out[d] = core::to_float(src[d * t.stride[3]]), n2 += out[d] * out[d];
     std::fill(out + dim, out + ld, 0.0f);
+    norm2 = std::max(norm2, n2);
   }
   std::fill(dst + rows * ld, dst + pad * ld, 0.0f);
+  return std::sqrt(norm2);
 }
 
 // The same rows transposed: dst[d][r], BC columns, zero past `rows`.
@@ -153,14 +151,64 @@ inline void transpose_tile(const float* src, std::int64_t rows, std::int64_t dim
     for (std::int64_t d = 0; d < dim; ++d) dst[d * BC + r] = src[r * ld + d];
 }
 
-// Keys [j0, j0 + cols) of KV head hk: K rows and Kᵀ, and Vᵀ (via ws.dv's rows, free at this point).
+// Packs key block kb of (batch b, KV head hk); vrows is scratch of [BC][Dvp].
 template <class KVT>
-void load_key_block(const core::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t cols,
-                    Workspace& ws) {
-  load_rows<KVT>(p.k, b, hk, j0, cols, BC, p.Dk, ws.dkp, ws.k.data());
-  transpose_tile(ws.k.data(), cols, p.Dk, ws.dkp, ws.kt.data());
-  load_rows<KVT>(p.v, b, hk, j0, cols, BC, p.Dv, ws.dvp, ws.dv.data());
-  transpose_tile(ws.dv.data(), cols, p.Dv, ws.dvp, ws.vt.data());
+void pack_key_block(const core::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb, float* vrows,
+                    PackedKV& kv) {
+  const std::int64_t t = (b * p.Hkv + hk) * kv.kblocks + kb, j0 = kb * BC, cols = std::min(BC, p.Skv - j0);
+  float* k = kv.k.data() + t * kv.k_len;
+  kv.knorm[static_cast<std::size_t>(t)] = load_rows<KVT>(p.k, b, hk, j0, cols, BC, p.Dk, padded(p.Dk), k);
+  transpose_tile(k, cols, p.Dk, padded(p.Dk), kv.kt.data() + t * kv.kt_len);
+  load_rows<KVT>(p.v, b, hk, j0, cols, BC, p.Dv, padded(p.Dv), vrows);
+  transpose_tile(vrows, cols, p.Dv, padded(p.Dv), kv.vt.data() + t * kv.vt_len);
+}
+
+// ---- per-thread tiles --------------------------------------------------------------------------------------
+
+// All fp32 (the fp64 scores aside); row lengths padded to a multiple of W (Dkp, Dvp) with zeros.
+struct Workspace {
+  std::int64_t dkp, dvp;
+  std::vector<float> qbuf, doutbuf;  // [BR][Dkp], [BR][Dvp]  query and dO rows, when not read in place
+  const float* q = nullptr;          // the block's query rows, row stride ldq (qbuf or the caller's memory)
+  const float* dout = nullptr;       // its dO rows, row stride ldo
+  std::int64_t ldq = 0, ldo = 0;
+  float qnorm = 0;                   // max_i ‖q_i‖ over the block
+  std::vector<float> s;       // [BR][BC]   scores, then P
+  std::vector<double> sd;     // [BR][BC]   fp64 scores (tiles with large logits)
+  std::vector<float> ds;      // [BR][BC]   dP, then dS
+  std::vector<float> dk, dv;  // [BC][Dkp], [BC][Dvp]  the key block's accumulators
+  std::vector<float> l, pd;   // [BR][W]    row_statistics' per-lane sums
+  float m[BR], inv_l[BR], d[BR];  // the rows' statistics (m = 0, inv_l = 0 for rows past the block)
+  core::KeyRange range[BR];
+  Workspace(std::int64_t dk_, std::int64_t dv_)
+      : dkp(padded(dk_)), dvp(padded(dv_)), qbuf(BR * dkp), doutbuf(BR * dvp), s(BR * BC), sd(BR * BC),
+        ds(BR * BC), dk(BC * dkp), dv(BC * dvp), l(BR * W), pd(BR * W) {}
+};
+
+// Per-row values the later sweeps read, [B, Hq, Sq] each: P_ij = e^(s_ij − m_i) · inv_l_i, and D_i.
+struct RowStats {
+  std::vector<float> m, inv_l, d;
+};
+
+// Rows [s0, s0 + rows) of head h as fp32 rows: in place when the caller's are fp32 with unit stride and
+// whole vectors, else converted into buf. Returns the largest row norm.
+template <class T>
+float block_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
+                 std::int64_t dim, std::int64_t ldp, float* buf, const float** out, std::int64_t* ld) {
+  if (std::is_same_v<T, float> && t.stride[3] == 1 && dim == ldp) {
+    const float* base = static_cast<const float*>(t.data) + t.offset(b, h, s0, 0);
+    float norm2 = 0.0f;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      V acc = Vec::zero();
+      for (std::int64_t d = 0; d < dim; d += W) acc = Vec::fmadd(Vec::load(base + r * t.stride[2] + d),
+                                                                  Vec::load(base + r * t.stride[2] + d), acc);
+      norm2 = std::max(norm2, Vec::reduce_add(acc));
+    }
+    *out = base, *ld = t.stride[2];
+    return std::sqrt(norm2);
+  }
+  *out = buf, *ld = ldp;
+  return load_rows<T>(t, b, h, s0, rows, BR, dim, ldp, buf);
 }
 
 // Query rows [i0, i0 + rows) of head h: Q, dO, each row's key range and (when stats is given) its statistics.
@@ -168,8 +216,8 @@ template <class QT>
 void load_query_block(const core::BackwardProblem& bp, const RowStats* stats, std::int64_t b, std::int64_t h,
                       std::int64_t i0, std::int64_t rows, Workspace& ws) {
   const core::Problem& p = bp.fwd;
-  load_rows<QT>(p.q, b, h, i0, rows, BR, p.Dk, ws.dkp, ws.q.data());
-  load_rows<QT>(bp.dout, b, h, i0, rows, BR, p.Dv, ws.dvp, ws.dout.data());
+  ws.qnorm = block_rows<QT>(p.q, b, h, i0, rows, p.Dk, ws.dkp, ws.qbuf.data(), &ws.q, &ws.ldq);
+  block_rows<QT>(bp.dout, b, h, i0, rows, p.Dv, ws.dvp, ws.doutbuf.data(), &ws.dout, &ws.ldo);
   for (std::int64_t r = 0; r < BR; ++r) {
     ws.m[r] = 0.0f, ws.inv_l[r] = 0.0f, ws.d[r] = 0.0f, ws.range[r] = {0, 0};
     if (r >= rows) continue;
@@ -182,47 +230,73 @@ void load_query_block(const core::BackwardProblem& bp, const RowStats* stats, st
 
 // ---- the tile steps ------------------------------------------------------------------------------------
 
-// S = Q Kᵀ (unscaled dot products)  [BR][BC]
-inline void scores(const Workspace& ws, std::int64_t rows, std::int64_t dk, float* s) {
-  gemm<false>(rows, BC, dk, ws.q.data(), ws.dkp, 1, ws.kt.data(), BC, s, BC);
+// Above this bound on |scale·q·k| over a tile, scores are formed in fp64. An fp32 dot product is as good as
+// a naive fp32 backward's (errors ~ ε·scale·‖q‖‖k‖ in the logit), but with large logits softmax rows are
+// near one-hot and the few near-tied rows decide the largest gradient error, so which of two equally
+// rounded computations wins is luck: the registry's large-logit cases (|logit| ~ 10^3 to 10^4) measured
+// 5-20x a naive backward's error with fp32 scores, within the rule with fp64 ones. Ordinary inputs (P1, P2,
+// unit-scale activations: bound ~ 4) never come near it.
+constexpr float kWideLogits = 256.0f;
+
+// S = Q Kᵀ (unscaled dot products) [BR][BC] in fp32, or in fp64 into ws.sd when the tile's logits are large.
+// Returns whether it took fp64.
+inline bool scores(const core::Problem& p, std::int64_t rows, const KeyTile& kt, Workspace& ws) {
+  if (static_cast<float>(p.scale) * ws.qnorm * kt.knorm <= kWideLogits) {
+    gemm<false>(rows, BC, p.Dk, ws.q, ws.ldq, 1, kt.kt, BC, ws.s.data(), BC);
+    return false;
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double acc[BC] = {};
+    for (std::int64_t d = 0; d < p.Dk; ++d) {
+      const double x = ws.q[r * ws.ldq + d];
+      for (std::int64_t c = 0; c < BC; ++c) acc[c] += x * kt.kt[d * BC + c];
+    }
+    std::copy(acc, acc + BC, ws.sd.data() + r * BC);
+  }
+  return true;
 }
 
 // dP = dO Vᵀ  [BR][BC]
-inline void dprobs(const Workspace& ws, std::int64_t rows, std::int64_t dv, float* dp) {
-  gemm<false>(rows, BC, dv, ws.dout.data(), ws.dvp, 1, ws.vt.data(), BC, dp, BC);
+inline void dprobs(const core::Problem& p, std::int64_t rows, const KeyTile& kt, const Workspace& ws, float* dp) {
+  gemm<false>(rows, BC, p.Dv, ws.dout, ws.ldo, 1, kt.vt, BC, dp, BC);
 }
 
-// P = e^(scale·S + mask − m) · inv_l in place over S, for the block's rows; 0 for keys a row may not see and
-// for rows past the block (inv_l = 0). Tiles every row sees whole, without a dense mask, take the vector path.
+// P = e^(scale·S + mask − m) · inv_l in ws.s, for the block's rows; 0 for keys a row may not see and for rows
+// past the block (inv_l = 0). Tiles every row sees whole, without a dense mask, take the vector path; the
+// others form each exponent key by key (in fp64 from ws.sd when `wide`).
 template <class DenseMask>
 void probabilities(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
-                   std::int64_t j0, std::int64_t cols, const Workspace& ws, float* s) {
-  bool interior = !DenseMask::kActive && cols == BC;
+                   std::int64_t j0, std::int64_t cols, bool wide, Workspace& ws) {
+  bool interior = !DenseMask::kActive && !wide && cols == BC;
   for (std::int64_t r = 0; r < rows && interior; ++r) interior = ws.range[r].lo <= j0 && j0 + BC <= ws.range[r].hi;
   const float scale_f = static_cast<float>(p.scale);
   const V log2e = Vec::set1(static_cast<float>(core::kLog2e)), scale = Vec::set1(scale_f);
   for (std::int64_t r = 0; r < rows; ++r) {
-    float* row = s + r * BC;
-    if (!interior) {  // the mask, key by key: −inf where the row may not look
+    float* row = ws.s.data() + r * BC;
+    V neg_m = Vec::set1(-ws.m[r]);
+    if (!interior) {  // the exponent key by key, −inf where the row may not look
       const auto mask = DenseMask::row(p, b, h, i0 + r);
       for (std::int64_t c = 0; c < BC; ++c) {
         const std::int64_t j = j0 + c;
         float x = core::kNegInf;
         if (c < cols && j >= ws.range[r].lo && j < ws.range[r].hi) {
-          x = row[c] * scale_f;
-          if constexpr (DenseMask::kActive) x += mask.bias(j);
+          if (wide) {
+            x = static_cast<float>(ws.sd[r * BC + c] * p.scale + mask.bias(j) - ws.m[r]);
+          } else {  // rounded as the vector path rounds: scale·s, then + mask, then − m below
+            x = row[c] * scale_f;
+            if constexpr (DenseMask::kActive) x += mask.bias(j);
+          }
         }
         row[c] = x;
       }
+      if (wide) neg_m = Vec::zero();
     }
-    // Both paths round scale·s alike, so a score's P̃ has the same bits in every sweep whichever path it took.
-    const V neg_m = Vec::set1(-ws.m[r]), inv_l = Vec::set1(ws.inv_l[r]);
+    const V inv_l = Vec::set1(ws.inv_l[r]);
     for (std::int64_t c = 0; c < BC; c += W) {
       const V t = interior ? Vec::mul(Vec::load(row + c), scale) : Vec::load(row + c);
       Vec::store(row + c, Vec::mul(exp2v(Vec::mul(Vec::add(t, neg_m), log2e)), inv_l));
     }
   }
-  std::fill(s + rows * BC, s + BR * BC, 0.0f);
 }
 
 // dS = P ∘ (dP − D), in place over dP.
@@ -235,15 +309,15 @@ inline void dscores(const float* pt, std::int64_t rows, const float* d, float* d
 }
 
 // acc[c][·] += Σ_r w[r][c] · x[r][·] over the tile's keys c and the block's rows r  (dV += Pᵀ dO, dK += dSᵀ Q)
-inline void cols_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ld,
-                            float* acc) {
-  gemm<true>(cols, ld, rows, w, 1, BC, x, ld, acc, ld);
+inline void cols_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ldx,
+                            std::int64_t n, float* acc) {
+  gemm<true>(cols, n, rows, w, 1, BC, x, ldx, acc, n);
 }
 
 // acc[r][·] += Σ_c w[r][c] · x[c][·]   (dQ += dS K)
-inline void rows_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ld,
+inline void rows_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t n,
                             float* acc) {
-  gemm<true>(rows, ld, cols, w, BC, 1, x, ld, acc, ld);
+  gemm<true>(rows, n, cols, w, BC, 1, x, n, acc, n);
 }
 
 // Per-row sums of one tile: l += Σ_c P̃, pd += Σ_c P̃ · dP, lane by lane (reduced in row_statistics).
@@ -274,10 +348,11 @@ inline core::KeyRange block_keys(const core::Problem& p, std::int64_t b, std::in
 // fp32: with large logits (|s| ~ 10^3 and more) an fp32 LSE is only good to ~10^-4, so e^(s − lse_forward)
 // does not sum to 1, and D = dO · O_forward does not match P and dP. dS = P ∘ (dP − D) turns either into
 // gradient error far above a naive fp32 backward's. Normalising by l and taking D from the same P̃ and dP the
-// next sweep recomputes (the same fp32 operations, bit for bit) keeps Σ_j dS_ij = 0 up to rounding.
-template <class QT, class KVT, class DenseMask>
-void row_statistics(const core::BackwardProblem& bp, std::int64_t b, std::int64_t h, std::int64_t i0,
-                    std::int64_t rows, Workspace& ws, RowStats& stats) {
+// next sweep recomputes (the same operations on the same tiles, bit for bit) keeps Σ_j dS_ij = 0 up to
+// rounding.
+template <class QT, class DenseMask>
+void row_statistics(const core::BackwardProblem& bp, const PackedKV& kv, std::int64_t b, std::int64_t h,
+                    std::int64_t i0, std::int64_t rows, Workspace& ws, RowStats& stats) {
   const core::Problem& p = bp.fwd;
   const auto* saved = static_cast<const float*>(p.lse->data);
   load_query_block<QT>(bp, nullptr, b, h, i0, rows, ws);
@@ -292,11 +367,11 @@ void row_statistics(const core::BackwardProblem& bp, std::int64_t b, std::int64_
   // Key tiles on the grid of BC that sweep 2 uses, so each score is formed the same way in both.
   for (std::int64_t j0 = keys.lo / BC * BC; j0 < keys.hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, p.Skv - j0);
-    load_key_block<KVT>(p, b, h / p.group, j0, cols, ws);
-    scores(ws, rows, p.Dk, ws.s.data());                                            // S = Q Kᵀ
-    probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, ws, ws.s.data());       // P̃ = e^(scale·S + mask − m)
-    dprobs(ws, rows, p.Dv, ws.ds.data());                                           // dP = dO Vᵀ
-    row_sums(ws.s.data(), ws.ds.data(), rows, ws.l.data(), ws.pd.data());           // l += Σ P̃, pd += Σ P̃ dP
+    const KeyTile kt = key_tile(kv, p, b, h / p.group, j0);
+    const bool wide = scores(p, rows, kt, ws);                                   // S = Q Kᵀ
+    probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, wide, ws);             // P̃ = e^(scale·S + mask − m)
+    dprobs(p, rows, kt, ws, ws.ds.data());                                       // dP = dO Vᵀ
+    row_sums(ws.s.data(), ws.ds.data(), rows, ws.l.data(), ws.pd.data());        // l += Σ P̃, pd += Σ P̃ dP
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
@@ -337,41 +412,33 @@ struct Plan {
 // query block whose rows see the block (in order), the tile steps; then the block's dK and dV are stored.
 // dQ goes into dq_part [group][Sq][Dkp] (this item's own, zero on entry).
 template <class QT, class KVT, class DenseMask>
-void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int64_t b, std::int64_t hk,
-               std::int64_t k_lo, std::int64_t k_hi, float* dq_part, Workspace& ws) {
+void key_chunk(const core::BackwardProblem& bp, const PackedKV& kv, const RowStats& stats, std::int64_t b,
+               std::int64_t hk, std::int64_t k_lo, std::int64_t k_hi, float* dq_part, Workspace& ws) {
   const core::Problem& p = bp.fwd;
   const std::int64_t dkp = ws.dkp, dvp = ws.dvp;
+  float* dk = ws.dk.data();
+  float* dv = ws.dv.data();
   for (std::int64_t j0 = k_lo; j0 < k_hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, k_hi - j0);
-    float* dk = ws.dk.data();
-    float* dv = ws.dv.data();
-    bool seen = false;
-    if (j0 < p.kv_len[static_cast<std::size_t>(b)]) {
-      load_key_block<KVT>(p, b, hk, j0, cols, ws);
-      std::fill(dk, dk + BC * dkp, 0.0f);
-      std::fill(dv, dv + BC * dvp, 0.0f);
-      seen = true;
-      for (std::int64_t g = 0; g < p.group; ++g) {
-        const std::int64_t h = hk * p.group + g;
-        for (std::int64_t i0 = 0; i0 < p.Sq; i0 += BR) {
-          const std::int64_t rows = std::min(BR, p.Sq - i0);
-          const core::KeyRange keys = block_keys(p, b, i0, rows);
-          if (keys.lo >= j0 + cols || keys.hi <= j0 || keys.hi <= keys.lo) continue;
-          float* dq = dq_part + (g * p.Sq + i0) * dkp;
-          load_query_block<QT>(bp, &stats, b, h, i0, rows, ws);
-          scores(ws, rows, p.Dk, ws.s.data());                                       // S = Q Kᵀ
-          probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, ws, ws.s.data());  // P
-          dprobs(ws, rows, p.Dv, ws.ds.data());                                      // dP = dO Vᵀ
-          dscores(ws.s.data(), rows, ws.d, ws.ds.data());                            // dS = P ∘ (dP − D)
-          cols_times_rows(ws.s.data(), rows, cols, ws.dout.data(), dvp, dv);         // dV += Pᵀ dO
-          cols_times_rows(ws.ds.data(), rows, cols, ws.q.data(), dkp, dk);           // dK += dSᵀ Q
-          rows_times_rows(ws.ds.data(), rows, cols, ws.k.data(), dkp, dq);           // dQ += dS K
-        }
+    std::fill(dk, dk + BC * dkp, 0.0f);
+    std::fill(dv, dv + BC * dvp, 0.0f);
+    const KeyTile kt = key_tile(kv, p, b, hk, j0);
+    for (std::int64_t g = 0; g < p.group && j0 < p.kv_len[static_cast<std::size_t>(b)]; ++g) {
+      const std::int64_t h = hk * p.group + g;
+      for (std::int64_t i0 = 0; i0 < p.Sq; i0 += BR) {
+        const std::int64_t rows = std::min(BR, p.Sq - i0);
+        const core::KeyRange keys = block_keys(p, b, i0, rows);
+        if (keys.lo >= j0 + cols || keys.hi <= j0 || keys.hi <= keys.lo) continue;
+        float* dq = dq_part + (g * p.Sq + i0) * dkp;
+        load_query_block<QT>(bp, &stats, b, h, i0, rows, ws);
+        const bool wide = scores(p, rows, kt, ws);                                   // S = Q Kᵀ
+        probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, wide, ws);             // P
+        dprobs(p, rows, kt, ws, ws.ds.data());                                       // dP = dO Vᵀ
+        dscores(ws.s.data(), rows, ws.d, ws.ds.data());                              // dS = P ∘ (dP − D)
+        cols_times_rows(ws.s.data(), rows, cols, ws.dout, ws.ldo, dvp, dv);          // dV += Pᵀ dO
+        cols_times_rows(ws.ds.data(), rows, cols, ws.q, ws.ldq, dkp, dk);            // dK += dSᵀ Q
+        rows_times_rows(ws.ds.data(), rows, cols, kt.k, dkp, dq);                    // dQ += dS K
       }
-    }
-    if (!seen) {
-      std::fill(dk, dk + BC * dkp, 0.0f);
-      std::fill(dv, dv + BC * dvp, 0.0f);
     }
     store_rows<KVT>(bp.dk, b, hk, j0, cols, p.Dk, dk, dkp, static_cast<float>(p.scale));
     store_rows<KVT>(bp.dv, b, hk, j0, cols, p.Dv, dv, dvp, 1.0f);
@@ -383,6 +450,13 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
   const core::Problem& p = bp.fwd;
   const std::int64_t dkp = padded(p.Dk);
   const Plan plan(p);
+  PackedKV kv;
+  kv.kblocks = (p.Skv + BC - 1) / BC, kv.kt_len = p.Dk * BC, kv.vt_len = p.Dv * BC, kv.k_len = BC * dkp;
+  const std::int64_t tiles = p.B * p.Hkv * kv.kblocks;
+  kv.kt.resize(static_cast<std::size_t>(tiles * kv.kt_len));
+  kv.vt.resize(static_cast<std::size_t>(tiles * kv.vt_len));
+  kv.k.resize(static_cast<std::size_t>(tiles * kv.k_len));
+  kv.knorm.resize(static_cast<std::size_t>(tiles));
   const auto nrows = static_cast<std::size_t>(p.B * p.Hq * p.Sq);
   RowStats stats{std::vector<float>(nrows), std::vector<float>(nrows), std::vector<float>(nrows)};
   // dQ partials: [chunk][B][Hq][Sq][Dkp], each chunk's slice written by the items of that chunk only.
@@ -392,11 +466,15 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
 #pragma omp parallel num_threads(threads) if (plan.items + q_items > 1)
   {
     Workspace ws(p.Dk, p.Dv);
+    // Sweep 0: pack K and V.
+#pragma omp for schedule(static)
+    for (std::int64_t t = 0; t < tiles; ++t)
+      pack_key_block<KVT>(p, t / (p.Hkv * kv.kblocks), (t / kv.kblocks) % p.Hkv, t % kv.kblocks, ws.dv.data(), kv);
 #pragma omp for schedule(dynamic)
     for (std::int64_t it = 0; it < q_items; ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
       const std::int64_t i0 = qb * BR;
-      row_statistics<QT, KVT, DenseMask>(bp, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
+      row_statistics<QT, DenseMask>(bp, kv, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
     }
     // (implicit barrier: the statistics are complete before sweep 2 reads them)
 #pragma omp for schedule(dynamic)
@@ -404,8 +482,8 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
       const std::int64_t c = it % plan.chunks, hk = (it / plan.chunks) % p.Hkv, b = it / (plan.chunks * p.Hkv);
       float* part = dq_part.data() + c * part_len + (b * p.Hq + hk * p.group) * p.Sq * dkp;
       std::fill(part, part + p.group * p.Sq * dkp, 0.0f);
-      key_chunk<QT, KVT, DenseMask>(bp, stats, b, hk, c * plan.chunk_len, std::min(p.Skv, (c + 1) * plan.chunk_len),
-                                    part, ws);
+      key_chunk<QT, KVT, DenseMask>(bp, kv, stats, b, hk, c * plan.chunk_len,
+                                    std::min(p.Skv, (c + 1) * plan.chunk_len), part, ws);
     }
     // Sweep 3: dQ = scale · Σ_chunks partial, per query block, chunks in order.
 #pragma omp for schedule(static)
