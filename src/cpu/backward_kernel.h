@@ -185,20 +185,22 @@ struct Workspace {
         ds(BR * BC), dk(BC * dkp), dv(BC * dvp), l(BR * W), pd(BR * W) {}
 };
 
-// Per-row values the later sweeps read, [B, Hq, Sq] each: P_ij = e^(s_ij − m_i) · inv_l_i, and D_i.
+// Per-row values the later sweeps read, [B, Hq, Sq] each: P_ij = e^(s_ij − m_i) · inv_l_i, and D_i; and the
+// largest query norm of each query block, [B, Hq, Sq / BR].
 struct RowStats {
-  std::vector<float> m, inv_l, d;
+  std::vector<float> m, inv_l, d, qnorm;
 };
 
 // Rows [s0, s0 + rows) of head h as fp32 rows: in place when the caller's are fp32 with unit stride and
-// whole vectors, else converted into buf. Returns the largest row norm.
+// whole vectors, else converted into buf. Returns the largest row norm when `norm`.
 template <class T>
 float block_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
-                 std::int64_t dim, std::int64_t ldp, float* buf, const float** out, std::int64_t* ld) {
+                 std::int64_t dim, std::int64_t ldp, float* buf, const float** out, std::int64_t* ld,
+                 bool norm = false) {
   if (std::is_same_v<T, float> && t.stride[3] == 1 && dim == ldp) {
     const float* base = static_cast<const float*>(t.data) + t.offset(b, h, s0, 0);
     float norm2 = 0.0f;
-    for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t r = 0; r < rows && norm; ++r) {
       V acc = Vec::zero();
       for (std::int64_t d = 0; d < dim; d += W) acc = Vec::fmadd(Vec::load(base + r * t.stride[2] + d),
                                                                   Vec::load(base + r * t.stride[2] + d), acc);
@@ -213,18 +215,19 @@ float block_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::in
 
 // Query rows [i0, i0 + rows) of head h: Q, dO, each row's key range and (when stats is given) its statistics.
 template <class QT>
-void load_query_block(const core::BackwardProblem& bp, const RowStats* stats, std::int64_t b, std::int64_t h,
-                      std::int64_t i0, std::int64_t rows, Workspace& ws) {
+void load_query_block(const core::BackwardProblem& bp, const RowStats& stats, bool with_stats, std::int64_t b,
+                      std::int64_t h, std::int64_t i0, std::int64_t rows, Workspace& ws) {
   const core::Problem& p = bp.fwd;
-  ws.qnorm = block_rows<QT>(p.q, b, h, i0, rows, p.Dk, ws.dkp, ws.qbuf.data(), &ws.q, &ws.ldq);
+  block_rows<QT>(p.q, b, h, i0, rows, p.Dk, ws.dkp, ws.qbuf.data(), &ws.q, &ws.ldq);
   block_rows<QT>(bp.dout, b, h, i0, rows, p.Dv, ws.dvp, ws.doutbuf.data(), &ws.dout, &ws.ldo);
+  ws.qnorm = stats.qnorm[static_cast<std::size_t>((b * p.Hq + h) * ((p.Sq + BR - 1) / BR) + i0 / BR)];
   for (std::int64_t r = 0; r < BR; ++r) {
     ws.m[r] = 0.0f, ws.inv_l[r] = 0.0f, ws.d[r] = 0.0f, ws.range[r] = {0, 0};
     if (r >= rows) continue;
     ws.range[r] = core::key_range(p, b, i0 + r);
-    if (!stats) continue;
+    if (!with_stats) continue;
     const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
-    ws.m[r] = stats->m[row], ws.inv_l[r] = stats->inv_l[row], ws.d[r] = stats->d[row];
+    ws.m[r] = stats.m[row], ws.inv_l[r] = stats.inv_l[row], ws.d[r] = stats.d[row];
   }
 }
 
@@ -341,25 +344,40 @@ inline core::KeyRange block_keys(const core::Problem& p, std::int64_t b, std::in
   return {core::key_range(p, b, i0).lo, core::key_range(p, b, i0 + rows - 1).hi};
 }
 
-// Sweep 1, the statistics of query rows [i0, i0 + rows) of head h, from the scores recomputed here:
-//   m_i = the forward's LSE (an upper bound of every score, so no max pass and no overflow),
-//   l_i = Σ_j e^(s_ij − m_i), and D_i = Σ_j P_ij dP_ij, which equals dO_i · O_i in exact arithmetic.
+// Sweep 1, the statistics of query rows [i0, i0 + rows) of head h. Always m_i = the forward's LSE (an upper
+// bound of every score: no max pass, no overflow). Then either, from the forward alone,
+//   inv_l_i = 1 and D_i = dO_i · O_i   (FlashAttention-2's; two cheap row reads), or, when `exact`,
+//   inv_l_i = 1 / Σ_j e^(s_ij − m_i) and D_i = Σ_j P_ij dP_ij, from the scores recomputed here.
 // The forward rounded its scores differently (another summation order, another tiling), and its LSE is
-// fp32: with large logits (|s| ~ 10^3 and more) an fp32 LSE is only good to ~10^-4, so e^(s − lse_forward)
-// does not sum to 1, and D = dO · O_forward does not match P and dP. dS = P ∘ (dP − D) turns either into
-// gradient error far above a naive fp32 backward's. Normalising by l and taking D from the same P̃ and dP the
-// next sweep recomputes (the same operations on the same tiles, bit for bit) keeps Σ_j dS_ij = 0 up to
-// rounding.
+// fp32. With ordinary logits that is noise. With large ones (|s| ~ 10^3 and more) an fp32 LSE is only good to
+// ~10^-4, so e^(s − lse_forward) does not sum to 1, and D = dO · O_forward does not match P and dP;
+// dS = P ∘ (dP − D) turns either into gradient error far above a naive fp32 backward's. Normalising by l and
+// taking D from the same P̃ and dP the next sweep recomputes (the same operations on the same tiles, bit for
+// bit) keeps Σ_j dS_ij = 0 up to rounding, at the cost of two more products per tile. flash_backward asks
+// for it exactly when some tile may have large logits (kWideLogits).
 template <class QT, class DenseMask>
-void row_statistics(const core::BackwardProblem& bp, const PackedKV& kv, std::int64_t b, std::int64_t h,
-                    std::int64_t i0, std::int64_t rows, Workspace& ws, RowStats& stats) {
+void row_statistics(const core::BackwardProblem& bp, const PackedKV& kv, bool exact, std::int64_t b,
+                    std::int64_t h, std::int64_t i0, std::int64_t rows, Workspace& ws, RowStats& stats) {
   const core::Problem& p = bp.fwd;
   const auto* saved = static_cast<const float*>(p.lse->data);
-  load_query_block<QT>(bp, nullptr, b, h, i0, rows, ws);
+  load_query_block<QT>(bp, stats, false, b, h, i0, rows, ws);
   for (std::int64_t r = 0; r < rows; ++r) {
     const float lse = saved[p.lse->offset(b, h, i0 + r, 0)];
     ws.m[r] = lse == core::kNegInf ? 0.0f : lse;
     ws.inv_l[r] = lse == core::kNegInf ? 0.0f : 1.0f;
+  }
+  if (!exact) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
+      double d = 0;
+      for (std::int64_t e = 0; e < p.Dv; ++e)
+        d += static_cast<double>(ws.dout[r * ws.ldo + e]) * core::to_float(static_cast<const QT*>(p.out.data)[
+                 p.out.offset(b, h, i0 + r, e)]);
+      stats.m[row] = ws.m[r];
+      stats.inv_l[row] = ws.inv_l[r];
+      stats.d[row] = ws.inv_l[r] > 0.0f ? static_cast<float>(d) : 0.0f;
+    }
+    return;
   }
   std::fill(ws.l.begin(), ws.l.end(), 0.0f);
   std::fill(ws.pd.begin(), ws.pd.end(), 0.0f);
@@ -430,7 +448,7 @@ void key_chunk(const core::BackwardProblem& bp, const PackedKV& kv, const RowSta
         const core::KeyRange keys = block_keys(p, b, i0, rows);
         if (keys.lo >= j0 + cols || keys.hi <= j0 || keys.hi <= keys.lo) continue;
         float* dq = dq_part + (g * p.Sq + i0) * dkp;
-        load_query_block<QT>(bp, &stats, b, h, i0, rows, ws);
+        load_query_block<QT>(bp, stats, true, b, h, i0, rows, ws);
         const bool wide = scores(p, rows, kt, ws);                                   // S = Q Kᵀ
         probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, wide, ws);             // P
         dprobs(p, rows, kt, ws, ws.ds.data());                                       // dP = dO Vᵀ
@@ -457,24 +475,41 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
   kv.vt.resize(static_cast<std::size_t>(tiles * kv.vt_len));
   kv.k.resize(static_cast<std::size_t>(tiles * kv.k_len));
   kv.knorm.resize(static_cast<std::size_t>(tiles));
+  const std::int64_t qblocks = (p.Sq + BR - 1) / BR, q_items = p.B * p.Hq * qblocks;
   const auto nrows = static_cast<std::size_t>(p.B * p.Hq * p.Sq);
-  RowStats stats{std::vector<float>(nrows), std::vector<float>(nrows), std::vector<float>(nrows)};
+  RowStats stats{std::vector<float>(nrows), std::vector<float>(nrows), std::vector<float>(nrows),
+                 std::vector<float>(static_cast<std::size_t>(q_items))};
+  // Sweep 0: pack K and V; the largest row norm of every query block.
+#pragma omp parallel num_threads(threads) if (tiles + q_items > 1)
+  {
+    Workspace ws(p.Dk, p.Dv);
+#pragma omp for schedule(static) nowait
+    for (std::int64_t t = 0; t < tiles; ++t)
+      pack_key_block<KVT>(p, t / (p.Hkv * kv.kblocks), (t / kv.kblocks) % p.Hkv, t % kv.kblocks, ws.dv.data(), kv);
+#pragma omp for schedule(static)
+    for (std::int64_t it = 0; it < q_items; ++it) {
+      const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
+      const float* rows_at;
+      std::int64_t ld;
+      stats.qnorm[static_cast<std::size_t>(it)] = block_rows<QT>(
+          p.q, b, h, qb * BR, std::min(BR, p.Sq - qb * BR), p.Dk, ws.dkp, ws.qbuf.data(), &rows_at, &ld, true);
+    }
+  }
+  // The exact statistics only when some tile may have large logits.
+  const float qmax = q_items ? *std::max_element(stats.qnorm.begin(), stats.qnorm.end()) : 0.0f;
+  const float kmax = tiles ? *std::max_element(kv.knorm.begin(), kv.knorm.end()) : 0.0f;
+  const bool exact = static_cast<float>(p.scale) * qmax * kmax > kWideLogits;
   // dQ partials: [chunk][B][Hq][Sq][Dkp], each chunk's slice written by the items of that chunk only.
   const std::int64_t part_len = p.B * p.Hq * p.Sq * dkp;
   std::vector<float> dq_part(static_cast<std::size_t>(plan.chunks * part_len));
-  const std::int64_t qblocks = (p.Sq + BR - 1) / BR, q_items = p.B * p.Hq * qblocks;
 #pragma omp parallel num_threads(threads) if (plan.items + q_items > 1)
   {
     Workspace ws(p.Dk, p.Dv);
-    // Sweep 0: pack K and V.
-#pragma omp for schedule(static)
-    for (std::int64_t t = 0; t < tiles; ++t)
-      pack_key_block<KVT>(p, t / (p.Hkv * kv.kblocks), (t / kv.kblocks) % p.Hkv, t % kv.kblocks, ws.dv.data(), kv);
 #pragma omp for schedule(dynamic)
     for (std::int64_t it = 0; it < q_items; ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
       const std::int64_t i0 = qb * BR;
-      row_statistics<QT, DenseMask>(bp, kv, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
+      row_statistics<QT, DenseMask>(bp, kv, exact, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
     }
     // (implicit barrier: the statistics are complete before sweep 2 reads them)
 #pragma omp for schedule(dynamic)
