@@ -102,29 +102,7 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t kn, const float* a
   }
 }
 
-// ---- K and V, packed once per call ---------------------------------------------------------------------
-
-// Every key block of every (batch, KV head) in the layouts the tile steps read, fp32 and zero-padded:
-// Kᵀ [Dk][BC] and Vᵀ [Dv][BC] (keys in lanes: S = Q Kᵀ, dP = dO Vᵀ) and K rows [BC][Dkp] (dQ += dS K), and
-// the largest key norm of the block. The same size as K and V in fp32 (x 1.5); the sweeps then convert and
-// transpose nothing per tile.
-struct PackedKV {
-  std::int64_t kblocks = 0, kt_len = 0, vt_len = 0, k_len = 0;
-  std::vector<float> kt, vt, k, knorm;
-};
-
-struct KeyTile {
-  const float* kt;  // [Dk][BC]
-  const float* vt;  // [Dv][BC]
-  const float* k;   // [BC][Dkp]
-  float knorm;      // max_j ‖k_j‖
-};
-
-inline KeyTile key_tile(const PackedKV& kv, const core::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0) {
-  const std::int64_t t = (b * p.Hkv + hk) * kv.kblocks + j0 / BC;
-  return {kv.kt.data() + t * kv.kt_len, kv.vt.data() + t * kv.vt_len, kv.k.data() + t * kv.k_len,
-          kv.knorm[static_cast<std::size_t>(t)]};
-}
+// ---- loading (any storage dtype -> fp32) ---------------------------------------------------------------
 
 // Rows [s0, s0 + rows) of head h as dst[r][0..dim) with row stride ld, zero elsewhere up to `pad` rows;
 // returns the largest row norm.
@@ -144,25 +122,6 @@ float load_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int
   return std::sqrt(norm2);
 }
 
-// The same rows transposed: dst[d][r], BC columns, zero past `rows`.
-inline void transpose_tile(const float* src, std::int64_t rows, std::int64_t dim, std::int64_t ld, float* dst) {
-  std::fill(dst, dst + dim * BC, 0.0f);
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t d = 0; d < dim; ++d) dst[d * BC + r] = src[r * ld + d];
-}
-
-// Packs key block kb of (batch b, KV head hk); vrows is scratch of [BC][Dvp].
-template <class KVT>
-void pack_key_block(const core::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb, float* vrows,
-                    PackedKV& kv) {
-  const std::int64_t t = (b * p.Hkv + hk) * kv.kblocks + kb, j0 = kb * BC, cols = std::min(BC, p.Skv - j0);
-  float* k = kv.k.data() + t * kv.k_len;
-  kv.knorm[static_cast<std::size_t>(t)] = load_rows<KVT>(p.k, b, hk, j0, cols, BC, p.Dk, padded(p.Dk), k);
-  transpose_tile(k, cols, p.Dk, padded(p.Dk), kv.kt.data() + t * kv.kt_len);
-  load_rows<KVT>(p.v, b, hk, j0, cols, BC, p.Dv, padded(p.Dv), vrows);
-  transpose_tile(vrows, cols, p.Dv, padded(p.Dv), kv.vt.data() + t * kv.vt_len);
-}
-
 // ---- per-thread tiles --------------------------------------------------------------------------------------
 
 // All fp32 (the fp64 scores aside); row lengths padded to a multiple of W (Dkp, Dvp) with zeros.
@@ -176,26 +135,30 @@ struct Workspace {
   std::vector<float> s;       // [BR][BC]   scores, then P
   std::vector<double> sd;     // [BR][BC]   fp64 scores (tiles with large logits)
   std::vector<float> ds;      // [BR][BC]   dP, then dS
+  std::vector<float> kt, vt;  // [Dk][BC], [Dv][BC]  the key tile transposed (keys in lanes; zero past its keys)
+  std::vector<float> kbuf;    // [BC][Dkp]  its key rows, when not read in place
   std::vector<float> dk, dv;  // [BC][Dkp], [BC][Dvp]  the key block's accumulators
   std::vector<float> l, pd;   // [BR][W]    row_statistics' per-lane sums
   float m[BR], inv_l[BR], d[BR];  // the rows' statistics (m = 0, inv_l = 0 for rows past the block)
   core::KeyRange range[BR];
   Workspace(std::int64_t dk_, std::int64_t dv_)
       : dkp(padded(dk_)), dvp(padded(dv_)), qbuf(BR * dkp), doutbuf(BR * dvp), s(BR * BC), sd(BR * BC),
-        ds(BR * BC), dk(BC * dkp), dv(BC * dvp), l(BR * W), pd(BR * W) {}
+        ds(BR * BC), kt(dk_ * BC), vt(dv_ * BC), kbuf(BC * dkp), dk(BC * dkp), dv(BC * dvp), l(BR * W),
+        pd(BR * W) {}
 };
 
 // Per-row values the later sweeps read, [B, Hq, Sq] each: P_ij = e^(s_ij − m_i) · inv_l_i, and D_i; and the
 // largest query norm of each query block, [B, Hq, Sq / BR].
 struct RowStats {
   std::vector<float> m, inv_l, d, qnorm;
+  std::vector<float> knorm;  // the largest key norm of each key tile, [B, Hkv, Skv / BC]
 };
 
 // Rows [s0, s0 + rows) of head h as fp32 rows: in place when the caller's are fp32 with unit stride and
 // whole vectors, else converted into buf. Returns the largest row norm when `norm`.
 template <class T>
 float block_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
-                 std::int64_t dim, std::int64_t ldp, float* buf, const float** out, std::int64_t* ld,
+                 std::int64_t pad, std::int64_t dim, std::int64_t ldp, float* buf, const float** out, std::int64_t* ld,
                  bool norm = false) {
   if (std::is_same_v<T, float> && t.stride[3] == 1 && dim == ldp) {
     const float* base = static_cast<const float*>(t.data) + t.offset(b, h, s0, 0);
@@ -210,7 +173,7 @@ float block_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::in
     return std::sqrt(norm2);
   }
   *out = buf, *ld = ldp;
-  return load_rows<T>(t, b, h, s0, rows, BR, dim, ldp, buf);
+  return load_rows<T>(t, b, h, s0, rows, pad, dim, ldp, buf);
 }
 
 // Query rows [i0, i0 + rows) of head h: Q, dO, each row's key range and (when stats is given) its statistics.
@@ -218,8 +181,8 @@ template <class QT>
 void load_query_block(const core::BackwardProblem& bp, const RowStats& stats, bool with_stats, std::int64_t b,
                       std::int64_t h, std::int64_t i0, std::int64_t rows, Workspace& ws) {
   const core::Problem& p = bp.fwd;
-  block_rows<QT>(p.q, b, h, i0, rows, p.Dk, ws.dkp, ws.qbuf.data(), &ws.q, &ws.ldq);
-  block_rows<QT>(bp.dout, b, h, i0, rows, p.Dv, ws.dvp, ws.doutbuf.data(), &ws.dout, &ws.ldo);
+  block_rows<QT>(p.q, b, h, i0, rows, BR, p.Dk, ws.dkp, ws.qbuf.data(), &ws.q, &ws.ldq);
+  block_rows<QT>(bp.dout, b, h, i0, rows, BR, p.Dv, ws.dvp, ws.doutbuf.data(), &ws.dout, &ws.ldo);
   ws.qnorm = stats.qnorm[static_cast<std::size_t>((b * p.Hq + h) * ((p.Sq + BR - 1) / BR) + i0 / BR)];
   for (std::int64_t r = 0; r < BR; ++r) {
     ws.m[r] = 0.0f, ws.inv_l[r] = 0.0f, ws.d[r] = 0.0f, ws.range[r] = {0, 0};
@@ -229,6 +192,32 @@ void load_query_block(const core::BackwardProblem& bp, const RowStats& stats, bo
     const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
     ws.m[r] = stats.m[row], ws.inv_l[r] = stats.inv_l[row], ws.d[r] = stats.d[row];
   }
+}
+
+// The key tile [j0, j0 + cols) of KV head hk in the layouts the tile steps read: Kᵀ and Vᵀ (keys in lanes:
+// S = Q Kᵀ, dP = dO Vᵀ) and K rows (dQ += dS K), and the largest key norm of the tile (from sweep 0).
+struct KeyTile {
+  const float* kt;  // [Dk][BC]
+  const float* vt;  // [Dv][BC]
+  const float* k;   // rows, row stride ldk
+  std::int64_t ldk;
+  float knorm;
+};
+
+template <class KVT>
+KeyTile load_key_tile(const core::Problem& p, const std::vector<float>& knorms, std::int64_t b, std::int64_t hk,
+                      std::int64_t j0, std::int64_t cols, Workspace& ws) {
+  KeyTile kt{ws.kt.data(), ws.vt.data(), nullptr, 0, 0.0f};
+  block_rows<KVT>(p.k, b, hk, j0, cols, BC, p.Dk, ws.dkp, ws.kbuf.data(), &kt.k, &kt.ldk);
+  std::fill(ws.kt.begin(), ws.kt.end(), 0.0f);
+  std::fill(ws.vt.begin(), ws.vt.end(), 0.0f);
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const KVT* v = static_cast<const KVT*>(p.v.data) + p.v.offset(b, hk, j0 + c, 0);
+    for (std::int64_t d = 0; d < p.Dk; ++d) ws.kt[d * BC + c] = kt.k[c * kt.ldk + d];
+    for (std::int64_t d = 0; d < p.Dv; ++d) ws.vt[d * BC + c] = core::to_float(v[d * p.v.stride[3]]);
+  }
+  kt.knorm = knorms[static_cast<std::size_t>((b * p.Hkv + hk) * ((p.Skv + BC - 1) / BC) + j0 / BC)];
+  return kt;
 }
 
 // ---- the tile steps ------------------------------------------------------------------------------------
@@ -318,9 +307,9 @@ inline void cols_times_rows(const float* w, std::int64_t rows, std::int64_t cols
 }
 
 // acc[r][·] += Σ_c w[r][c] · x[c][·]   (dQ += dS K)
-inline void rows_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t n,
-                            float* acc) {
-  gemm<true>(rows, n, cols, w, BC, 1, x, n, acc, n);
+inline void rows_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ldx,
+                            std::int64_t n, float* acc, std::int64_t ldacc) {
+  gemm<true>(rows, n, cols, w, BC, 1, x, ldx, acc, ldacc);
 }
 
 // Per-row sums of one tile: l += Σ_c P̃, pd += Σ_c P̃ · dP, lane by lane (reduced in row_statistics).
@@ -355,9 +344,9 @@ inline core::KeyRange block_keys(const core::Problem& p, std::int64_t b, std::in
 // taking D from the same P̃ and dP the next sweep recomputes (the same operations on the same tiles, bit for
 // bit) keeps Σ_j dS_ij = 0 up to rounding, at the cost of two more products per tile. flash_backward asks
 // for it exactly when some tile may have large logits (kWideLogits).
-template <class QT, class DenseMask>
-void row_statistics(const core::BackwardProblem& bp, const PackedKV& kv, bool exact, std::int64_t b,
-                    std::int64_t h, std::int64_t i0, std::int64_t rows, Workspace& ws, RowStats& stats) {
+template <class QT, class KVT, class DenseMask>
+void row_statistics(const core::BackwardProblem& bp, bool exact, std::int64_t b, std::int64_t h, std::int64_t i0,
+                    std::int64_t rows, Workspace& ws, RowStats& stats) {
   const core::Problem& p = bp.fwd;
   const auto* saved = static_cast<const float*>(p.lse->data);
   load_query_block<QT>(bp, stats, false, b, h, i0, rows, ws);
@@ -385,7 +374,7 @@ void row_statistics(const core::BackwardProblem& bp, const PackedKV& kv, bool ex
   // Key tiles on the grid of BC that sweep 2 uses, so each score is formed the same way in both.
   for (std::int64_t j0 = keys.lo / BC * BC; j0 < keys.hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, p.Skv - j0);
-    const KeyTile kt = key_tile(kv, p, b, h / p.group, j0);
+    const KeyTile kt = load_key_tile<KVT>(p, stats.knorm, b, h / p.group, j0, cols, ws);
     const bool wide = scores(p, rows, kt, ws);                                   // S = Q Kᵀ
     probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, wide, ws);             // P̃ = e^(scale·S + mask − m)
     dprobs(p, rows, kt, ws, ws.ds.data());                                       // dP = dO Vᵀ
@@ -426,12 +415,18 @@ struct Plan {
   }
 };
 
+// Where sweep 2 adds dQ: row i of the group's head g at base + g·hs + i·rs (fp32, Dkp wide).
+struct DqTarget {
+  float* base;
+  std::int64_t hs, rs;
+};
+
 // Sweep 2: keys [k_lo, k_hi) of KV head hk. Per key block: over the group's query heads (in order) and every
 // query block whose rows see the block (in order), the tile steps; then the block's dK and dV are stored.
-// dQ goes into dq_part [group][Sq][Dkp] (this item's own, zero on entry).
+// dQ is added into dqt (this item's own rows, zero on entry).
 template <class QT, class KVT, class DenseMask>
-void key_chunk(const core::BackwardProblem& bp, const PackedKV& kv, const RowStats& stats, std::int64_t b,
-               std::int64_t hk, std::int64_t k_lo, std::int64_t k_hi, float* dq_part, Workspace& ws) {
+void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int64_t b, std::int64_t hk,
+               std::int64_t k_lo, std::int64_t k_hi, const DqTarget& dqt, Workspace& ws) {
   const core::Problem& p = bp.fwd;
   const std::int64_t dkp = ws.dkp, dvp = ws.dvp;
   float* dk = ws.dk.data();
@@ -440,22 +435,24 @@ void key_chunk(const core::BackwardProblem& bp, const PackedKV& kv, const RowSta
     const std::int64_t cols = std::min(BC, k_hi - j0);
     std::fill(dk, dk + BC * dkp, 0.0f);
     std::fill(dv, dv + BC * dvp, 0.0f);
-    const KeyTile kt = key_tile(kv, p, b, hk, j0);
-    for (std::int64_t g = 0; g < p.group && j0 < p.kv_len[static_cast<std::size_t>(b)]; ++g) {
-      const std::int64_t h = hk * p.group + g;
-      for (std::int64_t i0 = 0; i0 < p.Sq; i0 += BR) {
-        const std::int64_t rows = std::min(BR, p.Sq - i0);
-        const core::KeyRange keys = block_keys(p, b, i0, rows);
-        if (keys.lo >= j0 + cols || keys.hi <= j0 || keys.hi <= keys.lo) continue;
-        float* dq = dq_part + (g * p.Sq + i0) * dkp;
-        load_query_block<QT>(bp, stats, true, b, h, i0, rows, ws);
-        const bool wide = scores(p, rows, kt, ws);                                   // S = Q Kᵀ
-        probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, wide, ws);             // P
-        dprobs(p, rows, kt, ws, ws.ds.data());                                       // dP = dO Vᵀ
-        dscores(ws.s.data(), rows, ws.d, ws.ds.data());                              // dS = P ∘ (dP − D)
-        cols_times_rows(ws.s.data(), rows, cols, ws.dout, ws.ldo, dvp, dv);          // dV += Pᵀ dO
-        cols_times_rows(ws.ds.data(), rows, cols, ws.q, ws.ldq, dkp, dk);            // dK += dSᵀ Q
-        rows_times_rows(ws.ds.data(), rows, cols, kt.k, dkp, dq);                    // dQ += dS K
+    if (j0 < p.kv_len[static_cast<std::size_t>(b)]) {
+      const KeyTile kt = load_key_tile<KVT>(p, stats.knorm, b, hk, j0, cols, ws);
+      for (std::int64_t g = 0; g < p.group; ++g) {
+        const std::int64_t h = hk * p.group + g;
+        for (std::int64_t i0 = 0; i0 < p.Sq; i0 += BR) {
+          const std::int64_t rows = std::min(BR, p.Sq - i0);
+          const core::KeyRange keys = block_keys(p, b, i0, rows);
+          if (keys.lo >= j0 + cols || keys.hi <= j0 || keys.hi <= keys.lo) continue;
+          float* dq = dqt.base + g * dqt.hs + i0 * dqt.rs;
+          load_query_block<QT>(bp, stats, true, b, h, i0, rows, ws);
+          const bool wide = scores(p, rows, kt, ws);                                    // S = Q Kᵀ
+          probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, wide, ws);              // P
+          dprobs(p, rows, kt, ws, ws.ds.data());                                        // dP = dO Vᵀ
+          dscores(ws.s.data(), rows, ws.d, ws.ds.data());                               // dS = P ∘ (dP − D)
+          cols_times_rows(ws.s.data(), rows, cols, ws.dout, ws.ldo, dvp, dv);           // dV += Pᵀ dO
+          cols_times_rows(ws.ds.data(), rows, cols, ws.q, ws.ldq, dkp, dk);             // dK += dSᵀ Q
+          rows_times_rows(ws.ds.data(), rows, cols, kt.k, kt.ldk, dkp, dq, dqt.rs);     // dQ += dS K
+        }
       }
     }
     store_rows<KVT>(bp.dk, b, hk, j0, cols, p.Dk, dk, dkp, static_cast<float>(p.scale));
@@ -468,39 +465,39 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
   const core::Problem& p = bp.fwd;
   const std::int64_t dkp = padded(p.Dk);
   const Plan plan(p);
-  PackedKV kv;
-  kv.kblocks = (p.Skv + BC - 1) / BC, kv.kt_len = p.Dk * BC, kv.vt_len = p.Dv * BC, kv.k_len = BC * dkp;
-  const std::int64_t tiles = p.B * p.Hkv * kv.kblocks;
-  kv.kt.resize(static_cast<std::size_t>(tiles * kv.kt_len));
-  kv.vt.resize(static_cast<std::size_t>(tiles * kv.vt_len));
-  kv.k.resize(static_cast<std::size_t>(tiles * kv.k_len));
-  kv.knorm.resize(static_cast<std::size_t>(tiles));
+  const std::int64_t kblocks = (p.Skv + BC - 1) / BC, tiles = p.B * p.Hkv * kblocks;
   const std::int64_t qblocks = (p.Sq + BR - 1) / BR, q_items = p.B * p.Hq * qblocks;
   const auto nrows = static_cast<std::size_t>(p.B * p.Hq * p.Sq);
   RowStats stats{std::vector<float>(nrows), std::vector<float>(nrows), std::vector<float>(nrows),
-                 std::vector<float>(static_cast<std::size_t>(q_items))};
-  // Sweep 0: pack K and V; the largest row norm of every query block.
+                 std::vector<float>(static_cast<std::size_t>(q_items)),
+                 std::vector<float>(static_cast<std::size_t>(tiles))};
+  // Sweep 0: the largest row norm of every query block and key tile.
 #pragma omp parallel num_threads(threads) if (tiles + q_items > 1)
   {
     Workspace ws(p.Dk, p.Dv);
+    const float* rows_at;
+    std::int64_t ld;
 #pragma omp for schedule(static) nowait
-    for (std::int64_t t = 0; t < tiles; ++t)
-      pack_key_block<KVT>(p, t / (p.Hkv * kv.kblocks), (t / kv.kblocks) % p.Hkv, t % kv.kblocks, ws.dv.data(), kv);
+    for (std::int64_t t = 0; t < tiles; ++t) {
+      const std::int64_t kb = t % kblocks, hk = (t / kblocks) % p.Hkv, b = t / (kblocks * p.Hkv);
+      stats.knorm[static_cast<std::size_t>(t)] = block_rows<KVT>(
+          p.k, b, hk, kb * BC, std::min(BC, p.Skv - kb * BC), BC, p.Dk, ws.dkp, ws.kbuf.data(), &rows_at, &ld, true);
+    }
 #pragma omp for schedule(static)
     for (std::int64_t it = 0; it < q_items; ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
-      const float* rows_at;
-      std::int64_t ld;
       stats.qnorm[static_cast<std::size_t>(it)] = block_rows<QT>(
-          p.q, b, h, qb * BR, std::min(BR, p.Sq - qb * BR), p.Dk, ws.dkp, ws.qbuf.data(), &rows_at, &ld, true);
+          p.q, b, h, qb * BR, std::min(BR, p.Sq - qb * BR), BR, p.Dk, ws.dkp, ws.qbuf.data(), &rows_at, &ld, true);
     }
   }
   // The exact statistics only when some tile may have large logits.
   const float qmax = q_items ? *std::max_element(stats.qnorm.begin(), stats.qnorm.end()) : 0.0f;
-  const float kmax = tiles ? *std::max_element(kv.knorm.begin(), kv.knorm.end()) : 0.0f;
+  const float kmax = tiles ? *std::max_element(stats.knorm.begin(), stats.knorm.end()) : 0.0f;
   const bool exact = static_cast<float>(p.scale) * qmax * kmax > kWideLogits;
-  // dQ partials: [chunk][B][Hq][Sq][Dkp], each chunk's slice written by the items of that chunk only.
-  const std::int64_t part_len = p.B * p.Hq * p.Sq * dkp;
+  // dQ: with one chunk per KV head and fp32 rows of whole vectors, summed in place in the caller's dQ (each
+  // item owns its heads' rows); else in fp32 partials [chunk][B][Hq][Sq][Dkp] that sweep 3 adds up.
+  const bool in_place = plan.chunks == 1 && std::is_same_v<QT, float> && bp.dq.stride[3] == 1 && p.Dk == dkp;
+  const std::int64_t part_len = in_place ? 0 : p.B * p.Hq * p.Sq * dkp;
   std::vector<float> dq_part(static_cast<std::size_t>(plan.chunks * part_len));
 #pragma omp parallel num_threads(threads) if (plan.items + q_items > 1)
   {
@@ -509,20 +506,31 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
     for (std::int64_t it = 0; it < q_items; ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
       const std::int64_t i0 = qb * BR;
-      row_statistics<QT, DenseMask>(bp, kv, exact, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
+      row_statistics<QT, KVT, DenseMask>(bp, exact, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
     }
     // (implicit barrier: the statistics are complete before sweep 2 reads them)
 #pragma omp for schedule(dynamic)
     for (std::int64_t it = 0; it < plan.items; ++it) {
       const std::int64_t c = it % plan.chunks, hk = (it / plan.chunks) % p.Hkv, b = it / (plan.chunks * p.Hkv);
-      float* part = dq_part.data() + c * part_len + (b * p.Hq + hk * p.group) * p.Sq * dkp;
-      std::fill(part, part + p.group * p.Sq * dkp, 0.0f);
-      key_chunk<QT, KVT, DenseMask>(bp, kv, stats, b, hk, c * plan.chunk_len,
-                                    std::min(p.Skv, (c + 1) * plan.chunk_len), part, ws);
+      const std::int64_t h0 = hk * p.group;
+      DqTarget dqt{dq_part.data() + c * part_len + (b * p.Hq + h0) * p.Sq * dkp, p.Sq * dkp, dkp};
+      if (in_place)
+        dqt = {static_cast<float*>(const_cast<void*>(bp.dq.data)) + bp.dq.offset(b, h0, 0, 0), bp.dq.stride[1],
+               bp.dq.stride[2]};
+      for (std::int64_t g = 0; g < p.group; ++g)
+        for (std::int64_t i = 0; i < p.Sq; ++i) std::fill_n(dqt.base + g * dqt.hs + i * dqt.rs, dkp, 0.0f);
+      key_chunk<QT, KVT, DenseMask>(bp, stats, b, hk, c * plan.chunk_len, std::min(p.Skv, (c + 1) * plan.chunk_len),
+                                    dqt, ws);
+      if (in_place)  // dQ = scale · Σ dS K
+        for (std::int64_t g = 0; g < p.group; ++g)
+          for (std::int64_t i = 0; i < p.Sq; ++i) {
+            float* row = dqt.base + g * dqt.hs + i * dqt.rs;
+            for (std::int64_t d = 0; d < p.Dk; ++d) row[d] *= static_cast<float>(p.scale);
+          }
     }
-    // Sweep 3: dQ = scale · Σ_chunks partial, per query block, chunks in order.
+    // Sweep 3 (partials only): dQ = scale · Σ_chunks partial, per query block, chunks in order.
 #pragma omp for schedule(static)
-    for (std::int64_t it = 0; it < q_items; ++it) {
+    for (std::int64_t it = 0; it < (in_place ? 0 : q_items); ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
       const std::int64_t i0 = qb * BR, rows = std::min(BR, p.Sq - i0);
       float* sum = dq_part.data() + ((b * p.Hq + h) * p.Sq + i0) * dkp;
