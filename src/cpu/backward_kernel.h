@@ -291,25 +291,31 @@ void probabilities(const core::Problem& p, std::int64_t b, std::int64_t h, std::
   }
 }
 
-// dS = P ∘ (dP − D), in place over dP.
-inline void dscores(const float* pt, std::int64_t rows, const float* d, float* ds) {
+// scale · dS = scale · P ∘ (dP − D), in place over dP (the scale of dK = scale · dSᵀ Q and dQ = scale · dS K
+// taken once here).
+inline void dscores(const float* pt, std::int64_t rows, const float* d, float scale, float* ds) {
+  const V sc = Vec::set1(scale);
   for (std::int64_t r = 0; r < rows; ++r) {
     const V neg_d = Vec::set1(-d[r]);
     for (std::int64_t c = 0; c < BC; c += W)
-      Vec::store(ds + r * BC + c, Vec::mul(Vec::load(pt + r * BC + c), Vec::add(Vec::load(ds + r * BC + c), neg_d)));
+      Vec::store(ds + r * BC + c, Vec::mul(Vec::mul(Vec::load(pt + r * BC + c), sc),
+                                           Vec::add(Vec::load(ds + r * BC + c), neg_d)));
   }
 }
 
-// acc[c][·] += Σ_r w[r][c] · x[r][·] over the tile's keys c and the block's rows r  (dV += Pᵀ dO, dK += dSᵀ Q)
+// acc[c][·] (+)= Σ_r w[r][c] · x[r][·] over the tile's keys c and the block's rows r  (dV += Pᵀ dO, dK += dSᵀ Q);
+// `add` false on the first term (instead of zeroing acc first).
 inline void cols_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ldx,
-                            std::int64_t n, float* acc) {
-  gemm<true>(cols, n, rows, w, 1, BC, x, ldx, acc, n);
+                            std::int64_t n, float* acc, bool add) {
+  if (add) gemm<true>(cols, n, rows, w, 1, BC, x, ldx, acc, n);
+  else gemm<false>(cols, n, rows, w, 1, BC, x, ldx, acc, n);
 }
 
-// acc[r][·] += Σ_c w[r][c] · x[c][·]   (dQ += dS K)
+// acc[r][·] (+)= Σ_c w[r][c] · x[c][·]   (dQ += dS K)
 inline void rows_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ldx,
-                            std::int64_t n, float* acc, std::int64_t ldacc) {
-  gemm<true>(rows, n, cols, w, BC, 1, x, ldx, acc, ldacc);
+                            std::int64_t n, float* acc, std::int64_t ldacc, bool add) {
+  if (add) gemm<true>(rows, n, cols, w, BC, 1, x, ldx, acc, ldacc);
+  else gemm<false>(rows, n, cols, w, BC, 1, x, ldx, acc, ldacc);
 }
 
 // Per-row sums of one tile: l += Σ_c P̃, pd += Σ_c P̃ · dP, lane by lane (reduced in row_statistics).
@@ -358,10 +364,10 @@ void row_statistics(const core::BackwardProblem& bp, bool exact, std::int64_t b,
   if (!exact) {
     for (std::int64_t r = 0; r < rows; ++r) {
       const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
+      const QT* o = static_cast<const QT*>(p.out.data) + p.out.offset(b, h, i0 + r, 0);
+      const float* g = ws.dout + r * ws.ldo;
       double d = 0;
-      for (std::int64_t e = 0; e < p.Dv; ++e)
-        d += static_cast<double>(ws.dout[r * ws.ldo + e]) * core::to_float(static_cast<const QT*>(p.out.data)[
-                 p.out.offset(b, h, i0 + r, e)]);
+      for (std::int64_t e = 0; e < p.Dv; ++e) d += static_cast<double>(g[e]) * core::to_float(o[e * p.out.stride[3]]);
       stats.m[row] = ws.m[r];
       stats.inv_l[row] = ws.inv_l[r];
       stats.d[row] = ws.inv_l[r] > 0.0f ? static_cast<float>(d) : 0.0f;
@@ -423,18 +429,19 @@ struct DqTarget {
 
 // Sweep 2: keys [k_lo, k_hi) of KV head hk. Per key block: over the group's query heads (in order) and every
 // query block whose rows see the block (in order), the tile steps; then the block's dK and dV are stored.
-// dQ is added into dqt (this item's own rows, zero on entry).
+// dQ is added into dqt (this item's own rows); `written` marks its query blocks holding a sum already (the
+// first term of a block is stored, not added: nothing needs zeroing first).
 template <class QT, class KVT, class DenseMask>
 void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int64_t b, std::int64_t hk,
-               std::int64_t k_lo, std::int64_t k_hi, const DqTarget& dqt, Workspace& ws) {
+               std::int64_t k_lo, std::int64_t k_hi, const DqTarget& dqt, std::vector<char>& written, Workspace& ws) {
   const core::Problem& p = bp.fwd;
-  const std::int64_t dkp = ws.dkp, dvp = ws.dvp;
+  const std::int64_t dkp = ws.dkp, dvp = ws.dvp, qblocks = (p.Sq + BR - 1) / BR;
+  const float scale = static_cast<float>(p.scale);
   float* dk = ws.dk.data();
   float* dv = ws.dv.data();
   for (std::int64_t j0 = k_lo; j0 < k_hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, k_hi - j0);
-    std::fill(dk, dk + BC * dkp, 0.0f);
-    std::fill(dv, dv + BC * dvp, 0.0f);
+    bool add = false;  // dK and dV of this key block hold a sum
     if (j0 < p.kv_len[static_cast<std::size_t>(b)]) {
       const KeyTile kt = load_key_tile<KVT>(p, stats.knorm, b, hk, j0, cols, ws);
       for (std::int64_t g = 0; g < p.group; ++g) {
@@ -444,18 +451,24 @@ void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int6
           const core::KeyRange keys = block_keys(p, b, i0, rows);
           if (keys.lo >= j0 + cols || keys.hi <= j0 || keys.hi <= keys.lo) continue;
           float* dq = dqt.base + g * dqt.hs + i0 * dqt.rs;
+          char& dq_add = written[static_cast<std::size_t>(g * qblocks + i0 / BR)];
           load_query_block<QT>(bp, stats, true, b, h, i0, rows, ws);
           const bool wide = scores(p, rows, kt, ws);                                    // S = Q Kᵀ
           probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, wide, ws);              // P
           dprobs(p, rows, kt, ws, ws.ds.data());                                        // dP = dO Vᵀ
-          dscores(ws.s.data(), rows, ws.d, ws.ds.data());                               // dS = P ∘ (dP − D)
-          cols_times_rows(ws.s.data(), rows, cols, ws.dout, ws.ldo, dvp, dv);           // dV += Pᵀ dO
-          cols_times_rows(ws.ds.data(), rows, cols, ws.q, ws.ldq, dkp, dk);             // dK += dSᵀ Q
-          rows_times_rows(ws.ds.data(), rows, cols, kt.k, kt.ldk, dkp, dq, dqt.rs);     // dQ += dS K
+          dscores(ws.s.data(), rows, ws.d, scale, ws.ds.data());                        // dS = scale·P ∘ (dP − D)
+          cols_times_rows(ws.s.data(), rows, cols, ws.dout, ws.ldo, dvp, dv, add);      // dV += Pᵀ dO
+          cols_times_rows(ws.ds.data(), rows, cols, ws.q, ws.ldq, dkp, dk, add);        // dK += dSᵀ Q
+          rows_times_rows(ws.ds.data(), rows, cols, kt.k, kt.ldk, dkp, dq, dqt.rs, dq_add);  // dQ += dS K
+          add = dq_add = true;
         }
       }
     }
-    store_rows<KVT>(bp.dk, b, hk, j0, cols, p.Dk, dk, dkp, static_cast<float>(p.scale));
+    if (!add) {  // no query sees these keys
+      std::fill(dk, dk + BC * dkp, 0.0f);
+      std::fill(dv, dv + BC * dvp, 0.0f);
+    }
+    store_rows<KVT>(bp.dk, b, hk, j0, cols, p.Dk, dk, dkp, 1.0f);
     store_rows<KVT>(bp.dv, b, hk, j0, cols, p.Dv, dv, dvp, 1.0f);
   }
 }
@@ -502,6 +515,7 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
 #pragma omp parallel num_threads(threads) if (plan.items + q_items > 1)
   {
     Workspace ws(p.Dk, p.Dv);
+    std::vector<char> written(static_cast<std::size_t>(p.group * qblocks));
 #pragma omp for schedule(dynamic)
     for (std::int64_t it = 0; it < q_items; ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
@@ -517,16 +531,14 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
       if (in_place)
         dqt = {static_cast<float*>(const_cast<void*>(bp.dq.data)) + bp.dq.offset(b, h0, 0, 0), bp.dq.stride[1],
                bp.dq.stride[2]};
-      for (std::int64_t g = 0; g < p.group; ++g)
-        for (std::int64_t i = 0; i < p.Sq; ++i) std::fill_n(dqt.base + g * dqt.hs + i * dqt.rs, dkp, 0.0f);
+      std::fill(written.begin(), written.end(), 0);
       key_chunk<QT, KVT, DenseMask>(bp, stats, b, hk, c * plan.chunk_len, std::min(p.Skv, (c + 1) * plan.chunk_len),
-                                    dqt, ws);
-      if (in_place)  // dQ = scale · Σ dS K
-        for (std::int64_t g = 0; g < p.group; ++g)
-          for (std::int64_t i = 0; i < p.Sq; ++i) {
-            float* row = dqt.base + g * dqt.hs + i * dqt.rs;
-            for (std::int64_t d = 0; d < p.Dk; ++d) row[d] *= static_cast<float>(p.scale);
-          }
+                                    dqt, written, ws);
+      for (std::int64_t g = 0; g < p.group; ++g)  // query blocks that saw none of the chunk's keys
+        for (std::int64_t qb = 0; qb < qblocks; ++qb)
+          if (!written[static_cast<std::size_t>(g * qblocks + qb)])
+            for (std::int64_t i = qb * BR; i < std::min(p.Sq, (qb + 1) * BR); ++i)
+              std::fill_n(dqt.base + g * dqt.hs + i * dqt.rs, dkp, 0.0f);
     }
     // Sweep 3 (partials only): dQ = scale · Σ_chunks partial, per query block, chunks in order.
 #pragma omp for schedule(static)
@@ -536,7 +548,7 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
       float* sum = dq_part.data() + ((b * p.Hq + h) * p.Sq + i0) * dkp;
       for (std::int64_t c = 1; c < plan.chunks; ++c)
         for (std::int64_t e = 0; e < rows * dkp; ++e) sum[e] += sum[c * part_len + e];
-      store_rows<QT>(bp.dq, b, h, i0, rows, p.Dk, sum, dkp, static_cast<float>(p.scale));
+      store_rows<QT>(bp.dq, b, h, i0, rows, p.Dk, sum, dkp, 1.0f);
     }
   }
 }
