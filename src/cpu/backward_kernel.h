@@ -2,25 +2,31 @@
 // per instruction set.
 //
 // Nothing of size Sq x Skv is ever held: for a tile of BR query rows and BC keys the probabilities are
-// recomputed from Q, K and the row's statistics (P = e^(scale·QKᵀ + mask − m) / l), and then
+// recomputed from Q, K and the row's statistics (P = e^(scale·QKᵀ + mask − m) · inv_l), and then
 //   dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D)  with D_i = Σ_j P_ij dP_ij (= dO_i · O_i),
 //   dK += dSᵀ Q,   dQ += dS K
-// (dK and dQ are multiplied by the scale once, when stored).
+// (the scale of dK and dQ is taken once, in dS).
 //
-// Three sweeps, each over work items that own their outputs, so no atomics and no order that depends on
-// the schedule: results are bitwise identical at every thread count.
-//   1. row_statistics, per (batch, query head, query block): l_i = Σ_j e^(s_ij − m_i) with m_i the
-//      forward's LSE, and D_i = Σ_j P_ij dP_ij, both from the scores recomputed here (see there for why).
+// Sweeps over work items that own their outputs, so no atomics and no order that depends on the schedule:
+// results are bitwise identical at every thread count.
+//   0. the largest row norm of every query block and key tile (which decides the two choices below).
+//   1. row_statistics, per (batch, query head, query block): m_i = the forward's LSE, and inv_l_i = 1,
+//      D_i = dO_i · O_i; or, when some tile may have large logits, l_i and D_i from the scores recomputed
+//      here (see there for why).
 //   2. key_chunk, per (batch, KV head, chunk of keys): for each key block of the chunk, over the group's
 //      query heads and query blocks in order: the five products above. dK and dV of the block are complete
-//      when it ends and are stored; dQ is added into the chunk's own fp32 partial [group][Sq][Dk].
-//   3. store_dq, per query row: dQ = scale · Σ_chunks partial, the chunks in order. The number of chunks
-//      depends on the shape only (never on the thread count), and is 1 unless B·Hkv alone gives too few items.
-// Memory: the partials are chunks x |dQ| in fp32, plus per-thread tiles; never Sq x Skv.
+//      when it ends and are stored; dQ is summed into the item's own rows: the caller's dQ itself (fp32, one
+//      chunk) or an fp32 partial per chunk.
+//   3. with partials only: dQ = Σ_chunks partial, the chunks in order. The number of chunks depends on the
+//      shape only (never on the thread count), and is 1 unless B·Hkv alone gives too few items.
+// Memory: per-thread tiles, the per-row statistics, and the partials (chunks x |dQ| in fp32) when there are
+// any; never Sq x Skv.
 //
 // The five products are one register-blocked micro-kernel (gemm below): C[i][·] (+)= Σ_k A(i, k) · B[k][·]
 // with B's rows in SIMD lanes and A read as broadcast scalars at any two strides, so Pᵀ and dSᵀ need no
-// transpose. Scores, probabilities and every sum are fp32; the exponential is exp2v (vec.h).
+// transpose. Scores, probabilities and every sum are fp32 (scores fp64 on tiles with large logits); the
+// exponential is exp2v (vec.h). Tile sizes, micro-kernel shapes (4x4 and 8x2 vectors, 6x4), and a variant
+// loading each query block once per 4 key blocks were measured here: none moved the time beyond the noise.
 //
 // Included by one translation unit per instruction set (src/cpu/backward_<isa>.cc) inside its
 // `#pragma GCC target` region with ATTN_VEC_<ISA> defined, like flash_kernel.h.
@@ -460,7 +466,7 @@ void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int6
           cols_times_rows(ws.s.data(), rows, cols, ws.dout, ws.ldo, dvp, dv, add);      // dV += Pᵀ dO
           cols_times_rows(ws.ds.data(), rows, cols, ws.q, ws.ldq, dkp, dk, add);        // dK += dSᵀ Q
           rows_times_rows(ws.ds.data(), rows, cols, kt.k, kt.ldk, dkp, dq, dqt.rs, dq_add);  // dQ += dS K
-          add = dq_add = true;
+          add = true, dq_add = 1;
         }
       }
     }
