@@ -6,6 +6,7 @@ scaling sweep of time against sequence length.
     python3 bench/run_bench.py --shapes P1,D1 --quick
     python3 bench/run_bench.py --install-torch       # torch + matplotlib into bench/.venv first (PyPI)
     python3 bench/run_bench.py --self-test           # a dry run on tiny shapes (no torch needed)
+    python3 bench/run_bench.py --backward            # the backward pass: P1, P2 vs SDPA + .backward()
 
 attn is timed by `attn bench --json` (one process per dtype, so the ceilings it measures are shared by
 its shapes); PyTorch's torch.nn.functional.scaled_dot_product_attention runs in this process with the
@@ -207,18 +208,7 @@ class Peer:
                 sets = max(1, min(sets, (avail // 2) // set_bytes))
         q = rand(B, Hq, Sq, D)
         kv = [(rand(B, Hkv, Skv, D), rand(B, Hkv, Skv, D)) for _ in range(sets)]
-        kwargs = {}
-        if shape["kv_min"]:  # ragged: a padded batch with a key-padding mask (SDPA has no paged path)
-            lens = t.tensor([kv_len(shape, b) for b in range(B)])
-            kwargs["attn_mask"] = (t.arange(Skv)[None, :] < lens[:, None]).view(B, 1, 1, Skv)
-        elif shape["causal"] and Sq == Skv:
-            kwargs["is_causal"] = True
-        elif shape["causal"]:  # bottom-right: key j allowed for query i when j <= i + Skv - Sq
-            i = t.arange(Sq)[:, None]
-            j = t.arange(Skv)[None, :]
-            kwargs["attn_mask"] = j <= i + (Skv - Sq)
-        if Hq != Hkv and self.gqa:
-            kwargs["enable_gqa"] = True
+        kwargs = self.sdpa_kwargs(shape)
 
         def call(k, v):
             if Hq != Hkv and not self.gqa:  # older torch: expand the KV heads (inside the timing)
@@ -245,6 +235,52 @@ class Peer:
                 times.append(time.perf_counter() - s)
                 n += 1
         return statistics.median(times), sets
+
+    def time_backward(self, shape, reps):
+        """Per-call seconds of SDPA's forward and of .backward() on it (fp32, autograd), after one warm-up."""
+        t, F = self.torch, self.F
+        B, Hq, Hkv, Sq, Skv, D = (shape[k] for k in ("B", "Hq", "Hkv", "Sq", "Skv", "D"))
+        gen = t.Generator().manual_seed(1)
+
+        def rand(*size):
+            return t.rand(*size, generator=gen, dtype=t.float32) * 2 - 1
+
+        q, k, v = (rand(B, H, S, D).requires_grad_() for H, S in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
+        grad = rand(B, Hq, Sq, D)
+        kwargs = self.sdpa_kwargs(shape)
+        fwd, bwd = [], []
+        for rep in range(reps + 1):
+            q.grad = k.grad = v.grad = None
+            s = time.perf_counter()
+            kk, vv = (k, v) if Hq == Hkv or self.gqa else (x.repeat_interleave(Hq // Hkv, dim=1) for x in (k, v))
+            out = F.scaled_dot_product_attention(q, kk, vv, **kwargs)
+            m = time.perf_counter()
+            out.backward(grad)
+            e = time.perf_counter()
+            if rep:  # the first is the warm-up
+                fwd.append(m - s)
+                bwd.append(e - m)
+        if not all(bool(t.isfinite(x.grad).all()) for x in (q, k, v)):
+            raise RuntimeError("torch produced non-finite gradients")
+        return fwd, bwd
+
+    def sdpa_kwargs(self, shape):
+        """The mask arguments of SDPA for a shape (key padding, causal alignment, GQA)."""
+        t = self.torch
+        B, Hq, Hkv, Sq, Skv = (shape[k] for k in ("B", "Hq", "Hkv", "Sq", "Skv"))
+        kwargs = {}
+        if shape["kv_min"]:  # ragged: a padded batch with a key-padding mask (SDPA has no paged path)
+            lens = t.tensor([kv_len(shape, b) for b in range(B)])
+            kwargs["attn_mask"] = (t.arange(Skv)[None, :] < lens[:, None]).view(B, 1, 1, Skv)
+        elif shape["causal"] and Sq == Skv:
+            kwargs["is_causal"] = True
+        elif shape["causal"]:  # bottom-right: key j allowed for query i when j <= i + Skv - Sq
+            i = t.arange(Sq)[:, None]
+            j = t.arange(Skv)[None, :]
+            kwargs["attn_mask"] = j <= i + (Skv - Sq)
+        if Hq != Hkv and self.gqa:
+            kwargs["enable_gqa"] = True
+        return kwargs
 
 
 # ---- the canonical shapes --------------------------------------------------------------------------------
@@ -282,6 +318,74 @@ def run_shapes(args, attn, peer, shapes_table, ids, threads):
                     log(f"    torch failed: {row['torch_error']}")
             rows.append(row)
     return rows
+
+
+# ---- the backward pass ----------------------------------------------------------------------------------
+
+BACKWARD_SHAPES = ("P1", "P2")  # the issue's goal: >= 1.5x PyTorch's backward on these
+
+
+def run_backward(args, attn, peer, shapes_table, ids, threads):
+    """attn backward (attn bench --backward) and forward, and SDPA forward + .backward(), fp32, in interleaved
+    rounds: every round runs each of them `reps` times, so a noisy spell on the shared machine hits all."""
+    rounds = 1 if args.self_test else args.rounds
+    reps = args.reps or (2 if args.self_test else 3)
+    rows = []
+    for s in ids:
+        shape = shapes_table[s]
+        if shape["page"]:
+            log(f"backward: {s} skipped (paged K/V; attention_backward takes contiguous K/V)")
+            continue
+        common = dims_args(shape) + ["--threads", threads, "--reps", reps, "--no-ceilings", "--label", s] + \
+            hp_flag(args)
+        row = dict(shape=s, attn_bwd=[], attn_fwd=[], torch_bwd=[], torch_fwd=[], flops=None, round_ratios=[])
+        for rnd in range(rounds):
+            log(f"backward {s}: round {rnd + 1}/{rounds}")
+            b = run_attn(attn, common + ["--backward"])[0]
+            f = run_attn(attn, common)[0]
+            row["attn_bwd"] += b["times_s"]
+            row["attn_fwd"] += f["times_s"]
+            row["flops"] = b["flops"]
+            if peer:
+                try:
+                    tf, tb = peer.time_backward(shape, reps)
+                    row["torch_fwd"] += tf
+                    row["torch_bwd"] += tb
+                    row["round_ratios"].append(statistics.median(tb) / statistics.median(b["times_s"]))
+                except Exception as e:
+                    row["torch_error"] = f"{type(e).__name__}: {e}"
+                    log(f"    torch failed: {row['torch_error']}")
+        rows.append(row)
+    return rows
+
+
+def backward_markdown(rows, threads, torch_version, rounds, reps):
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    out = [f"Backward pass, fp32, {threads} threads for both; {rounds} interleaved round(s) of {reps} runs each "
+           f"(attn backward, attn forward, then SDPA forward + .backward()); medians over all runs. "
+           f"PyTorch {torch_version or 'not installed'}.", "",
+           "| shape | attn backward | PyTorch backward | PyTorch / attn (backward) | per-round ratios | "
+           "attn fwd + bwd | PyTorch fwd + bwd | PyTorch / attn (fwd + bwd) | attn backward rate | "
+           "PyTorch backward rate |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ab, tb = med(r["attn_bwd"]), med(r["torch_bwd"])
+        afb = ab + med(r["attn_fwd"]) if ab else None
+        tfb = tb + med(r["torch_fwd"]) if tb else None
+        ratio = f"{tb / ab:.2f}×" if tb else ("error" if r.get("torch_error") else "—")
+        ratio_fb = f"{tfb / afb:.2f}×" if tfb else "—"
+        rounds_text = ", ".join(f"{x:.2f}" for x in r["round_ratios"]) or "—"
+        rate = lambda t: f"{r['flops'] / t / 1e9:.1f} GFLOP/s" if t else "—"  # noqa: E731
+        out.append(f"| {r['shape']} | {fmt_time(ab)} | {fmt_time(tb)} | {ratio} | {rounds_text} | {fmt_time(afb)} | "
+                   f"{fmt_time(tfb)} | {ratio_fb} | {rate(ab)} | {rate(tb)} |")
+    out += ["", "- PyTorch backward: the time of `out.backward(grad)` alone, after an untimed-for-it forward "
+            "(torch.nn.functional.scaled_dot_product_attention on tensors with requires_grad; GQA via enable_gqa).",
+            "- attn backward: `attn bench --backward` (attention_backward from dO and one forward's O and LSE).",
+            "- Rates follow FlashAttention's convention: backward flops = 2.5x the forward's "
+            "(2·(Dk+Dv)·Hq·allowed pairs), whatever either implementation recomputes.",
+            "- Per-round ratios: PyTorch / attn backward medians of each round, a measure of the noise of the "
+            "shared machine."]
+    return "\n".join(out) + "\n"
 
 
 # ---- the scaling sweep -----------------------------------------------------------------------------------
@@ -486,6 +590,9 @@ def main(argv):
     ap.add_argument("--out", default=None, help="markdown table path (default: OUT_DIR/results.md)")
     ap.add_argument("--no-huge-pages", action="store_true",
                     help="no transparent huge pages for the inputs, neither for attn nor for torch")
+    ap.add_argument("--backward", action="store_true",
+                    help="only the backward pass: attn vs SDPA + .backward() (fp32) on --shapes (default P1,P2)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the --backward comparison")
     ap.add_argument("--self-test", action="store_true",
                     help="dry run on tiny shapes with quick ceilings; checks the JSON and the outputs")
     args = ap.parse_args(argv)
@@ -508,6 +615,8 @@ def main(argv):
     if not attn.exists():
         log(f"error: {attn} does not exist; build it first (make build) or pass --attn PATH")
         return 2
+    if args.backward and args.shapes == ",".join(SHAPES):
+        args.shapes = ",".join(BACKWARD_SHAPES)
     ids = [s.strip() for s in args.shapes.split(",") if s.strip()]
     bad = [s for s in ids if s not in SHAPES]
     if bad:
@@ -532,6 +641,8 @@ def main(argv):
         log("torch is not installed: attn only (python3 bench/run_bench.py --install-torch installs it)")
 
     shapes_table = TINY if args.self_test else SHAPES
+    if args.backward:
+        return backward_main(args, attn, peer, shapes_table, ids, threads, torch, md_path)
     rows = [] if args.scaling_only else run_shapes(args, attn, peer, shapes_table, ids, threads)
 
     points = []
@@ -559,6 +670,29 @@ def main(argv):
 
     if args.self_test:
         return self_check(rows, points, ids, md_path, json_path, peer, not args.no_scaling)
+    return 0
+
+
+def backward_main(args, attn, peer, shapes_table, ids, threads, torch, md_path):
+    rows = run_backward(args, attn, peer, shapes_table, ids, threads)
+    rounds = 1 if args.self_test else args.rounds
+    text = "# attn vs PyTorch SDPA on the CPU: the backward pass\n\n"
+    if args.self_test:
+        text += "**Self-test on tiny shapes: the numbers mean nothing.**\n\n"
+    text += backward_markdown(rows, threads, torch.__version__ if torch else None, rounds,
+                              args.reps or (2 if args.self_test else 3))
+    path = Path(args.out) if args.out else md_path.with_name("results_backward.md")
+    path.write_text(text)
+    path.with_suffix(".json").write_text(json.dumps(dict(threads=threads, torch=torch.__version__ if torch else None,
+                                                         rows=rows), indent=1))
+    print(text)
+    log(f"wrote {path}, {path.with_suffix('.json')}")
+    if args.self_test:
+        bad = [r["shape"] for r in rows if not r["attn_bwd"] or not all(t > 0 for t in r["attn_bwd"])]
+        if bad or len(rows) != len([s for s in ids if not shapes_table[s]["page"]]):
+            log(f"self-test problem: backward rows {bad or [r['shape'] for r in rows]}")
+            return 1
+        log(f"self-test ok: backward on {', '.join(r['shape'] for r in rows)}")
     return 0
 
 

@@ -206,7 +206,26 @@ TEST(CliBench, ReferenceBackendAndText) {
   EXPECT_FALSE(has(r.out, "WARNING")) << r.out;
 }
 
+TEST(CliBench, BackwardPassJsonAndText) {
+  // Sq = Skv = 4, causal, Dk = Dv = 8: the forward's 320 flops, x 2.5 for the backward.
+  const Outcome r = cli({"bench", "--heads", "2", "--kv-heads", "1", "--q-len", "4", "--head-dim", "8", "--causal",
+                         "--backward", "--reps", "1", "--json", "--no-ceilings", "--threads", "2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_bench_json(lines(r.out).at(0));  // output_finite: dQ, dK and dV (poisoned first) all written
+  EXPECT_TRUE(has(r.out, "\"pass\":\"backward\"")) << r.out;
+  EXPECT_TRUE(has(r.out, "\"flops\":1600,")) << r.out;
+  const Outcome t = cli({"bench", "--batch", "2", "--heads", "3", "--q-len", "7", "--kv-len", "70", "--kv-len-min", "5",
+                         "--head-dim", "12", "--dtype", "bf16", "--backward", "--reps", "1", "--no-ceilings"});
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_TRUE(has(t.out, ", backward, ")) << t.out;
+  EXPECT_TRUE(has(t.out, "2.5x the forward's")) << t.out;
+  EXPECT_FALSE(has(t.out, "WARNING")) << t.out;
+}
+
 TEST(CliBench, Errors) {
+  expect_error({"bench", "--heads", "2", "--q-len", "1", "--kv-len", "64", "--head-dim", "8", "--paged", "16",
+                "--backward"},
+               "--paged");
   expect_error({"bench"}, "--heads");
   expect_error({"bench", "--heads", "6", "--kv-heads", "4", "--q-len", "2", "--head-dim", "8"}, "--kv-heads");
   expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--dtype", "f64"}, "--dtype");

@@ -5,6 +5,11 @@
 // Counting: flops = 2·(Dk + Dv)·Hq·(allowed (query, key) pairs), exact for the causal mask and ragged key
 // lengths (flops_nominal is ../shared/DESIGN.md's 4·B·Hq·Sq·Skv·D, halved for causal when Sq = Skv);
 // bytes = Q read + O written at their dtype + the K and V rows the keys use, read once, at the KV dtype.
+//
+// --backward times attn::attention_backward instead (dQ, dK, dV from dO and the O and LSE of one forward run
+// before the timing). Its flops follow the FlashAttention convention: 2.5x the forward's (five products of
+// the forward's size: S = QKᵀ and dP = dO Vᵀ recomputed, dV, dK, dQ), whatever the kernel recomputes beyond
+// them; bytes = Q, O, dO read and dQ written + K and V read and dK, dV written, once each.
 #include <omp.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -241,6 +246,7 @@ struct BenchArgs {
   std::string backend = "flash";
   std::string label;
   bool json = false, no_ceilings = false, quick_ceilings = false, no_huge_pages = false;
+  bool backward = false;
 };
 
 Status parse_dtype(const std::string& text, const char* option, DType* dtype) {
@@ -327,9 +333,11 @@ struct Setup {
 // table and lengths.
 struct Inputs {
   Buffer q, out, lens, table;
+  Buffer lse, dout, dq, dk, dv;  // --backward only
   std::vector<Buffer> k, v;
   TensorView qv, ov, lens_view, table_view;
   std::vector<TensorView> kv, vv;
+  TensorView lse_view, dout_view, dq_view, dk_view, dv_view;
   std::int64_t kv_set_bytes = 0;
 };
 
@@ -353,7 +361,7 @@ std::int64_t kv_set_bytes(const Shape& s, DType kv_dtype, std::int64_t* pool_pag
   return checked_mul({2, s.B, s.Hkv, s.Skv, s.D, esize});
 }
 
-Status make_inputs(const Shape& s, const Setup& setup, int sets, Inputs* in) {
+Status make_inputs(const Shape& s, const Setup& setup, int sets, bool backward, Inputs* in) {
   const std::int64_t qsize = static_cast<std::int64_t>(dtype_size(setup.dtype));
   const std::int64_t kvsize = static_cast<std::int64_t>(dtype_size(setup.kv_dtype));
   const std::int64_t q_elems = checked_mul({s.B, s.Hq, s.Sq, s.D});
@@ -382,6 +390,23 @@ Status make_inputs(const Shape& s, const Setup& setup, int sets, Inputs* in) {
     }
   }
 
+  if (backward) {  // dO random, the gradients poisoned; O and the LSE come from one forward run
+    const std::int64_t kv_elems_set = checked_mul({s.B, s.Hkv, s.Skv, s.D});
+    in->lse = Buffer(s.B * s.Hq * s.Sq * 4, setup.huge_pages);
+    in->dout = Buffer(q_elems * qsize, setup.huge_pages);
+    in->dq = Buffer(q_elems * qsize, setup.huge_pages);
+    in->dk = Buffer(kv_elems_set * kvsize, setup.huge_pages);
+    in->dv = Buffer(kv_elems_set * kvsize, setup.huge_pages);
+    fill_random(in->dout.get(), setup.dtype, q_elems, 2, setup.threads);
+    fill_nan(in->dq.get(), setup.dtype, q_elems);
+    fill_nan(in->dk.get(), setup.kv_dtype, kv_elems_set);
+    fill_nan(in->dv.get(), setup.kv_dtype, kv_elems_set);
+    in->lse_view = TensorView::contiguous(in->lse.get(), DType::f32, {s.B, s.Hq, s.Sq});
+    in->dout_view = TensorView::contiguous(in->dout.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.D});
+    in->dq_view = TensorView::contiguous(in->dq.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.D});
+    in->dk_view = TensorView::contiguous(in->dk.get(), setup.kv_dtype, {s.B, s.Hkv, s.Skv, s.D});
+    in->dv_view = TensorView::contiguous(in->dv.get(), setup.kv_dtype, {s.B, s.Hkv, s.Skv, s.D});
+  }
   if (s.page_size > 0 || s.kv_len_min > 0) {
     in->lens = Buffer(s.B * 4, false);
     auto* lens = reinterpret_cast<std::int32_t*>(in->lens.get());
@@ -406,7 +431,10 @@ Status make_inputs(const Shape& s, const Setup& setup, int sets, Inputs* in) {
   return Status::Ok();
 }
 
-Status call(const Shape& s, const Inputs& in, int set, const Params& params) {
+Status call(const Shape& s, const Inputs& in, int set, const Params& params, bool backward) {
+  if (backward)
+    return attention_backward(in.qv, in.kv[set], in.vv[set], in.ov, in.lse_view, in.dout_view, in.dq_view,
+                              in.dk_view, in.dv_view, params);
   if (s.page_size > 0)
     return attention_paged(in.qv, in.kv[set], in.vv[set], in.table_view, in.lens_view, in.ov, params);
   return attention(in.qv, in.kv[set], in.vv[set], in.ov, params);
@@ -440,8 +468,12 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   std::int64_t pool_pages = 0;
   const std::int64_t set_bytes = kv_set_bytes(s, setup.kv_dtype, &pool_pages);
   const std::int64_t q_bytes = checked_mul({s.B, s.Hq, s.Sq, s.D, qsize});
-  const int sets = choose_kv_sets(s, set_bytes, a.kv_sets, 2 * q_bytes);
-  const std::int64_t need = 2 * q_bytes + set_bytes * sets;
+  if (a.backward && s.page_size > 0)
+    return Status::Invalid(a.shapes.empty() ? "--paged" : "--shape",
+                           "a paged shape (" + s.name + ") with --backward; expected contiguous K/V (the backward "
+                           "takes no page table)");
+  const int sets = a.backward ? 1 : choose_kv_sets(s, set_bytes, a.kv_sets, 2 * q_bytes);
+  const std::int64_t need = (a.backward ? 5 : 2) * q_bytes + set_bytes * sets * (a.backward ? 2 : 1);
   if (const std::int64_t avail = available_memory_bytes(); avail > 0 && need > avail - avail / 8)
     return Status::Invalid(a.kv_sets > 0      ? "--kv-sets"
                            : a.shapes.empty() ? "--kv-len"
@@ -454,7 +486,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   Result r;
   r.rss_before = proc_status_bytes("VmRSS");
   Inputs in;
-  if (Status st = make_inputs(s, setup, sets, &in); !st) return st;
+  if (Status st = make_inputs(s, setup, sets, a.backward, &in); !st) return st;
   r.rss_inputs = proc_status_bytes("VmRSS");
   r.peak_is_runs = reset_peak_rss();
 
@@ -464,12 +496,14 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   if (s.causal) params.causal = Causal::bottom_right;
   if (s.kv_len_min > 0 && s.page_size == 0) params.kv_lens = in.lens_view;
 
+  if (a.backward)  // the forward's O and LSE, which the backward reads
+    if (Status st = attention(in.qv, in.kv[0], in.vv[0], in.ov, params, in.lse_view); !st) return with_option_names(st);
   // Warm-up: at least one call, and more while they take under 50 ms in all.
   int call_index = 0;
   double warm_total = 0, last = 0;
   do {
     const auto start = Clock::now();
-    if (Status st = call(s, in, call_index % sets, params); !st) return with_option_names(st);
+    if (Status st = call(s, in, call_index % sets, params, a.backward); !st) return with_option_names(st);
     last = std::chrono::duration<double>(Clock::now() - start).count();
     warm_total += last;
     ++call_index;
@@ -479,7 +513,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
       a.reps > 0 ? a.reps : static_cast<int>(std::clamp(std::ceil(1.0 / std::max(last, 1e-9)), 3.0, 100.0));
   for (int rep = 0; rep < reps; ++rep) {
     const auto start = Clock::now();
-    if (Status st = call(s, in, call_index % sets, params); !st) return with_option_names(st);
+    if (Status st = call(s, in, call_index % sets, params, a.backward); !st) return with_option_names(st);
     r.times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     ++call_index;
   }
@@ -487,6 +521,12 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   r.maxrss = maxrss_bytes();
   const std::int64_t o_elems = checked_mul({s.B, s.Hq, s.Sq, s.D});
   r.output_finite = all_finite(in.out.get(), setup.dtype, o_elems);
+  if (a.backward) {
+    const std::int64_t kv_elems = checked_mul({s.B, s.Hkv, s.Skv, s.D});
+    r.output_finite = all_finite(in.dq.get(), setup.dtype, o_elems) &&
+                      all_finite(in.dk.get(), setup.kv_dtype, kv_elems) &&
+                      all_finite(in.dv.get(), setup.kv_dtype, kv_elems);
+  }
   std::vector<double> sorted = r.times;
   std::sort(sorted.begin(), sorted.end());
   const std::size_t n = sorted.size();
@@ -498,11 +538,14 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     pairs += allowed_pairs(s.Sq, kv_len(s, b), s.causal);
     kv_tokens += kv_len(s, b);
   }
-  const double flops = 2.0 * static_cast<double>(2 * s.D) * static_cast<double>(s.Hq) * static_cast<double>(pairs);
-  const double nominal = 4.0 * static_cast<double>(s.Hq * s.Sq * s.D) * static_cast<double>(kv_tokens) *
+  const double pass_factor = a.backward ? 2.5 : 1.0;  // the backward: FlashAttention's 2.5x the forward
+  const double flops =
+      pass_factor * 2.0 * static_cast<double>(2 * s.D) * static_cast<double>(s.Hq) * static_cast<double>(pairs);
+  const double nominal = pass_factor * 4.0 * static_cast<double>(s.Hq * s.Sq * s.D) * static_cast<double>(kv_tokens) *
                          (s.causal && s.Sq == s.Skv ? 0.5 : 1.0);
-  const double bytes = 2.0 * static_cast<double>(q_bytes) +
-                       static_cast<double>(kv_tokens) * static_cast<double>(s.Hkv * 2 * s.D * kvsize);
+  const double bytes = (a.backward ? 2.0 : 1.0) * (2.0 * static_cast<double>(q_bytes) +
+                                                   static_cast<double>(kv_tokens) *
+                                                       static_cast<double>(s.Hkv * 2 * s.D * kvsize));
   const double gflops = flops / r.median / 1e9, gbps = bytes / r.median / 1e9;
 
   // Fractions of the ceilings; the bound is the one the shape's arithmetic intensity hits first.
@@ -531,6 +574,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
         .add("label", label)
         .add("shape", s.name)
         .add("backend", setup.backend == Backend::reference ? "reference" : "flash")
+        .add("pass", a.backward ? "backward" : "forward")
         .add("isa", isa);
     o.add("B", s.B).add("Hq", s.Hq).add("Hkv", s.Hkv).add("Sq", s.Sq).add("Skv", s.Skv).add("Dk", s.D).add("Dv", s.D);
     o.add("causal", s.causal).add("dtype", dtype_name(setup.dtype)).add("kv_dtype", dtype_name(setup.kv_dtype));
@@ -568,7 +612,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   out << label << ": B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Sq=" << s.Sq << " Skv=" << s.Skv
       << (s.kv_len_min > 0 ? " (ragged " + std::to_string(s.kv_len_min) + ".." + std::to_string(s.Skv) + ")" : "")
       << " D=" << s.D << (s.causal ? " causal" : "")
-      << (s.page_size ? " paged(" + std::to_string(s.page_size) + ")" : "") << ", q/out " << dtype_name(setup.dtype)
+      << (s.page_size ? " paged(" + std::to_string(s.page_size) + ")" : "") << (a.backward ? ", backward" : "")
+      << ", q/out " << dtype_name(setup.dtype)
       << ", k/v " << dtype_name(setup.kv_dtype) << "; " << isa << ", " << setup.threads << " thread"
       << (setup.threads == 1 ? "" : "s") << "\n";
   out << "  time     median " << time_text(r.median) << " (min " << time_text(sorted.front()) << ", max "
@@ -584,10 +629,12 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     if (std::isfinite(frac_amx))
       out << ", " << percent(frac_amx) << " of AMX bf16 (" << fmt("%.0f", ceil->amx_bf16_gflops) << ")";
   }
-  out << "   [" << fmt("%.4g", flops) << " flops, exact pair count]\n";
+  out << "   [" << fmt("%.4g", flops) << " flops, exact pair count" << (a.backward ? ", 2.5x the forward's" : "")
+      << "]\n";
   out << "  memory   " << fmt("%.2f", gbps) << " GB/s";
   if (ceil) out << " = " << percent(frac_read) << " of streaming read (" << fmt("%.1f", ceil->read_gbps) << " GB/s)";
-  out << "   [" << bytes_text(bytes) << " of Q, K, V read and O written]\n";
+  out << "   [" << bytes_text(bytes)
+      << (a.backward ? " of Q, K, V, O, dO read and dQ, dK, dV written]\n" : " of Q, K, V read and O written]\n");
   if (ceil) out << "  bound    " << bound << ": " << percent(frac_bound) << " of that ceiling\n";
   out << "  RSS      " << bytes_text(static_cast<double>(r.rss_before)) << " before inputs, "
       << bytes_text(static_cast<double>(r.rss_inputs)) << " with inputs, peak "
@@ -668,6 +715,8 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
       ->type_name("NAME");
   sub->add_option("--label", a->label, "Name to report for this run (default: the shape id or 'custom')")
       ->type_name("TEXT");
+  sub->add_flag("--backward", a->backward,
+                "Time attention_backward (dQ, dK, dV from dO and one forward's O and LSE); flops = 2.5x the forward's");
   sub->add_flag("--json", a->json, "Print one JSON object per run (fields: see the README's Benchmarks section)");
   sub->add_flag("--no-ceilings", a->no_ceilings, "Skip measuring the machine's ceilings (fractions become null)");
   sub->add_flag("--no-huge-pages", a->no_huge_pages,

@@ -1,7 +1,10 @@
 // The backward kernel compiled for AVX2 + FMA + F16C.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/backward_problem.h"
@@ -14,6 +17,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #define ATTN_ISA_NS avx2
+#define ATTN_VEC_AVX2
 #include "cpu/backward_kernel.h"
 
 namespace attn::cpu::avx2 {

@@ -1,21 +1,35 @@
-// The tiled (FlashAttention-2 style) backward, written once in portable C++ and compiled per instruction set.
+// The tiled (FlashAttention-2 style) backward, written once over the SIMD wrapper (cpu/vec.h) and compiled
+// per instruction set.
 //
 // Nothing of size Sq x Skv is ever held: for a tile of BR query rows and BC keys the probabilities are
-// recomputed from Q, K and the row's LSE (P = e^(scale·QKᵀ + mask − LSE)), and then
+// recomputed from Q, K and the row's statistics (P = e^(scale·QKᵀ + mask − m) · inv_l), and then
 //   dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D)  with D_i = Σ_j P_ij dP_ij (= dO_i · O_i),
 //   dK += dSᵀ Q,   dQ += dS K
-// (dK and dQ are multiplied by the scale once, when stored). A first sweep over the query blocks refines
-// each row's LSE and takes D from the scores recomputed here (see row_statistics for why).
+// (the scale of dK and dQ is taken once, in dS).
 //
-// Determinism: every output element is owned by exactly one work item, which sums its terms in a fixed
-// order, so results are bitwise identical at every thread count and schedule. dK and dV are computed per
-// (batch, KV head, key block), looping over the group's query heads and all query blocks; dQ is computed in
-// a separate sweep per (batch, query head, query block), recomputing P and dS. No atomics, no reductions
-// across threads. Tiles the causal mask, the window or the key length hide are skipped whole.
+// Sweeps over work items that own their outputs, so no atomics and no order that depends on the schedule:
+// results are bitwise identical at every thread count.
+//   0. the largest row norm of every query block and key tile (which decides the two choices below).
+//   1. row_statistics, per (batch, query head, query block): m_i = the forward's LSE, and inv_l_i = 1,
+//      D_i = dO_i · O_i; or, when some tile may have large logits, l_i and D_i from the scores recomputed
+//      here (see there for why).
+//   2. key_chunk, per (batch, KV head, chunk of keys): for each key block of the chunk, over the group's
+//      query heads and query blocks in order: the five products above. dK and dV of the block are complete
+//      when it ends and are stored; dQ is summed into the item's own rows: the caller's dQ itself (fp32, one
+//      chunk) or an fp32 partial per chunk.
+//   3. with partials only: dQ = Σ_chunks partial, the chunks in order. The number of chunks depends on the
+//      shape only (never on the thread count), and is 1 unless B·Hkv alone gives too few items.
+// Memory: per-thread tiles, the per-row statistics, and the partials (chunks x |dQ| in fp32) when there are
+// any; never Sq x Skv.
 //
-// The tile steps are small loops over fp32 rows with unit stride (matrix products as rank-1 updates, so the
-// compiler vectorises the inner loop without reassociating any sum). Included by one translation unit per
-// instruction set (src/cpu/backward_<isa>.cc) inside its `#pragma GCC target` region, like flash_kernel.h.
+// The five products are one register-blocked micro-kernel (gemm below): C[i][·] (+)= Σ_k A(i, k) · B[k][·]
+// with B's rows in SIMD lanes and A read as broadcast scalars at any two strides, so Pᵀ and dSᵀ need no
+// transpose. Scores, probabilities and every sum are fp32 (scores fp64 on tiles with large logits); the
+// exponential is exp2v (vec.h). Tile sizes, micro-kernel shapes (4x4 and 8x2 vectors, 6x4), and a variant
+// loading each query block once per 4 key blocks were measured here: none moved the time beyond the noise.
+//
+// Included by one translation unit per instruction set (src/cpu/backward_<isa>.cc) inside its
+// `#pragma GCC target` region with ATTN_VEC_<ISA> defined, like flash_kernel.h.
 #ifndef ATTN_ISA_NS
 #error "define ATTN_ISA_NS (the per-ISA namespace) before including backward_kernel.h"
 #endif
@@ -23,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/backward_problem.h"
@@ -34,308 +49,512 @@
 
 namespace attn::cpu::ATTN_ISA_NS::bwd {
 
-constexpr std::int64_t BR = 32;  // query rows per tile
-constexpr std::int64_t BC = 64;  // keys per tile
+#include "cpu/vec.h"
 
-// Per-thread scratch, all fp32 with unit stride.
-struct Workspace {
-  std::vector<float> q;     // [BR][Dk]  query rows
-  std::vector<float> dout;  // [BR][Dv]  dO rows
-  std::vector<float> k;     // [BC][Dk]  key rows
-  std::vector<float> kt;    // [Dk][BC]  keys transposed (zero past the tile's keys)
-  std::vector<float> vt;    // [Dv][BC]  values transposed
-  std::vector<double> s;    // [BR][BC]  scores (unscaled dot products)
-  std::vector<float> p;     // [BR][BC]  probabilities
-  std::vector<float> ds;    // [BR][BC]  dP, then dS
-  std::vector<float> acc_a, acc_b;  // dK [BC][Dk] and dV [BC][Dv], or dQ [BR][Dk]
-  double lse[BR];  // the row's log-sum-exp (the forward's, refined by row_statistics)
-  float d[BR];
-  core::KeyRange range[BR];
-  Workspace(std::int64_t dk, std::int64_t dv)
-      : q(BR * dk), dout(BR * dv), k(BC * dk), kt(dk * BC), vt(dv * BC), s(BR * BC), p(BR * BC), ds(BR * BC),
-        acc_a(std::max(BC, BR) * dk), acc_b(BC * dv) {}
-};
+using V = Vec::T;
+constexpr int W = Vec::W;
+constexpr std::int64_t BR = 64;       // query rows per tile
+constexpr std::int64_t BC = 64;       // keys per tile (a multiple of every W)
+constexpr int GR = 4;                 // rows of C per micro-kernel step
+constexpr int GV = W == 16 ? 4 : 2;   // vectors of C per micro-kernel step (GR x GV accumulators)
 
-// ---- loading (any storage dtype -> fp32) -------------------------------------------------------------
+inline std::int64_t padded(std::int64_t dim) { return (dim + W - 1) / W * W; }
 
-// Rows [s0, s0 + rows) of head h as dst[r][0..dim), zero rows up to `pad` rows.
-template <class T>
-void load_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
-               std::int64_t pad, std::int64_t dim, float* dst) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* src = static_cast<const T*>(t.data) + t.offset(b, h, s0 + r, 0);
-    for (std::int64_t d = 0; d < dim; ++d) dst[r * dim + d] = core::to_float(src[d * t.stride[3]]);
+// ---- the micro-kernel ------------------------------------------------------------------------------------
+
+// C[i][·] for rows i0 .. i0+R-1 and vectors n0 .. n0+CV-1: (ACC ? C : 0) + Σ_{k<kn} A(i, k) · B[k][·], with
+// A(i, k) = a[i·a_row + k·a_k].
+template <int R, int CV, bool ACC>
+inline void gemm_step(const float* a, std::int64_t a_row, std::int64_t a_k, const float* b, std::int64_t b_row,
+                      std::int64_t kn, float* c, std::int64_t c_row) {
+  V acc[R][CV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < CV; ++v) acc[r][v] = ACC ? Vec::load(c + r * c_row + v * W) : Vec::zero();
+  for (std::int64_t k = 0; k < kn; ++k) {
+    V bv[CV];
+    for (int v = 0; v < CV; ++v) bv[v] = Vec::load(b + k * b_row + v * W);
+    for (int r = 0; r < R; ++r) {
+      const V ab = Vec::set1(a[r * a_row + k * a_k]);
+      for (int v = 0; v < CV; ++v) acc[r][v] = Vec::fmadd(ab, bv[v], acc[r][v]);
+    }
   }
-  std::fill(dst + rows * dim, dst + pad * dim, 0.0f);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < CV; ++v) Vec::store(c + r * c_row + v * W, acc[r][v]);
 }
 
-// The same rows transposed: dst[d][r], BC columns, zero past `rows`.
-inline void transpose_tile(const float* rows_in, std::int64_t rows, std::int64_t dim, float* dst) {
-  std::fill(dst, dst + dim * BC, 0.0f);
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t d = 0; d < dim; ++d) dst[d * BC + r] = rows_in[r * dim + d];
+template <int R, bool ACC>
+inline void gemm_rows(int cv, const float* a, std::int64_t a_row, std::int64_t a_k, const float* b,
+                      std::int64_t b_row, std::int64_t kn, float* c, std::int64_t c_row) {
+  static_assert(GV <= 4);
+  switch (cv) {
+    case 4: if constexpr (GV >= 4) gemm_step<R, 4, ACC>(a, a_row, a_k, b, b_row, kn, c, c_row); break;
+    case 3: if constexpr (GV >= 3) gemm_step<R, 3, ACC>(a, a_row, a_k, b, b_row, kn, c, c_row); break;
+    case 2: gemm_step<R, 2, ACC>(a, a_row, a_k, b, b_row, kn, c, c_row); break;
+    default: gemm_step<R, 1, ACC>(a, a_row, a_k, b, b_row, kn, c, c_row); break;
+  }
+}
+
+// C[i][0..n) (ACC ? += : =) Σ_{k<kn} A(i, k) · B[k][0..n) for rows i < m; n is a multiple of W.
+// Every element's sum runs over k in order: the result does not depend on how rows are blocked.
+template <bool ACC>
+inline void gemm(std::int64_t m, std::int64_t n, std::int64_t kn, const float* a, std::int64_t a_row,
+                 std::int64_t a_k, const float* b, std::int64_t b_row, float* c, std::int64_t c_row) {
+  for (std::int64_t n0 = 0; n0 < n; n0 += GV * W) {
+    const int cv = static_cast<int>(std::min<std::int64_t>(GV, (n - n0) / W));
+    std::int64_t i = 0;
+    for (; i + GR <= m; i += GR)
+      gemm_rows<GR, ACC>(cv, a + i * a_row, a_row, a_k, b + n0, b_row, kn, c + i * c_row + n0, c_row);
+    for (; i < m; ++i) gemm_rows<1, ACC>(cv, a + i * a_row, a_row, a_k, b + n0, b_row, kn, c + i * c_row + n0, c_row);
+  }
+}
+
+// ---- loading (any storage dtype -> fp32) ---------------------------------------------------------------
+
+// Rows [s0, s0 + rows) of head h as dst[r][0..dim) with row stride ld, zero elsewhere up to `pad` rows;
+// returns the largest row norm.
+template <class T>
+float load_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
+                std::int64_t pad, std::int64_t dim, std::int64_t ld, float* dst) {
+  float norm2 = 0.0f;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* src = static_cast<const T*>(t.data) + t.offset(b, h, s0 + r, 0);
+    float* out = dst + r * ld;
+    float n2 = 0.0f;
+    for (std::int64_t d = 0; d < dim; ++d) out[d] = core::to_float(src[d * t.stride[3]]), n2 += out[d] * out[d];
+    std::fill(out + dim, out + ld, 0.0f);
+    norm2 = std::max(norm2, n2);
+  }
+  std::fill(dst + rows * ld, dst + pad * ld, 0.0f);
+  return std::sqrt(norm2);
+}
+
+// ---- per-thread tiles --------------------------------------------------------------------------------------
+
+// All fp32 (the fp64 scores aside); row lengths padded to a multiple of W (Dkp, Dvp) with zeros.
+struct Workspace {
+  std::int64_t dkp, dvp;
+  std::vector<float> qbuf, doutbuf;  // [BR][Dkp], [BR][Dvp]  query and dO rows, when not read in place
+  const float* q = nullptr;          // the block's query rows, row stride ldq (qbuf or the caller's memory)
+  const float* dout = nullptr;       // its dO rows, row stride ldo
+  std::int64_t ldq = 0, ldo = 0;
+  float qnorm = 0;                   // max_i ‖q_i‖ over the block
+  std::vector<float> s;       // [BR][BC]   scores, then P
+  std::vector<double> sd;     // [BR][BC]   fp64 scores (tiles with large logits)
+  std::vector<float> ds;      // [BR][BC]   dP, then dS
+  std::vector<float> kt, vt;  // [Dk][BC], [Dv][BC]  the key tile transposed (keys in lanes; zero past its keys)
+  std::vector<float> kbuf;    // [BC][Dkp]  its key rows, when not read in place
+  std::vector<float> dk, dv;  // [BC][Dkp], [BC][Dvp]  the key block's accumulators
+  std::vector<float> l, pd;   // [BR][W]    row_statistics' per-lane sums
+  float m[BR], inv_l[BR], d[BR];  // the rows' statistics (m = 0, inv_l = 0 for rows past the block)
+  core::KeyRange range[BR];
+  Workspace(std::int64_t dk_, std::int64_t dv_)
+      : dkp(padded(dk_)), dvp(padded(dv_)), qbuf(BR * dkp), doutbuf(BR * dvp), s(BR * BC), sd(BR * BC),
+        ds(BR * BC), kt(dk_ * BC), vt(dv_ * BC), kbuf(BC * dkp), dk(BC * dkp), dv(BC * dvp), l(BR * W),
+        pd(BR * W) {}
+};
+
+// Per-row values the later sweeps read, [B, Hq, Sq] each: P_ij = e^(s_ij − m_i) · inv_l_i, and D_i; and the
+// largest query norm of each query block, [B, Hq, Sq / BR].
+struct RowStats {
+  std::vector<float> m, inv_l, d, qnorm;
+  std::vector<float> knorm;  // the largest key norm of each key tile, [B, Hkv, Skv / BC]
+};
+
+// Rows [s0, s0 + rows) of head h as fp32 rows: in place when the caller's are fp32 with unit stride and
+// whole vectors, else converted into buf. Returns the largest row norm when `norm`.
+template <class T>
+float block_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
+                 std::int64_t pad, std::int64_t dim, std::int64_t ldp, float* buf, const float** out, std::int64_t* ld,
+                 bool norm = false) {
+  if (std::is_same_v<T, float> && t.stride[3] == 1 && dim == ldp) {
+    const float* base = static_cast<const float*>(t.data) + t.offset(b, h, s0, 0);
+    float norm2 = 0.0f;
+    for (std::int64_t r = 0; r < rows && norm; ++r) {
+      V acc = Vec::zero();
+      for (std::int64_t d = 0; d < dim; d += W) acc = Vec::fmadd(Vec::load(base + r * t.stride[2] + d),
+                                                                  Vec::load(base + r * t.stride[2] + d), acc);
+      norm2 = std::max(norm2, Vec::reduce_add(acc));
+    }
+    *out = base, *ld = t.stride[2];
+    return std::sqrt(norm2);
+  }
+  *out = buf, *ld = ldp;
+  return load_rows<T>(t, b, h, s0, rows, pad, dim, ldp, buf);
+}
+
+// Query rows [i0, i0 + rows) of head h: Q, dO, each row's key range and (when stats is given) its statistics.
+template <class QT>
+void load_query_block(const core::BackwardProblem& bp, const RowStats& stats, bool with_stats, std::int64_t b,
+                      std::int64_t h, std::int64_t i0, std::int64_t rows, Workspace& ws) {
+  const core::Problem& p = bp.fwd;
+  block_rows<QT>(p.q, b, h, i0, rows, BR, p.Dk, ws.dkp, ws.qbuf.data(), &ws.q, &ws.ldq);
+  block_rows<QT>(bp.dout, b, h, i0, rows, BR, p.Dv, ws.dvp, ws.doutbuf.data(), &ws.dout, &ws.ldo);
+  ws.qnorm = stats.qnorm[static_cast<std::size_t>((b * p.Hq + h) * ((p.Sq + BR - 1) / BR) + i0 / BR)];
+  for (std::int64_t r = 0; r < BR; ++r) {
+    ws.m[r] = 0.0f, ws.inv_l[r] = 0.0f, ws.d[r] = 0.0f, ws.range[r] = {0, 0};
+    if (r >= rows) continue;
+    ws.range[r] = core::key_range(p, b, i0 + r);
+    if (!with_stats) continue;
+    const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
+    ws.m[r] = stats.m[row], ws.inv_l[r] = stats.inv_l[row], ws.d[r] = stats.d[row];
+  }
+}
+
+// The key tile [j0, j0 + cols) of KV head hk in the layouts the tile steps read: Kᵀ and Vᵀ (keys in lanes:
+// S = Q Kᵀ, dP = dO Vᵀ) and K rows (dQ += dS K), and the largest key norm of the tile (from sweep 0).
+struct KeyTile {
+  const float* kt;  // [Dk][BC]
+  const float* vt;  // [Dv][BC]
+  const float* k;   // rows, row stride ldk
+  std::int64_t ldk;
+  float knorm;
+};
+
+template <class KVT>
+KeyTile load_key_tile(const core::Problem& p, const std::vector<float>& knorms, std::int64_t b, std::int64_t hk,
+                      std::int64_t j0, std::int64_t cols, Workspace& ws) {
+  KeyTile kt{ws.kt.data(), ws.vt.data(), nullptr, 0, 0.0f};
+  block_rows<KVT>(p.k, b, hk, j0, cols, BC, p.Dk, ws.dkp, ws.kbuf.data(), &kt.k, &kt.ldk);
+  std::fill(ws.kt.begin(), ws.kt.end(), 0.0f);
+  std::fill(ws.vt.begin(), ws.vt.end(), 0.0f);
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const KVT* v = static_cast<const KVT*>(p.v.data) + p.v.offset(b, hk, j0 + c, 0);
+    for (std::int64_t d = 0; d < p.Dk; ++d) ws.kt[d * BC + c] = kt.k[c * kt.ldk + d];
+    for (std::int64_t d = 0; d < p.Dv; ++d) ws.vt[d * BC + c] = core::to_float(v[d * p.v.stride[3]]);
+  }
+  kt.knorm = knorms[static_cast<std::size_t>((b * p.Hkv + hk) * ((p.Skv + BC - 1) / BC) + j0 / BC)];
+  return kt;
 }
 
 // ---- the tile steps ------------------------------------------------------------------------------------
 
-// c[r][0..BC) = Σ_d a[r][d] · bt[d][0..BC), accumulated in Acc   (S = Q Kᵀ in double, dP = dO Vᵀ in fp32)
-//
-// The scores are accumulated and kept in double: with large logits (|s| ~ 10^4) an fp32 score is only good
-// to ~5·10^-4, and P = e^(s − lse) turns that into a relative error of the same size in a near-tie row, where
-// dQ and dK are most sensitive; the registry's large-logit cases measured 5-20x a naive fp32 backward's error
-// with fp32 scores, within the rule with double ones.
-template <class Acc, class Out>
-inline void rows_times_cols(const float* a, std::int64_t rows, std::int64_t inner, const float* bt, Out* c) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    Acc acc[BC] = {};
-    for (std::int64_t d = 0; d < inner; ++d) {
-      const Acc x = a[r * inner + d];
-      const float* bt_row = bt + d * BC;
-      for (std::int64_t j = 0; j < BC; ++j) acc[j] += x * static_cast<Acc>(bt_row[j]);
-    }
-    std::copy(acc, acc + BC, c + r * BC);
+// Above this bound on |scale·q·k| over a tile, scores are formed in fp64. An fp32 dot product is as good as
+// a naive fp32 backward's (errors ~ ε·scale·‖q‖‖k‖ in the logit), but with large logits softmax rows are
+// near one-hot and the few near-tied rows decide the largest gradient error, so which of two equally
+// rounded computations wins is luck: the registry's large-logit cases (|logit| ~ 10^3 to 10^4) measured
+// 5-20x a naive backward's error with fp32 scores, within the rule with fp64 ones. Ordinary inputs (P1, P2,
+// unit-scale activations: bound ~ 4) never come near it.
+constexpr float kWideLogits = 256.0f;
+
+// S = Q Kᵀ (unscaled dot products) [BR][BC] in fp32, or in fp64 into ws.sd when the tile's logits are large.
+// Returns whether it took fp64.
+inline bool scores(const core::Problem& p, std::int64_t rows, const KeyTile& kt, Workspace& ws) {
+  if (static_cast<float>(p.scale) * ws.qnorm * kt.knorm <= kWideLogits) {
+    gemm<false>(rows, BC, p.Dk, ws.q, ws.ldq, 1, kt.kt, BC, ws.s.data(), BC);
+    return false;
   }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double acc[BC] = {};
+    for (std::int64_t d = 0; d < p.Dk; ++d) {
+      const double x = ws.q[r * ws.ldq + d];
+      for (std::int64_t c = 0; c < BC; ++c) acc[c] += x * kt.kt[d * BC + c];
+    }
+    std::copy(acc, acc + BC, ws.sd.data() + r * BC);
+  }
+  return true;
 }
 
-// P = e^(scale·S + mask − LSE) inside each row's key range, 0 elsewhere (and for rows with LSE = −∞).
+// dP = dO Vᵀ  [BR][BC]
+inline void dprobs(const core::Problem& p, std::int64_t rows, const KeyTile& kt, const Workspace& ws, float* dp) {
+  gemm<false>(rows, BC, p.Dv, ws.dout, ws.ldo, 1, kt.vt, BC, dp, BC);
+}
+
+// P = e^(scale·S + mask − m) · inv_l in ws.s, for the block's rows; 0 for keys a row may not see and for rows
+// past the block (inv_l = 0). Tiles every row sees whole, without a dense mask, take the vector path; the
+// others form each exponent key by key (in fp64 from ws.sd when `wide`).
 template <class DenseMask>
 void probabilities(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
-                   std::int64_t j0, std::int64_t cols, const Workspace& ws, float* pt) {
+                   std::int64_t j0, std::int64_t cols, bool wide, Workspace& ws) {
+  bool interior = !DenseMask::kActive && !wide && cols == BC;
+  for (std::int64_t r = 0; r < rows && interior; ++r) interior = ws.range[r].lo <= j0 && j0 + BC <= ws.range[r].hi;
+  const float scale_f = static_cast<float>(p.scale);
+  const V log2e = Vec::set1(static_cast<float>(core::kLog2e)), scale = Vec::set1(scale_f);
   for (std::int64_t r = 0; r < rows; ++r) {
-    float* row = pt + r * BC;
-    const double* s = ws.s.data() + r * BC;
-    const double lse = ws.lse[r];
-    const std::int64_t c_lo = std::clamp<std::int64_t>(ws.range[r].lo - j0, 0, cols);
-    const std::int64_t c_hi = std::clamp<std::int64_t>(ws.range[r].hi - j0, c_lo, cols);
-    if (lse == -HUGE_VAL) {
-      std::fill(row, row + BC, 0.0f);
-      continue;
+    float* row = ws.s.data() + r * BC;
+    V neg_m = Vec::set1(-ws.m[r]);
+    if (!interior) {  // the exponent key by key, −inf where the row may not look
+      const auto mask = DenseMask::row(p, b, h, i0 + r);
+      for (std::int64_t c = 0; c < BC; ++c) {
+        const std::int64_t j = j0 + c;
+        float x = core::kNegInf;
+        if (c < cols && j >= ws.range[r].lo && j < ws.range[r].hi) {
+          if (wide) {
+            x = static_cast<float>(ws.sd[r * BC + c] * p.scale + mask.bias(j) - ws.m[r]);
+          } else {  // rounded as the vector path rounds: scale·s, then + mask, then − m below
+            x = row[c] * scale_f;
+            if constexpr (DenseMask::kActive) x += mask.bias(j);
+          }
+        }
+        row[c] = x;
+      }
+      if (wide) neg_m = Vec::zero();
     }
-    std::fill(row, row + c_lo, 0.0f);
-    const auto mask = DenseMask::row(p, b, h, i0 + r);
-    for (std::int64_t c = c_lo; c < c_hi; ++c) {
-      const float bias = mask.bias(j0 + c);
-      // The exponent is formed in double: huge logits lose nothing to a rounded difference.
-      row[c] = bias == core::kNegInf
-                   ? 0.0f
-                   : std::exp(static_cast<float>(s[c] * p.scale + bias - lse));
-    }
-    std::fill(row + c_hi, row + BC, 0.0f);
-  }
-}
-
-// dS = P ∘ (dP − D), in place over dP.
-inline void dscores(const float* pt, std::int64_t rows, const float* d, float* ds) {
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < BC; ++c) ds[r * BC + c] = pt[r * BC + c] * (ds[r * BC + c] - d[r]);
-}
-
-// acc[c][0..dim) += Σ_r w[r][c] · x[r][0..dim) over the tile's columns   (dV += Pᵀ dO, dK += dSᵀ Q)
-inline void cols_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t dim,
-                            float* acc) {
-  for (std::int64_t c = 0; c < cols; ++c) {
-    float* out = acc + c * dim;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float wr = w[r * BC + c];
-      if (wr == 0.0f) continue;
-      const float* xr = x + r * dim;
-      for (std::int64_t d = 0; d < dim; ++d) out[d] += wr * xr[d];
+    const V inv_l = Vec::set1(ws.inv_l[r]);
+    for (std::int64_t c = 0; c < BC; c += W) {
+      const V t = interior ? Vec::mul(Vec::load(row + c), scale) : Vec::load(row + c);
+      Vec::store(row + c, Vec::mul(exp2v(Vec::mul(Vec::add(t, neg_m), log2e)), inv_l));
     }
   }
 }
 
-// acc[r][0..dim) += Σ_c w[r][c] · x[c][0..dim)   (dQ += dS K)
-inline void rows_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t dim,
-                            float* acc) {
+// scale · dS = scale · P ∘ (dP − D), in place over dP (the scale of dK = scale · dSᵀ Q and dQ = scale · dS K
+// taken once here).
+inline void dscores(const float* pt, std::int64_t rows, const float* d, float scale, float* ds) {
+  const V sc = Vec::set1(scale);
   for (std::int64_t r = 0; r < rows; ++r) {
-    float* out = acc + r * dim;
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const float wc = w[r * BC + c];
-      if (wc == 0.0f) continue;
-      const float* xc = x + c * dim;
-      for (std::int64_t d = 0; d < dim; ++d) out[d] += wc * xc[d];
-    }
+    const V neg_d = Vec::set1(-d[r]);
+    for (std::int64_t c = 0; c < BC; c += W)
+      Vec::store(ds + r * BC + c, Vec::mul(Vec::mul(Vec::load(pt + r * BC + c), sc),
+                                           Vec::add(Vec::load(ds + r * BC + c), neg_d)));
   }
 }
 
-// ---- blocks --------------------------------------------------------------------------------------------
+// acc[c][·] (+)= Σ_r w[r][c] · x[r][·] over the tile's keys c and the block's rows r  (dV += Pᵀ dO, dK += dSᵀ Q);
+// `add` false on the first term (instead of zeroing acc first).
+inline void cols_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ldx,
+                            std::int64_t n, float* acc, bool add) {
+  if (add) gemm<true>(cols, n, rows, w, 1, BC, x, ldx, acc, n);
+  else gemm<false>(cols, n, rows, w, 1, BC, x, ldx, acc, n);
+}
 
-// Per-row values both sweeps read: D_i = dO_i · O_i and the refined LSE, [B, Hq, Sq] each.
-struct RowStats {
-  std::vector<float> d;
-  std::vector<double> lse;
-};
+// acc[r][·] (+)= Σ_c w[r][c] · x[c][·]   (dQ += dS K)
+inline void rows_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ldx,
+                            std::int64_t n, float* acc, std::int64_t ldacc, bool add) {
+  if (add) gemm<true>(rows, n, cols, w, BC, 1, x, ldx, acc, ldacc);
+  else gemm<false>(rows, n, cols, w, BC, 1, x, ldx, acc, ldacc);
+}
 
-// Loads query rows [i0, i0 + rows) of head h: Q, dO, LSE, D and each row's key range.
-template <class QT>
-void load_query_block(const core::BackwardProblem& bp, const RowStats& stats, std::int64_t b, std::int64_t h,
-                      std::int64_t i0, std::int64_t rows, Workspace& ws) {
+// Per-row sums of one tile: l += Σ_c P̃, pd += Σ_c P̃ · dP, lane by lane (reduced in row_statistics).
+inline void row_sums(const float* pt, const float* dp, std::int64_t rows, float* l, float* pd) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    V lv = Vec::load(l + r * W), pv = Vec::load(pd + r * W);
+    for (std::int64_t c = 0; c < BC; c += W) {
+      const V pw = Vec::load(pt + r * BC + c);
+      lv = Vec::add(lv, pw);
+      pv = Vec::fmadd(pw, Vec::load(dp + r * BC + c), pv);
+    }
+    Vec::store(l + r * W, lv), Vec::store(pd + r * W, pv);
+  }
+}
+
+// ---- the sweeps --------------------------------------------------------------------------------------
+
+// The keys some row of the block [i0, i0 + rows) sees lie in [first.lo, last.hi): both ends are
+// non-decreasing in the row.
+inline core::KeyRange block_keys(const core::Problem& p, std::int64_t b, std::int64_t i0, std::int64_t rows) {
+  return {core::key_range(p, b, i0).lo, core::key_range(p, b, i0 + rows - 1).hi};
+}
+
+// Sweep 1, the statistics of query rows [i0, i0 + rows) of head h. Always m_i = the forward's LSE (an upper
+// bound of every score: no max pass, no overflow). Then either, from the forward alone,
+//   inv_l_i = 1 and D_i = dO_i · O_i   (FlashAttention-2's; two cheap row reads), or, when `exact`,
+//   inv_l_i = 1 / Σ_j e^(s_ij − m_i) and D_i = Σ_j P_ij dP_ij, from the scores recomputed here.
+// The forward rounded its scores differently (another summation order, another tiling), and its LSE is
+// fp32. With ordinary logits that is noise. With large ones (|s| ~ 10^3 and more) an fp32 LSE is only good to
+// ~10^-4, so e^(s − lse_forward) does not sum to 1, and D = dO · O_forward does not match P and dP;
+// dS = P ∘ (dP − D) turns either into gradient error far above a naive fp32 backward's. Normalising by l and
+// taking D from the same P̃ and dP the next sweep recomputes (the same operations on the same tiles, bit for
+// bit) keeps Σ_j dS_ij = 0 up to rounding, at the cost of two more products per tile. flash_backward asks
+// for it exactly when some tile may have large logits (kWideLogits).
+template <class QT, class KVT, class DenseMask>
+void row_statistics(const core::BackwardProblem& bp, bool exact, std::int64_t b, std::int64_t h, std::int64_t i0,
+                    std::int64_t rows, Workspace& ws, RowStats& stats) {
   const core::Problem& p = bp.fwd;
-  load_rows<QT>(p.q, b, h, i0, rows, BR, p.Dk, ws.q.data());
-  load_rows<QT>(bp.dout, b, h, i0, rows, BR, p.Dv, ws.dout.data());
+  const auto* saved = static_cast<const float*>(p.lse->data);
+  load_query_block<QT>(bp, stats, false, b, h, i0, rows, ws);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float lse = saved[p.lse->offset(b, h, i0 + r, 0)];
+    ws.m[r] = lse == core::kNegInf ? 0.0f : lse;
+    ws.inv_l[r] = lse == core::kNegInf ? 0.0f : 1.0f;
+  }
+  if (!exact) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
+      const QT* o = static_cast<const QT*>(p.out.data) + p.out.offset(b, h, i0 + r, 0);
+      const float* g = ws.dout + r * ws.ldo;
+      double d = 0;
+      for (std::int64_t e = 0; e < p.Dv; ++e) d += static_cast<double>(g[e]) * core::to_float(o[e * p.out.stride[3]]);
+      stats.m[row] = ws.m[r];
+      stats.inv_l[row] = ws.inv_l[r];
+      stats.d[row] = ws.inv_l[r] > 0.0f ? static_cast<float>(d) : 0.0f;
+    }
+    return;
+  }
+  std::fill(ws.l.begin(), ws.l.end(), 0.0f);
+  std::fill(ws.pd.begin(), ws.pd.end(), 0.0f);
+  const core::KeyRange keys = block_keys(p, b, i0, rows);
+  // Key tiles on the grid of BC that sweep 2 uses, so each score is formed the same way in both.
+  for (std::int64_t j0 = keys.lo / BC * BC; j0 < keys.hi; j0 += BC) {
+    const std::int64_t cols = std::min(BC, p.Skv - j0);
+    const KeyTile kt = load_key_tile<KVT>(p, stats.knorm, b, h / p.group, j0, cols, ws);
+    const bool wide = scores(p, rows, kt, ws);                                   // S = Q Kᵀ
+    probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, wide, ws);             // P̃ = e^(scale·S + mask − m)
+    dprobs(p, rows, kt, ws, ws.ds.data());                                       // dP = dO Vᵀ
+    row_sums(ws.s.data(), ws.ds.data(), rows, ws.l.data(), ws.pd.data());        // l += Σ P̃, pd += Σ P̃ dP
+  }
   for (std::int64_t r = 0; r < rows; ++r) {
     const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
-    ws.lse[r] = stats.lse[row];
-    ws.d[r] = stats.d[row];
-    ws.range[r] = core::key_range(p, b, i0 + r);
+    const float l = Vec::reduce_add(Vec::load(ws.l.data() + r * W));
+    const float pd = Vec::reduce_add(Vec::load(ws.pd.data() + r * W));
+    const bool seen = ws.inv_l[r] > 0.0f && l > 0.0f;
+    stats.m[row] = ws.m[r];
+    stats.inv_l[row] = seen ? 1.0f / l : 0.0f;
+    stats.d[row] = seen ? pd / l : 0.0f;
   }
-}
-
-// Loads keys [j0, j0 + cols) of KV head hk: K rows, Kᵀ and Vᵀ.
-template <class KVT>
-void load_key_block(const core::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t cols,
-                    Workspace& ws) {
-  load_rows<KVT>(p.k, b, hk, j0, cols, cols, p.Dk, ws.k.data());
-  transpose_tile(ws.k.data(), cols, p.Dk, ws.kt.data());
-  for (std::int64_t c = 0; c < cols; ++c) {
-    const KVT* src = static_cast<const KVT*>(p.v.data) + p.v.offset(b, hk, j0 + c, 0);
-    for (std::int64_t d = 0; d < p.Dv; ++d) ws.vt[d * BC + c] = core::to_float(src[d * p.v.stride[3]]);
-  }
-  for (std::int64_t d = 0; d < p.Dv; ++d) std::fill(ws.vt.begin() + d * BC + cols, ws.vt.begin() + (d + 1) * BC, 0.0f);
-}
-
-// P and dS of one (query block, key block) tile, left in ws.p and ws.ds.
-template <class DenseMask>
-void tile_probs_and_dscores(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
-                            std::int64_t j0, std::int64_t cols, Workspace& ws) {
-  rows_times_cols<double>(ws.q.data(), rows, p.Dk, ws.kt.data(), ws.s.data());    // S = Q Kᵀ
-  probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, ws, ws.p.data());          // P
-  rows_times_cols<float>(ws.dout.data(), rows, p.Dv, ws.vt.data(), ws.ds.data());  // dP = dO Vᵀ
-  dscores(ws.p.data(), rows, ws.d, ws.ds.data());                                  // dS = P ∘ (dP − D)
 }
 
 template <class T>
 void store_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
-                std::int64_t dim, const float* src, float factor) {
+                std::int64_t dim, const float* src, std::int64_t ld, float factor) {
   T* base = static_cast<T*>(const_cast<void*>(t.data));
   for (std::int64_t r = 0; r < rows; ++r) {
     T* dst = base + t.offset(b, h, s0 + r, 0);
-    for (std::int64_t d = 0; d < dim; ++d) dst[d * t.stride[3]] = core::from_float<T>(src[r * dim + d] * factor);
+    for (std::int64_t d = 0; d < dim; ++d) dst[d * t.stride[3]] = core::from_float<T>(src[r * ld + d] * factor);
   }
 }
 
-// dK and dV of keys [j0, j0 + cols) of KV head hk: over the group's query heads (in order) and every query
-// block whose key ranges meet the tile (in order).
+// How the keys are cut into chunks (sweep 2's items are (batch, KV head, chunk)). Shape only.
+struct Plan {
+  std::int64_t chunks = 1, chunk_len = 0, items = 0;
+  explicit Plan(const core::Problem& p) {
+    constexpr std::int64_t kMinItems = 8, kMinChunkKeys = 4 * BC;
+    const std::int64_t heads = std::max<std::int64_t>(p.B * p.Hkv, 1);
+    if (heads < kMinItems && p.Skv >= 2 * kMinChunkKeys)
+      chunks = std::min((kMinItems + heads - 1) / heads, p.Skv / kMinChunkKeys);
+    chunk_len = std::max<std::int64_t>((p.Skv + chunks - 1) / chunks + BC - 1, BC) / BC * BC;
+    chunks = std::max<std::int64_t>((p.Skv + chunk_len - 1) / chunk_len, 1);
+    items = p.B * p.Hkv * chunks;
+  }
+};
+
+// Where sweep 2 adds dQ: row i of the group's head g at base + g·hs + i·rs (fp32, Dkp wide).
+struct DqTarget {
+  float* base;
+  std::int64_t hs, rs;
+};
+
+// Sweep 2: keys [k_lo, k_hi) of KV head hk. Per key block: over the group's query heads (in order) and every
+// query block whose rows see the block (in order), the tile steps; then the block's dK and dV are stored.
+// dQ is added into dqt (this item's own rows); `written` marks its query blocks holding a sum already (the
+// first term of a block is stored, not added: nothing needs zeroing first).
 template <class QT, class KVT, class DenseMask>
-void key_block(const core::BackwardProblem& bp, const RowStats& stats, std::int64_t b, std::int64_t hk,
-               std::int64_t j0, std::int64_t cols, Workspace& ws) {
+void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int64_t b, std::int64_t hk,
+               std::int64_t k_lo, std::int64_t k_hi, const DqTarget& dqt, std::vector<char>& written, Workspace& ws) {
   const core::Problem& p = bp.fwd;
-  float* dk = ws.acc_a.data();
-  float* dv = ws.acc_b.data();
-  std::fill(dk, dk + cols * p.Dk, 0.0f);
-  std::fill(dv, dv + cols * p.Dv, 0.0f);
-  if (j0 < p.kv_len[static_cast<std::size_t>(b)]) {
-    load_key_block<KVT>(p, b, hk, j0, cols, ws);
-    for (std::int64_t g = 0; g < p.group; ++g) {
-      const std::int64_t h = hk * p.group + g;
-      for (std::int64_t i0 = 0; i0 < p.Sq; i0 += BR) {
-        const std::int64_t rows = std::min(BR, p.Sq - i0);
-        // Keys the block's rows see lie in [first.lo, last.hi): both ends are non-decreasing in the row.
-        const core::KeyRange first = core::key_range(p, b, i0), last = core::key_range(p, b, i0 + rows - 1);
-        if (first.lo >= j0 + cols || last.hi <= j0 || last.hi <= first.lo) continue;
-        load_query_block<QT>(bp, stats, b, h, i0, rows, ws);
-        tile_probs_and_dscores<DenseMask>(p, b, h, i0, rows, j0, cols, ws);
-        cols_times_rows(ws.p.data(), rows, cols, ws.dout.data(), p.Dv, dv);   // dV += Pᵀ dO
-        cols_times_rows(ws.ds.data(), rows, cols, ws.q.data(), p.Dk, dk);     // dK += dSᵀ Q
+  const std::int64_t dkp = ws.dkp, dvp = ws.dvp, qblocks = (p.Sq + BR - 1) / BR;
+  const float scale = static_cast<float>(p.scale);
+  float* dk = ws.dk.data();
+  float* dv = ws.dv.data();
+  for (std::int64_t j0 = k_lo; j0 < k_hi; j0 += BC) {
+    const std::int64_t cols = std::min(BC, k_hi - j0);
+    bool add = false;  // dK and dV of this key block hold a sum
+    if (j0 < p.kv_len[static_cast<std::size_t>(b)]) {
+      const KeyTile kt = load_key_tile<KVT>(p, stats.knorm, b, hk, j0, cols, ws);
+      for (std::int64_t g = 0; g < p.group; ++g) {
+        const std::int64_t h = hk * p.group + g;
+        for (std::int64_t i0 = 0; i0 < p.Sq; i0 += BR) {
+          const std::int64_t rows = std::min(BR, p.Sq - i0);
+          const core::KeyRange keys = block_keys(p, b, i0, rows);
+          if (keys.lo >= j0 + cols || keys.hi <= j0 || keys.hi <= keys.lo) continue;
+          float* dq = dqt.base + g * dqt.hs + i0 * dqt.rs;
+          char& dq_add = written[static_cast<std::size_t>(g * qblocks + i0 / BR)];
+          load_query_block<QT>(bp, stats, true, b, h, i0, rows, ws);
+          const bool wide = scores(p, rows, kt, ws);                                    // S = Q Kᵀ
+          probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, wide, ws);              // P
+          dprobs(p, rows, kt, ws, ws.ds.data());                                        // dP = dO Vᵀ
+          dscores(ws.s.data(), rows, ws.d, scale, ws.ds.data());                        // dS = scale·P ∘ (dP − D)
+          cols_times_rows(ws.s.data(), rows, cols, ws.dout, ws.ldo, dvp, dv, add);      // dV += Pᵀ dO
+          cols_times_rows(ws.ds.data(), rows, cols, ws.q, ws.ldq, dkp, dk, add);        // dK += dSᵀ Q
+          rows_times_rows(ws.ds.data(), rows, cols, kt.k, kt.ldk, dkp, dq, dqt.rs, dq_add);  // dQ += dS K
+          add = true, dq_add = 1;
+        }
       }
     }
-  }
-  store_rows<KVT>(bp.dk, b, hk, j0, cols, p.Dk, dk, static_cast<float>(p.scale));
-  store_rows<KVT>(bp.dv, b, hk, j0, cols, p.Dv, dv, 1.0f);
-}
-
-// dQ of query rows [i0, i0 + rows) of head h: over the key blocks the rows see, in order.
-template <class QT, class KVT, class DenseMask>
-void query_block(const core::BackwardProblem& bp, const RowStats& stats, std::int64_t b, std::int64_t h,
-                 std::int64_t i0, std::int64_t rows, Workspace& ws) {
-  const core::Problem& p = bp.fwd;
-  float* dq = ws.acc_a.data();
-  std::fill(dq, dq + rows * p.Dk, 0.0f);
-  const core::KeyRange first = core::key_range(p, b, i0), last = core::key_range(p, b, i0 + rows - 1);
-  if (first.lo < last.hi) {
-    load_query_block<QT>(bp, stats, b, h, i0, rows, ws);
-    const std::int64_t hk = h / p.group;
-    for (std::int64_t j0 = first.lo; j0 < last.hi; j0 += BC) {
-      const std::int64_t cols = std::min(BC, last.hi - j0);
-      load_key_block<KVT>(p, b, hk, j0, cols, ws);
-      tile_probs_and_dscores<DenseMask>(p, b, h, i0, rows, j0, cols, ws);
-      rows_times_rows(ws.ds.data(), rows, cols, ws.k.data(), p.Dk, dq);  // dQ += dS K
+    if (!add) {  // no query sees these keys
+      std::fill(dk, dk + BC * dkp, 0.0f);
+      std::fill(dv, dv + BC * dvp, 0.0f);
     }
-  }
-  store_rows<QT>(bp.dq, b, h, i0, rows, p.Dk, dq, static_cast<float>(p.scale));
-}
-
-// The per-row values of query rows [i0, i0 + rows) of head h, from the scores recomputed here:
-//   the LSE they normalise to, lse_i + log Σ_j e^(s_ij − lse_i), with lse_i the forward's (so no max pass);
-//   D_i = Σ_j P_ij dP_ij, which equals dO_i · O_i in exact arithmetic.
-// The forward rounded its scores differently (another summation order, fp32 scaling). With ordinary logits
-// that is noise, but with large ones (|s| ~ 10^3 and more) P = e^(s − lse_forward) and D = dO · O_forward are
-// off by far more than rounding, and dS = P ∘ (dP − D) turns that into gradient error 5-20x a naive fp32
-// backward's (measured on the registry's large-logit cases). Taking both from the backward's own scores keeps
-// P, dP and D consistent at the cost of one more pass over S and dP. The LSE stays in double: an fp32 LSE of
-// 10^4 is itself only good to 10^-3.
-template <class QT, class KVT, class DenseMask>
-void row_statistics(const core::BackwardProblem& bp, std::int64_t b, std::int64_t h, std::int64_t i0,
-                    std::int64_t rows, Workspace& ws, RowStats& stats) {
-  const core::Problem& p = bp.fwd;
-  const auto* saved = static_cast<const float*>(p.lse->data);
-  double sum[BR] = {}, pdp[BR] = {};
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float lse = saved[p.lse->offset(b, h, i0 + r, 0)];
-    ws.lse[r] = lse == core::kNegInf ? -HUGE_VAL : lse;
-    ws.range[r] = core::key_range(p, b, i0 + r);
-  }
-  const core::KeyRange first = core::key_range(p, b, i0), last = core::key_range(p, b, i0 + rows - 1);
-  load_rows<QT>(p.q, b, h, i0, rows, BR, p.Dk, ws.q.data());
-  load_rows<QT>(bp.dout, b, h, i0, rows, BR, p.Dv, ws.dout.data());
-  for (std::int64_t j0 = first.lo; j0 < last.hi; j0 += BC) {
-    const std::int64_t cols = std::min(BC, last.hi - j0);
-    load_key_block<KVT>(p, b, h / p.group, j0, cols, ws);
-    rows_times_cols<double>(ws.q.data(), rows, p.Dk, ws.kt.data(), ws.s.data());    // S = Q Kᵀ
-    probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, ws, ws.p.data());    // e^(s − lse_forward)
-    rows_times_cols<float>(ws.dout.data(), rows, p.Dv, ws.vt.data(), ws.ds.data());  // dP = dO Vᵀ
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = 0; c < cols; ++c) {
-        sum[r] += ws.p[r * BC + c];
-        pdp[r] += static_cast<double>(ws.p[r * BC + c]) * ws.ds[r * BC + c];
-      }
-  }
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
-    stats.lse[row] = sum[r] > 0 ? ws.lse[r] + std::log(sum[r]) : -HUGE_VAL;
-    stats.d[row] = sum[r] > 0 ? static_cast<float>(pdp[r] / sum[r]) : 0.0f;
+    store_rows<KVT>(bp.dk, b, hk, j0, cols, p.Dk, dk, dkp, 1.0f);
+    store_rows<KVT>(bp.dv, b, hk, j0, cols, p.Dv, dv, dvp, 1.0f);
   }
 }
 
 template <class QT, class KVT, class DenseMask>
 void flash_backward(const core::BackwardProblem& bp, int threads) {
   const core::Problem& p = bp.fwd;
-  RowStats stats;
-  stats.d.resize(static_cast<std::size_t>(p.B * p.Hq * p.Sq));
-  stats.lse.resize(static_cast<std::size_t>(p.B * p.Hq * p.Sq));
-  const std::int64_t kblocks = (p.Skv + BC - 1) / BC, qblocks = (p.Sq + BR - 1) / BR;
-  const std::int64_t kv_items = p.B * p.Hkv * kblocks, q_items = p.B * p.Hq * qblocks;
-#pragma omp parallel num_threads(threads) if (kv_items + q_items > 1)
+  const std::int64_t dkp = padded(p.Dk);
+  const Plan plan(p);
+  const std::int64_t kblocks = (p.Skv + BC - 1) / BC, tiles = p.B * p.Hkv * kblocks;
+  const std::int64_t qblocks = (p.Sq + BR - 1) / BR, q_items = p.B * p.Hq * qblocks;
+  const auto nrows = static_cast<std::size_t>(p.B * p.Hq * p.Sq);
+  RowStats stats{std::vector<float>(nrows), std::vector<float>(nrows), std::vector<float>(nrows),
+                 std::vector<float>(static_cast<std::size_t>(q_items)),
+                 std::vector<float>(static_cast<std::size_t>(tiles))};
+  // Sweep 0: the largest row norm of every query block and key tile.
+#pragma omp parallel num_threads(threads) if (tiles + q_items > 1)
   {
     Workspace ws(p.Dk, p.Dv);
+    const float* rows_at;
+    std::int64_t ld;
+#pragma omp for schedule(static) nowait
+    for (std::int64_t t = 0; t < tiles; ++t) {
+      const std::int64_t kb = t % kblocks, hk = (t / kblocks) % p.Hkv, b = t / (kblocks * p.Hkv);
+      stats.knorm[static_cast<std::size_t>(t)] = block_rows<KVT>(
+          p.k, b, hk, kb * BC, std::min(BC, p.Skv - kb * BC), BC, p.Dk, ws.dkp, ws.kbuf.data(), &rows_at, &ld, true);
+    }
+#pragma omp for schedule(static)
+    for (std::int64_t it = 0; it < q_items; ++it) {
+      const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
+      stats.qnorm[static_cast<std::size_t>(it)] = block_rows<QT>(
+          p.q, b, h, qb * BR, std::min(BR, p.Sq - qb * BR), BR, p.Dk, ws.dkp, ws.qbuf.data(), &rows_at, &ld, true);
+    }
+  }
+  // The exact statistics only when some tile may have large logits.
+  const float qmax = q_items ? *std::max_element(stats.qnorm.begin(), stats.qnorm.end()) : 0.0f;
+  const float kmax = tiles ? *std::max_element(stats.knorm.begin(), stats.knorm.end()) : 0.0f;
+  const bool exact = static_cast<float>(p.scale) * qmax * kmax > kWideLogits;
+  // dQ: with one chunk per KV head and fp32 rows of whole vectors, summed in place in the caller's dQ (each
+  // item owns its heads' rows); else in fp32 partials [chunk][B][Hq][Sq][Dkp] that sweep 3 adds up.
+  const bool in_place = plan.chunks == 1 && std::is_same_v<QT, float> && bp.dq.stride[3] == 1 && p.Dk == dkp;
+  const std::int64_t part_len = in_place ? 0 : p.B * p.Hq * p.Sq * dkp;
+  std::vector<float> dq_part(static_cast<std::size_t>(plan.chunks * part_len));
+#pragma omp parallel num_threads(threads) if (plan.items + q_items > 1)
+  {
+    Workspace ws(p.Dk, p.Dv);
+    std::vector<char> written(static_cast<std::size_t>(p.group * qblocks));
 #pragma omp for schedule(dynamic)
     for (std::int64_t it = 0; it < q_items; ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
       const std::int64_t i0 = qb * BR;
-      row_statistics<QT, KVT, DenseMask>(bp, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
+      row_statistics<QT, KVT, DenseMask>(bp, exact, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
     }
-    // (implicit barrier: D and the LSE are complete before either sweep reads them)
-#pragma omp for schedule(dynamic) nowait
-    for (std::int64_t it = 0; it < kv_items; ++it) {
-      const std::int64_t kb = it % kblocks, hk = (it / kblocks) % p.Hkv, b = it / (kblocks * p.Hkv);
-      const std::int64_t j0 = kb * BC;
-      key_block<QT, KVT, DenseMask>(bp, stats, b, hk, j0, std::min(BC, p.Skv - j0), ws);
-    }
+    // (implicit barrier: the statistics are complete before sweep 2 reads them)
 #pragma omp for schedule(dynamic)
-    for (std::int64_t it = 0; it < q_items; ++it) {
+    for (std::int64_t it = 0; it < plan.items; ++it) {
+      const std::int64_t c = it % plan.chunks, hk = (it / plan.chunks) % p.Hkv, b = it / (plan.chunks * p.Hkv);
+      const std::int64_t h0 = hk * p.group;
+      DqTarget dqt{dq_part.data() + c * part_len + (b * p.Hq + h0) * p.Sq * dkp, p.Sq * dkp, dkp};
+      if (in_place)
+        dqt = {static_cast<float*>(const_cast<void*>(bp.dq.data)) + bp.dq.offset(b, h0, 0, 0), bp.dq.stride[1],
+               bp.dq.stride[2]};
+      std::fill(written.begin(), written.end(), 0);
+      key_chunk<QT, KVT, DenseMask>(bp, stats, b, hk, c * plan.chunk_len, std::min(p.Skv, (c + 1) * plan.chunk_len),
+                                    dqt, written, ws);
+      for (std::int64_t g = 0; g < p.group; ++g)  // query blocks that saw none of the chunk's keys
+        for (std::int64_t qb = 0; qb < qblocks; ++qb)
+          if (!written[static_cast<std::size_t>(g * qblocks + qb)])
+            for (std::int64_t i = qb * BR; i < std::min(p.Sq, (qb + 1) * BR); ++i)
+              std::fill_n(dqt.base + g * dqt.hs + i * dqt.rs, dkp, 0.0f);
+    }
+    // Sweep 3 (partials only): dQ = scale · Σ_chunks partial, per query block, chunks in order.
+#pragma omp for schedule(static)
+    for (std::int64_t it = 0; it < (in_place ? 0 : q_items); ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
-      const std::int64_t i0 = qb * BR;
-      query_block<QT, KVT, DenseMask>(bp, stats, b, h, i0, std::min(BR, p.Sq - i0), ws);
+      const std::int64_t i0 = qb * BR, rows = std::min(BR, p.Sq - i0);
+      float* sum = dq_part.data() + ((b * p.Hq + h) * p.Sq + i0) * dkp;
+      for (std::int64_t c = 1; c < plan.chunks; ++c)
+        for (std::int64_t e = 0; e < rows * dkp; ++e) sum[e] += sum[c * part_len + e];
+      store_rows<QT>(bp.dq, b, h, i0, rows, p.Dk, sum, dkp, 1.0f);
     }
   }
 }

@@ -1,7 +1,10 @@
 // The backward kernel compiled for the x86-64 baseline (SSE2).
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/backward_problem.h"
@@ -13,6 +16,7 @@
 
 #pragma GCC push_options
 #define ATTN_ISA_NS sse2
+#define ATTN_VEC_SSE2
 #include "cpu/backward_kernel.h"
 
 namespace attn::cpu::sse2 {
