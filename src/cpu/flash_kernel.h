@@ -182,26 +182,46 @@ inline void scores_rows(const float* q, const KVT* const* k, std::int64_t dk, st
     }
 }
 
-// o_r = α_r·o_r + Σ_c Pᵀ[c][r] v_c for lanes r < NL (o rows [BR][dv]).
+// o_r = α_r·o_r + Σ_c Pᵀ[c][r] v_c for lanes r < NL (o rows [BR][dv]), DB vectors of value dims at a time
+// (NL·DB accumulators: enough independent FMA chains to hide their latency).
+template <int NL, int DB, class KVT>
+inline void pv_rows_step(const float* pt, const KVT* const* vrows, std::int64_t dv, std::int64_t cols,
+                         const float* alpha, float* o, std::int64_t d) {
+  V acc[NL][DB];
+  for (int r = 0; r < NL; ++r)
+    for (int e = 0; e < DB; ++e) acc[r][e] = Vec::mul(Vec::load(o + r * dv + d + e * W), Vec::set1(alpha[r]));
+  for (std::int64_t c = 0; c < cols; ++c) {
+    V vv[DB];
+    for (int e = 0; e < DB; ++e) vv[e] = load_as_float(vrows[c] + d + e * W);
+    for (int r = 0; r < NL; ++r) {
+      const V pw = Vec::set1(pt[c * BR + r]);
+      for (int e = 0; e < DB; ++e) acc[r][e] = Vec::fmadd(pw, vv[e], acc[r][e]);
+    }
+  }
+  for (int r = 0; r < NL; ++r)
+    for (int e = 0; e < DB; ++e) Vec::store(o + r * dv + d + e * W, acc[r][e]);
+}
+
 template <int NL, class KVT>
 inline void pv_rows(const float* pt, const KVT* const* vrows, std::int64_t dv, std::int64_t cols, const float* alpha,
                     float* o) {
+  constexpr int DB = NL >= 8 ? 2 : 16 / NL;
   std::int64_t d = 0;
-  for (; d + W <= dv; d += W) {
-    V acc[NL];
-    for (int r = 0; r < NL; ++r) acc[r] = Vec::mul(Vec::load(o + r * dv + d), Vec::set1(alpha[r]));
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const V vv = load_as_float(vrows[c] + d);
-      for (int r = 0; r < NL; ++r) acc[r] = Vec::fmadd(Vec::set1(pt[c * BR + r]), vv, acc[r]);
-    }
-    for (int r = 0; r < NL; ++r) Vec::store(o + r * dv + d, acc[r]);
-  }
+  for (; d + DB * W <= dv; d += DB * W) pv_rows_step<NL, DB>(pt, vrows, dv, cols, alpha, o, d);
+  for (; d + W <= dv; d += W) pv_rows_step<NL, 1>(pt, vrows, dv, cols, alpha, o, d);
   for (; d < dv; ++d)
     for (int r = 0; r < NL; ++r) {
       float acc = o[r * dv + d] * alpha[r];
       for (std::int64_t c = 0; c < cols; ++c) acc += pt[c * BR + r] * core::to_float(vrows[c][d]);
       o[r * dv + d] = acc;
     }
+}
+
+// Software prefetch of every cache line of `cols` rows of `bytes` bytes each.
+template <class T>
+inline void prefetch_rows(const T* const* rows, std::int64_t cols, std::int64_t bytes) {
+  for (std::int64_t c = 0; c < cols; ++c)
+    for (std::int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(rows[c]) + off, 0, 3);
 }
 
 // Turns dot products into scores: s = scale·s + mask, and -inf for keys a lane may not see. Tiles every
@@ -303,6 +323,9 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
         const KVT* vrows[BC];
         for (std::int64_t c = 0; c < cols; ++c)
           krows[c] = kv_row<KVT>(p, p.k, lanes.b, lanes.hk, j0 + c), vrows[c] = kv_row<KVT>(p, p.v, lanes.b, lanes.hk, j0 + c);
+        // Decode streams K and V from memory once: ask for this tile's V rows while the scores are computed,
+        // so the loads of pv_rows find them in cache (7% on D2; prefetching the next K tile as well was slower).
+        prefetch_rows(vrows, cols, dv * static_cast<std::int64_t>(sizeof(KVT)));
         scores_rows<NL>(ws.q.data(), krows, dk, cols, ws.st.data());                      // Sᵀ = K Qᵀ
         finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());         // Sᵀ = scale·Sᵀ + mask
         softmax_step<QV>(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.alpha.data());  // Pᵀ = e^(Sᵀ - m); m, l
@@ -319,6 +342,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       rescale<QV>(ws.o.data(), dv, ws.alpha.data());                                      // Oᵀ *= α
       accumulate_pv<QV>(ws.st.data(), ws.vrows, dv, cols, ws.o.data());                   // Oᵀ += Vᵀ Pᵀ
     } else {
+      prefetch_rows(ws.vrows, cols, dv * static_cast<std::int64_t>(sizeof(float)));
       scores_rows<NL>(ws.q.data(), ws.krows, dk, cols, ws.st.data());                     // Sᵀ = K Qᵀ
       finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());           // Sᵀ = scale·Sᵀ + mask
       softmax_step<QV>(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.alpha.data());    // Pᵀ = e^(Sᵀ - m); m, l
