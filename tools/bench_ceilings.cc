@@ -20,6 +20,7 @@
 #include <tuple>
 #include <utility>
 
+#include "cpu/amx_tiles.h"
 #include "cpu/cpu_features.h"
 
 namespace attn::tools {
@@ -131,34 +132,21 @@ std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
 }  // namespace ceiling_avx512
 #pragma GCC pop_options
 
-// AMX: written in assembly (the assembler knows the instructions whatever the compiler target), and the
-// tile configuration is loaded with an explicit ldtilecfg from a memory operand, so no compiler can drop
-// the stores that fill it. Four accumulator tiles (tmm0-3) are fed from two A tiles (tmm4, tmm5) and two
-// B tiles (tmm6, tmm7); each tdpbf16ps is a 16x32 by 32x16 bf16 product: 2*16*16*32 flops.
+// AMX: written in assembly (the assembler knows the instructions whatever the compiler target), with the
+// tile configuration of cpu/amx_tiles.h (an explicit ldtilecfg from memory). Four accumulator tiles
+// (tmm0-3) are fed from two A tiles (tmm4, tmm5) and two B tiles (tmm6, tmm7); each tdpbf16ps is a
+// 16x32 by 32x16 bf16 product: 2*16*16*32 flops.
 namespace ceiling_amx {
 constexpr double kFlops = 4 * 2.0 * 16 * 16 * 32;
 
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
 // The caller must hold the AMX permission (cpu::request_amx()).
 float tdp_loop(std::int64_t iters) {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = 16;
-  }
   alignas(64) std::uint16_t operand[16 * 32];
   for (int i = 0; i < 16 * 32; ++i) operand[i] = static_cast<std::uint16_t>(0x3c00 + (i % 64));  // ~0.008..0.015
   alignas(64) float result[16 * 16];
   const long stride = 64;
 #if defined(__x86_64__)
-  __asm__ volatile("ldtilecfg %0" : : "m"(config));
+  cpu::load_tile_config_16x64();
   __asm__ volatile(
       "tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3\n\t"
       "tileloadd (%0,%1,1), %%tmm4\n\ttileloadd (%0,%1,1), %%tmm5\n\t"

@@ -29,6 +29,7 @@
 #include "core/mask.h"
 #include "core/online_softmax.h"
 #include "core/problem.h"
+#include "cpu/amx_tiles.h"
 #include "cpu/kernels.h"
 
 #pragma GCC push_options
@@ -37,28 +38,13 @@
 namespace attn::cpu::amx {
 namespace {
 
-constexpr std::int64_t RB = 32;  // query rows per row block: two 16-row tiles
+constexpr std::int64_t RB = 32;   // query rows per row block: two 16-row tiles
 constexpr std::int64_t BC = 256;  // keys per tile
 
 // ---- the tile registers ------------------------------------------------------------------------------
 
 // tmm0-3: accumulators (2 x 2 tiles of 16 x 16 fp32); tmm4, tmm5: A (16 rows x 32 bf16); tmm6, tmm7: B
-// (16 pair-rows x 16 columns x 2 bf16). Every tile is 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
-// Loaded with an explicit ldtilecfg from memory: g++ 12's _tile_loadconfig may drop the stores that fill
-// the configuration (the issue warns of SIGILL from exactly that).
-void configure_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
-  __asm__ volatile("ldtilecfg %0" : : "m"(config));
-}
+// (16 pair-rows x 16 columns x 2 bf16). Every tile is 16 rows of 64 bytes (cpu/amx_tiles.h).
 
 // The tile intrinsics are asm statements that do not tell the compiler which memory they read or write;
 // this barrier keeps ordinary loads and stores of the same buffers on the right side of them.
@@ -83,7 +69,8 @@ inline void transpose16(const __m512i* r, __m512i* out) {
   }
   for (int c = 0; c < 4; ++c) {  // a 4 x 4 transpose of 128-bit lanes
     const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
-    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44),
+                  v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
     out[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
     out[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
     out[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
@@ -95,8 +82,8 @@ inline void transpose16(const __m512i* r, __m512i* out) {
 // they have unit stride and dim = dim_pad, else copies in `stage` [BC][dim_pad] zero-padded; rows past `cols`
 // point at `zero` (dim_pad zeros).
 void tile_rows(const core::Problem& p, const core::Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j0,
-               std::int64_t cols, std::int64_t dim, std::int64_t dim_pad, std::uint16_t* stage, const std::uint16_t* zero,
-               const std::uint16_t** rows) {
+               std::int64_t cols, std::int64_t dim, std::int64_t dim_pad, std::uint16_t* stage,
+               const std::uint16_t* zero, const std::uint16_t** rows) {
   const bool direct = t.stride[3] == 1 && dim == dim_pad;
   for (std::int64_t c = 0; c < BC; ++c) {
     if (c >= cols) {
@@ -142,8 +129,9 @@ void pack_v(const std::uint16_t* const* rows, std::int64_t dvp, std::uint16_t* v
 
 // ---- the softmax between the products ----------------------------------------------------------------
 
-// 2^x for x <= 8 (and -inf): x = n + f with |f| <= 1/2, 2^f from a degree-6 polynomial fitted for relative
-// error (9.6e-8 in fp32 arithmetic), and 2^n applied by vscalefps. Below 2^-160 the result is exactly 0.
+// 2^x for x <= 8 (and -inf): x = n + f with |f| <= 1/2, 2^f from a degree-5 polynomial fitted for relative
+// error (2.3e-7 in fp32 arithmetic: P is rounded to bf16 for the product, and l needs no more), and 2^n
+// applied by vscalefps. Below 2^-126 the result flushes to 0 (the kernel runs with FTZ/DAZ).
 inline __m512 exp2_fast(__m512 x) {
   const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
   const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -163,15 +151,28 @@ constexpr float kLazy = 8.0f;  // the reference max moves only for a score above
 // output accumulator, the reference max m (log2 units) and the sum l (as 16 partial sums per row).
 struct Workspace {
   std::int64_t dkp, dvp;
-  std::vector<std::uint16_t> q, kr, kp, vr, vp, pb, zero;
+  std::vector<std::uint16_t> q, kr, kp, vr, vp, pb, zero;  // kr, vr: staging for strided or padded K/V rows
   const std::uint16_t* rows[BC];
   std::vector<float> o, m, l, s;
   std::vector<std::int64_t> head, row;
   std::vector<core::KeyRange> range;
   Workspace(std::int64_t dk, std::int64_t dv, std::int64_t max_rows)
-      : dkp(round_up(dk, 32)), dvp(round_up(dv, 32)), q(max_rows * dkp), kr(BC * dkp), kp(BC * dkp), vr(BC * dvp),
-        vp(BC * dvp), pb(RB * BC), zero(std::max(dkp, dvp)), o(max_rows * dvp), m(max_rows), l(max_rows * 16), s(RB * BC), head(max_rows),
-        row(max_rows), range(max_rows) {}
+      : dkp(round_up(dk, 32)),
+        dvp(round_up(dv, 32)),
+        q(max_rows * dkp),
+        kr(BC * dkp),
+        kp(BC * dkp),
+        vr(BC * dvp),
+        vp(BC * dvp),
+        pb(RB * BC),
+        zero(std::max(dkp, dvp)),
+        o(max_rows * dvp),
+        m(max_rows),
+        l(max_rows * 16),
+        s(RB * BC),
+        head(max_rows),
+        row(max_rows),
+        range(max_rows) {}
 };
 
 // A dense mask's row: s = scale·s + mask, and -inf for keys the row may not see; the weights then use c = log2 e.
@@ -193,16 +194,17 @@ inline void mask_row(std::int64_t lo, std::int64_t hi, std::int64_t k0, std::int
   for (std::int64_t c = k0; c < k1; c += 16) {
     if (c >= lo && c + 16 <= hi) continue;
     const __m512i j = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(c)));
-    const __mmask16 keep = _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(std::max<std::int64_t>(lo, -1)))) &
-                           _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(std::min<std::int64_t>(hi, k1))));
+    const __mmask16 keep =
+        _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(std::max<std::int64_t>(lo, -1)))) &
+        _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(std::min<std::int64_t>(hi, k1))));
     _mm512_storeu_ps(s + c, _mm512_mask_blend_ps(keep, neg_inf, _mm512_loadu_ps(s + c)));
   }
 }
 
 // P = 2^(S·c - m) for keys [k0, k1) (multiples of 32) of one row, into bf16; raises m (and rescales the row's
 // O and l) first when a score passes m + kLazy.
-inline void softmax_row(const float* s, std::int64_t k0, std::int64_t k1, float c, std::int64_t dvp, float* m, float* l16,
-                        float* o, std::uint16_t* p) {
+inline void softmax_row(const float* s, std::int64_t k0, std::int64_t k1, float c, std::int64_t dvp, float* m,
+                        float* l16, float* o, std::uint16_t* p) {
   __m512 mx = _mm512_set1_ps(core::kNegInf);
   for (std::int64_t k = k0; k < k1; k += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + k));
   const __m512 cv = _mm512_set1_ps(c);
@@ -314,11 +316,14 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
   for (std::int64_t r = 0; r < rows; ++r) {
     ws.head[r] = hk * p.group + r / n, ws.row[r] = i0 + r % n;
     ws.range[r] = core::key_range(p, b, ws.row[r]);
-    if (ws.range[r].lo < ws.range[r].hi) vis_lo = std::min(vis_lo, ws.range[r].lo), vis_hi = std::max(vis_hi, ws.range[r].hi);
+    if (ws.range[r].lo < ws.range[r].hi)
+      vis_lo = std::min(vis_lo, ws.range[r].lo), vis_hi = std::max(vis_hi, ws.range[r].hi);
     const auto* src = static_cast<const std::uint16_t*>(p.q.data) + p.q.offset(b, ws.head[r], ws.row[r], 0);
     std::uint16_t* dst = ws.q.data() + r * dkp;
-    if (p.q.stride[3] == 1) std::memcpy(dst, src, static_cast<std::size_t>(p.Dk) * 2);
-    else for (std::int64_t d = 0; d < p.Dk; ++d) dst[d] = src[d * p.q.stride[3]];
+    if (p.q.stride[3] == 1)
+      std::memcpy(dst, src, static_cast<std::size_t>(p.Dk) * 2);
+    else
+      for (std::int64_t d = 0; d < p.Dk; ++d) dst[d] = src[d * p.q.stride[3]];
     std::fill(dst + p.Dk, dst + dkp, std::uint16_t{0});
   }
   std::fill(ws.q.begin() + rows * dkp, ws.q.begin() + blocks * RB * dkp, std::uint16_t{0});
@@ -328,7 +333,9 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
 
   // Each row block's union and intersection of key ranges: tiles outside the union are skipped, and keys
   // inside the intersection need no per-element masking.
-  struct Block { std::int64_t lo, hi, all_lo, all_hi; };
+  struct Block {
+    std::int64_t lo, hi, all_lo, all_hi;
+  };
   std::vector<Block> blk(static_cast<std::size_t>(blocks));
   for (std::int64_t k = 0; k < blocks; ++k) {
     Block& bl = blk[k];
@@ -344,28 +351,31 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
   for (std::int64_t j0 = vis_lo; j0 < vis_hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, vis_hi - j0);
     tile_rows(p, p.k, b, hk, j0, cols, p.Dk, dkp, ws.kr.data(), ws.zero.data(), ws.rows);
-    pack_k(ws.rows, dkp, ws.kp.data());                                                        // K tile, VNNI
+    pack_k(ws.rows, dkp, ws.kp.data());  // K tile, VNNI
     tile_rows(p, p.v, b, hk, j0, cols, p.Dv, dvp, ws.vr.data(), ws.zero.data(), ws.rows);
-    pack_v(ws.rows, dvp, ws.vp.data());                                                        // V tile, VNNI
+    pack_v(ws.rows, dvp, ws.vp.data());  // V tile, VNNI
     for (std::int64_t k = 0; k < blocks; ++k) {
       const Block& bl = blk[k];
-      if (bl.hi <= j0 || bl.lo >= j0 + cols) continue;                                         // hidden tile
+      if (bl.hi <= j0 || bl.lo >= j0 + cols) continue;  // hidden tile
       // The block's keys in this tile, in whole 32-key steps: [k0, k1).
       const std::int64_t k0 = std::max<std::int64_t>(0, bl.lo - j0) / 32 * 32;
       const std::int64_t k1 = round_up(std::min(cols, bl.hi - j0), 32);
       const bool all_visible = j0 + k0 >= bl.all_lo && j0 + k1 <= bl.all_hi;
       const std::int64_t r0 = k * RB, nr = std::min(RB, rows - r0);
-      scores_tiles(ws.q.data() + r0 * dkp, dkp, ws.kp.data(), k0, k1, ws.s.data());            // S = Q Kᵀ
-      for (std::int64_t r = 0; r < nr; ++r) {                                                  // P = 2^(S·c - m)
+      scores_tiles(ws.q.data() + r0 * dkp, dkp, ws.kp.data(), k0, k1, ws.s.data());  // S = Q Kᵀ
+      for (std::int64_t r = 0; r < nr; ++r) {                                        // P = 2^(S·c - m)
         float* s = ws.s.data() + r * BC;
         const core::KeyRange rg = ws.range[r0 + r];
-        if constexpr (DenseMask::kActive) finish_row<DenseMask>(p, b, ws.head[r0 + r], ws.row[r0 + r], rg, j0, k0, k1, s);
-        else if (!all_visible) mask_row(rg.lo - j0, std::min(rg.hi, vis_hi) - j0, k0, k1, s);
+        if constexpr (DenseMask::kActive)
+          finish_row<DenseMask>(p, b, ws.head[r0 + r], ws.row[r0 + r], rg, j0, k0, k1, s);
+        else if (!all_visible)
+          mask_row(rg.lo - j0, std::min(rg.hi, vis_hi) - j0, k0, k1, s);
         softmax_row(s, k0, k1, c, dvp, &ws.m[r0 + r], &ws.l[(r0 + r) * 16], ws.o.data() + (r0 + r) * dvp,
                     ws.pb.data() + r * BC);
       }
-      for (std::int64_t r = nr; r < RB; ++r) std::memset(ws.pb.data() + r * BC + k0, 0, static_cast<std::size_t>(k1 - k0) * 2);
-      pv_tiles(ws.pb.data(), ws.vp.data(), dvp, k0, k1, ws.o.data() + r0 * dvp);              // O += P V
+      for (std::int64_t r = nr; r < RB; ++r)
+        std::memset(ws.pb.data() + r * BC + k0, 0, static_cast<std::size_t>(k1 - k0) * 2);
+      pv_tiles(ws.pb.data(), ws.vp.data(), dvp, k0, k1, ws.o.data() + r0 * dvp);  // O += P V
     }
   }
 
@@ -378,13 +388,15 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
     std::int64_t d = 0;
     if (p.out.stride[3] == 1)  // vcvtneps2bf16 rounds to nearest even, as core::from_float does
       for (; d + 16 <= p.Dv; d += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(&ws.o[r * dvp + d]), _mm512_set1_ps(inv))));
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(o + d),
+            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(&ws.o[r * dvp + d]), _mm512_set1_ps(inv))));
     for (; d < p.Dv; ++d) o[d * p.out.stride[3]] = core::from_float<core::bf16>(ws.o[r * dvp + d] * inv);
     if (p.lse) {
-      const float lse = l > 0.0f ? static_cast<float>((static_cast<double>(ws.m[r]) + std::log2(static_cast<double>(l))) /
-                                                      core::kLog2e)
-                                 : core::kNegInf;
+      const float lse =
+          l > 0.0f
+              ? static_cast<float>((static_cast<double>(ws.m[r]) + std::log2(static_cast<double>(l))) / core::kLog2e)
+              : core::kNegInf;
       static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(b, ws.head[r], ws.row[r], 0)] = lse;
     }
   }
@@ -400,7 +412,7 @@ void amx_forward(const core::Problem& p, int threads) {
     // softmax rows on a causal diagonal tile). Values that small carry no weight next to l >= 1.
     const unsigned int mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | 0x8040);
-    configure_tiles();
+    load_tile_config_16x64();
     Workspace ws(p.Dk, p.Dv, plan.max_rows);
 #pragma omp for schedule(dynamic)
     for (std::int64_t it = 0; it < plan.items; ++it) run_item<DenseMask>(p, plan, it, ws);
@@ -414,9 +426,12 @@ void amx_forward(const core::Problem& p, int threads) {
 FlashFn flash_kernel(const core::Problem& p) {
   if (p.q.dtype != DType::bf16 || p.k.dtype != DType::bf16) return nullptr;
   switch (p.mask_kind) {
-    case core::MaskKind::none: return &amx_forward<core::NoDenseMask>;
-    case core::MaskKind::additive: return &amx_forward<core::AdditiveMask>;
-    case core::MaskKind::keep: return &amx_forward<core::KeepMask>;
+    case core::MaskKind::none:
+      return &amx_forward<core::NoDenseMask>;
+    case core::MaskKind::additive:
+      return &amx_forward<core::AdditiveMask>;
+    case core::MaskKind::keep:
+      return &amx_forward<core::KeepMask>;
   }
   return nullptr;
 }
