@@ -288,6 +288,19 @@ inline void rescale(float* ot, std::int64_t dv, const float* alpha) {
     for (int v = 0; v < QV; ++v) Vec::store(ot + d * BR + v * W, Vec::mul(Vec::load(ot + d * BR + v * W), a[v]));
 }
 
+// One tile of a row-major (decode) block, from K and V rows of any storage type. Decode streams K and V
+// from memory once, so this tile's V rows are prefetched while its scores are computed and the loads of
+// pv_rows find them in cache (7% on D2; prefetching the next K tile as well measured slower).
+template <int QV, int NL, class DenseMask, class T>
+void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows, const T* const* vrows,
+               std::int64_t j0, std::int64_t cols, bool interior, Workspace& ws) {
+  prefetch_rows(vrows, cols, p.Dv * static_cast<std::int64_t>(sizeof(T)));
+  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, ws.st.data());                          // Sᵀ = K Qᵀ
+  finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());               // Sᵀ = scale·Sᵀ + mask
+  softmax_step<QV>(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.alpha.data());        // Pᵀ = e^(Sᵀ - m); m, l
+  pv_rows<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data());             // O = α·O + P V
+}
+
 // One block of lanes over keys [kv_lo, kv_hi) only (all keys, or one split of them): leaves the
 // unnormalised state of every lane in ws (m, l, and O: Oᵀ [Dv][BR] when NL = 0, else rows [BR][Dv]).
 // NL = 0: lanes across vectors (QV vectors of lanes). NL > 0: row-major for at most NL lanes.
@@ -317,36 +330,24 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
   for (std::int64_t j0 = visible_lo; j0 < visible_hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, visible_hi - j0);
     const bool interior = j0 >= shared_lo && j0 + cols <= shared_hi;
-    if constexpr (NL > 0 && !std::is_same_v<KVT, float>) {
-      if (p.k.stride[3] == 1 && p.v.stride[3] == 1) {  // decode on bf16/f16 rows as they are stored
-        const KVT* krows[BC];
-        const KVT* vrows[BC];
-        for (std::int64_t c = 0; c < cols; ++c)
-          krows[c] = kv_row<KVT>(p, p.k, lanes.b, lanes.hk, j0 + c), vrows[c] = kv_row<KVT>(p, p.v, lanes.b, lanes.hk, j0 + c);
-        // Decode streams K and V from memory once: ask for this tile's V rows while the scores are computed,
-        // so the loads of pv_rows find them in cache (7% on D2; prefetching the next K tile as well was slower).
-        prefetch_rows(vrows, cols, dv * static_cast<std::int64_t>(sizeof(KVT)));
-        scores_rows<NL>(ws.q.data(), krows, dk, cols, ws.st.data());                      // Sᵀ = K Qᵀ
-        finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());         // Sᵀ = scale·Sᵀ + mask
-        softmax_step<QV>(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.alpha.data());  // Pᵀ = e^(Sᵀ - m); m, l
-        pv_rows<NL>(ws.st.data(), vrows, dv, cols, ws.alpha.data(), ws.o.data());         // O = α·O + P V
-        continue;
-      }
-    }
-    tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);      // K tile
-    tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);      // V tile
     if constexpr (NL == 0) {
+      tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);    // K tile
+      tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);    // V tile
       scores<QV>(ws.q.data(), ws.krows, dk, cols, ws.st.data());                          // Sᵀ = K Qᵀ
       finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());           // Sᵀ = scale·Sᵀ + mask
       softmax_step<QV>(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.alpha.data());    // Pᵀ = e^(Sᵀ - m); m, l
       rescale<QV>(ws.o.data(), dv, ws.alpha.data());                                      // Oᵀ *= α
       accumulate_pv<QV>(ws.st.data(), ws.vrows, dv, cols, ws.o.data());                   // Oᵀ += Vᵀ Pᵀ
-    } else {
-      prefetch_rows(ws.vrows, cols, dv * static_cast<std::int64_t>(sizeof(float)));
-      scores_rows<NL>(ws.q.data(), ws.krows, dk, cols, ws.st.data());                     // Sᵀ = K Qᵀ
-      finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());           // Sᵀ = scale·Sᵀ + mask
-      softmax_step<QV>(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.alpha.data());    // Pᵀ = e^(Sᵀ - m); m, l
-      pv_rows<NL>(ws.st.data(), ws.vrows, dv, cols, ws.alpha.data(), ws.o.data());        // O = α·O + P V
+    } else if (p.k.stride[3] == 1 && p.v.stride[3] == 1) {  // rows as stored, widened in registers
+      const KVT* krows[BC];
+      const KVT* vrows[BC];
+      for (std::int64_t c = 0; c < cols; ++c)
+        krows[c] = kv_row<KVT>(p, p.k, lanes.b, lanes.hk, j0 + c), vrows[c] = kv_row<KVT>(p, p.v, lanes.b, lanes.hk, j0 + c);
+      rows_step<QV, NL, DenseMask>(p, lanes, krows, vrows, j0, cols, interior, ws);
+    } else {  // strided rows: converted to fp32 first
+      tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);
+      tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);
+      rows_step<QV, NL, DenseMask>(p, lanes, ws.krows, ws.vrows, j0, cols, interior, ws);
     }
   }
 }
