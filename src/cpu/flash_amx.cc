@@ -233,6 +233,35 @@ inline void softmax_row(const float* s, std::int64_t k0, std::int64_t k1, float 
 
 // ---- the two products on tiles -------------------------------------------------------------------------
 
+// The 2 x 2 accumulator block C = tmm0-3: rows 0-15 | 16-31 of an fp32 matrix, columns c .. c+15 | c+16 .. c+31.
+// c_lo points at (row 0, column c), c_hi at (row 16, column c); `stride` is the matrix's row stride in bytes.
+inline void load_c(const float* c_lo, const float* c_hi, std::int64_t stride) {
+  _tile_loadd(0, c_lo, stride);
+  _tile_loadd(1, c_lo + 16, stride);
+  _tile_loadd(2, c_hi, stride);
+  _tile_loadd(3, c_hi + 16, stride);
+}
+inline void store_c(float* c_lo, float* c_hi, std::int64_t stride) {
+  _tile_stored(0, c_lo, stride);
+  _tile_stored(1, c_lo + 16, stride);
+  _tile_stored(2, c_hi, stride);
+  _tile_stored(3, c_hi + 16, stride);
+}
+
+// C += A · B for one 32-deep step: A = two 16-row tiles of bf16 rows (a_lo: rows 0-15, a_hi: rows 16-31,
+// 32 values each), B = two pair-interleaved tiles (b_lo: columns 0-15, b_hi: columns 16-31).
+inline void tdp_2x2(const std::uint16_t* a_lo, const std::uint16_t* a_hi, std::int64_t a_stride,
+                    const std::uint16_t* b_lo, const std::uint16_t* b_hi, std::int64_t b_stride) {
+  _tile_loadd(4, a_lo, a_stride);
+  _tile_loadd(5, a_hi, a_stride);
+  _tile_loadd(6, b_lo, b_stride);
+  _tile_loadd(7, b_hi, b_stride);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+
 // S[32][k0..k1) = Q[32 rows][dkp] · Kᵀ, from packed K (kp[dkp/2][BC] words); k0, k1 multiples of 32.
 inline void scores_tiles(const std::uint16_t* q, std::int64_t dkp, const std::uint16_t* kp, std::int64_t k0,
                          std::int64_t k1, float* s) {
@@ -243,19 +272,10 @@ inline void scores_tiles(const std::uint16_t* q, std::int64_t dkp, const std::ui
     _tile_zero(2);
     _tile_zero(3);
     for (std::int64_t d = 0; d < dkp; d += 32) {
-      _tile_loadd(4, q + d, dkp * 2);
-      _tile_loadd(5, q + 16 * dkp + d, dkp * 2);
-      _tile_loadd(6, kp + (d / 2) * 2 * BC + 2 * k, BC * 4);
-      _tile_loadd(7, kp + (d / 2) * 2 * BC + 2 * (k + 16), BC * 4);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      const std::uint16_t* kd = kp + (d / 2) * 2 * BC;  // dim pairs d/2 .. d/2+15
+      tdp_2x2(q + d, q + 16 * dkp + d, dkp * 2, kd + 2 * k, kd + 2 * (k + 16), BC * 4);
     }
-    _tile_stored(0, s + k, BC * 4);
-    _tile_stored(1, s + k + 16, BC * 4);
-    _tile_stored(2, s + 16 * BC + k, BC * 4);
-    _tile_stored(3, s + 16 * BC + k + 16, BC * 4);
+    store_c(s + k, s + 16 * BC + k, BC * 4);
   }
   memory_fence();
 }
@@ -265,24 +285,12 @@ inline void pv_tiles(const std::uint16_t* p, const std::uint16_t* vp, std::int64
                      std::int64_t k1, float* o) {
   memory_fence();
   for (std::int64_t d = 0; d < dvp; d += 32) {
-    _tile_loadd(0, o + d, dvp * 4);
-    _tile_loadd(1, o + d + 16, dvp * 4);
-    _tile_loadd(2, o + 16 * dvp + d, dvp * 4);
-    _tile_loadd(3, o + 16 * dvp + d + 16, dvp * 4);
+    load_c(o + d, o + 16 * dvp + d, dvp * 4);
     for (std::int64_t k = k0; k < k1; k += 32) {
-      _tile_loadd(4, p + k, BC * 2);
-      _tile_loadd(5, p + 16 * BC + k, BC * 2);
-      _tile_loadd(6, vp + (k / 2) * 2 * dvp + 2 * d, dvp * 4);
-      _tile_loadd(7, vp + (k / 2) * 2 * dvp + 2 * (d + 16), dvp * 4);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      const std::uint16_t* vk = vp + (k / 2) * 2 * dvp;  // key pairs k/2 .. k/2+15
+      tdp_2x2(p + k, p + 16 * BC + k, BC * 2, vk + 2 * d, vk + 2 * (d + 16), dvp * 4);
     }
-    _tile_stored(0, o + d, dvp * 4);
-    _tile_stored(1, o + d + 16, dvp * 4);
-    _tile_stored(2, o + 16 * dvp + d, dvp * 4);
-    _tile_stored(3, o + 16 * dvp + d + 16, dvp * 4);
+    store_c(o + d, o + 16 * dvp + d, dvp * 4);
   }
   memory_fence();
 }

@@ -35,6 +35,21 @@ Status check_rows(const char* name, const TensorView& x, std::int64_t width, Seq
   return Status::Ok();
 }
 
+// x_q, x_kv (same batch) and a third tensor shaped like x_q (`out` of a forward, `grad_out` of a backward).
+Status check_inputs(const TensorView& x_q, const TensorView& x_kv, const char* name, const TensorView& like_q,
+                    std::int64_t width, Seq* sq, Seq* skv) {
+  Seq s3;
+  if (Status s = check_rows("x_q", x_q, width, sq); !s) return s;
+  if (Status s = check_rows("x_kv", x_kv, width, skv); !s) return s;
+  if (Status s = check_rows(name, like_q, width, &s3); !s) return s;
+  if (skv->batch != sq->batch)
+    return Status::Invalid("x_kv", "batch " + str(skv->batch) + "; expected " + str(sq->batch) + " (as x_q)");
+  if (s3.batch != sq->batch || s3.len != sq->len)
+    return Status::Invalid(name, "shape [" + str(s3.batch) + ", " + str(s3.len) + ", d]; expected [" + str(sq->batch) +
+                                     ", " + str(sq->len) + ", " + str(width) + "] (as x_q)");
+  return Status::Ok();
+}
+
 const float* row_ptr(const TensorView& x, std::int64_t b) { return static_cast<const float*>(x.data) + b * x.strides[0]; }
 // The row pitch handed to BLAS (a single row may have any stride; BLAS wants >= width).
 std::int64_t pitch(const TensorView& x, std::int64_t width) { return x.strides[1] > width ? x.strides[1] : width; }
@@ -160,14 +175,8 @@ Status MultiHeadAttention::forward_impl(const TensorView& x_q, const TensorView&
                                         const Params& params, MhaSaved* saved) const {
   if (Status s = check_weights(); !s) return s;
   const MhaConfig& c = config_;
-  Seq sq, skv, so;
-  if (Status s = check_rows("x_q", x_q, c.d_model, &sq); !s) return s;
-  if (Status s = check_rows("x_kv", x_kv, c.d_model, &skv); !s) return s;
-  if (Status s = check_rows("out", out, c.d_model, &so); !s) return s;
-  if (skv.batch != sq.batch) return Status::Invalid("x_kv", "batch " + str(skv.batch) + "; expected " + str(sq.batch) + " (as x_q)");
-  if (so.batch != sq.batch || so.len != sq.len)
-    return Status::Invalid("out", "shape [" + str(so.batch) + ", " + str(so.len) + ", d]; expected [" + str(sq.batch) +
-                                      ", " + str(sq.len) + ", " + str(c.d_model) + "] (as x_q)");
+  Seq sq, skv;
+  if (Status s = check_inputs(x_q, x_kv, "out", out, c.d_model, &sq, &skv); !s) return s;
   const std::int64_t B = sq.batch, wq = c.heads * c.head_dim, wo = c.heads * c.v_head_dim;
   std::vector<float> q, k, v;
   // Queries from x_q, keys and values from x_kv.
@@ -230,14 +239,8 @@ Status MultiHeadAttention::backward(const TensorView& x_q, const TensorView& x_k
   if (Status s = check_weights(); !s) return s;
   if (!grads) return Status::Invalid("grads", "null; expected a MhaGrads to write");
   const MhaConfig& c = config_;
-  Seq sq, skv, sg;
-  if (Status s = check_rows("x_q", x_q, c.d_model, &sq); !s) return s;
-  if (Status s = check_rows("x_kv", x_kv, c.d_model, &skv); !s) return s;
-  if (Status s = check_rows("grad_out", grad_out, c.d_model, &sg); !s) return s;
-  if (skv.batch != sq.batch) return Status::Invalid("x_kv", "batch " + str(skv.batch) + "; expected " + str(sq.batch) + " (as x_q)");
-  if (sg.batch != sq.batch || sg.len != sq.len)
-    return Status::Invalid("grad_out", "shape [" + str(sg.batch) + ", " + str(sg.len) + ", d]; expected [" +
-                                           str(sq.batch) + ", " + str(sq.len) + ", " + str(c.d_model) + "] (as x_q)");
+  Seq sq, skv;
+  if (Status s = check_inputs(x_q, x_kv, "grad_out", grad_out, c.d_model, &sq, &skv); !s) return s;
   if (saved.self && (x_q.data != x_kv.data || sq.len != skv.len || x_q.strides != x_kv.strides))
     return Status::Invalid("x_kv", "differs from x_q; expected the same x twice after a self-attention forward");
   const std::int64_t B = sq.batch, Nq = B * sq.len, Nkv = B * skv.len, d = c.d_model;
@@ -260,7 +263,7 @@ Status MultiHeadAttention::backward(const TensorView& x_q, const TensorView& x_k
 
   const std::vector<float> xq = packed(x_q, sq, d), xkv = saved.self ? std::vector<float>() : packed(x_kv, skv, d);
   const std::vector<float>& xk = saved.self ? xq : xkv;
-  const std::vector<float> g = packed(grad_out, sg, d);
+  const std::vector<float> g = packed(grad_out, sq, d);
   MhaGrads r;
   MhaWeights& w = r.weights;
   // out = y W_Oᵀ + b_O:  ∂y = ∂out W_O,  ∂W_O = ∂outᵀ y,  ∂b_O = Σ_rows ∂out.
