@@ -18,34 +18,23 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
+#include "core/convert.h"
 #include "cpu/amx_tiles.h"
 #include "cpu/cpu_features.h"
 
 namespace attn::tools {
 
 // ---- the loops, per instruction set ---------------------------------------------------------------------
-// fma_loop: `kAcc` independent accumulators (more than FMA latency x FMA ports, so the units never wait),
-// each updated acc = acc * m + a per iteration: no memory traffic, kFlops flops per iteration.
+// fma_loop (tools/ceiling_fma.h, written once over cpu/vec.h): the peak FMA rate.
 // read_sum: adds up n 64-bit words (n a multiple of 32) with four independent vector accumulators.
 
 namespace ceiling_sse2 {
-constexpr int kAcc = 12, kLanes = 4;
-constexpr double kFlops = 2.0 * kAcc * kLanes;  // a mul and an add per lane
-
-float fma_loop(std::int64_t iters, float seed) {
-  __m128 acc[kAcc];
-  const __m128 m = _mm_set1_ps(0.9999999f), a = _mm_set1_ps(1e-7f);
-  for (int i = 0; i < kAcc; ++i) acc[i] = _mm_set1_ps(seed + static_cast<float>(i));
-  for (std::int64_t n = 0; n < iters; ++n) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kAcc; ++i) acc[i] = _mm_add_ps(_mm_mul_ps(acc[i], m), a);
-  }
-  __m128 s = acc[0];
-  for (int i = 1; i < kAcc; ++i) s = _mm_add_ps(s, acc[i]);
-  return _mm_cvtss_f32(s);
-}
+#define ATTN_VEC_SSE2
+#include "ceiling_fma.h"
+#undef ATTN_VEC_SSE2
 
 std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
   __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
@@ -62,23 +51,11 @@ std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
 }  // namespace ceiling_sse2
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace ceiling_avx2 {
-constexpr int kAcc = 12, kLanes = 8;  // 12 of the 16 ymm registers; latency 4 x 2 ports needs 8
-constexpr double kFlops = 2.0 * kAcc * kLanes;
-
-float fma_loop(std::int64_t iters, float seed) {
-  __m256 acc[kAcc];
-  const __m256 m = _mm256_set1_ps(0.9999999f), a = _mm256_set1_ps(1e-7f);
-  for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_set1_ps(seed + static_cast<float>(i));
-  for (std::int64_t n = 0; n < iters; ++n) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_fmadd_ps(acc[i], m, a);
-  }
-  __m256 s = acc[0];
-  for (int i = 1; i < kAcc; ++i) s = _mm256_add_ps(s, acc[i]);
-  return _mm_cvtss_f32(_mm256_castps256_ps128(s));
-}
+#define ATTN_VEC_AVX2
+#include "ceiling_fma.h"
+#undef ATTN_VEC_AVX2
 
 std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
   __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
@@ -99,21 +76,9 @@ std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
 namespace ceiling_avx512 {
-constexpr int kAcc = 16, kLanes = 16;  // 16 of the 32 zmm registers
-constexpr double kFlops = 2.0 * kAcc * kLanes;
-
-float fma_loop(std::int64_t iters, float seed) {
-  __m512 acc[kAcc];
-  const __m512 m = _mm512_set1_ps(0.9999999f), a = _mm512_set1_ps(1e-7f);
-  for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(seed + static_cast<float>(i));
-  for (std::int64_t n = 0; n < iters; ++n) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, a);
-  }
-  __m512 s = acc[0];
-  for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, acc[i]);
-  return _mm512_reduce_add_ps(s);
-}
+#define ATTN_VEC_AVX512
+#include "ceiling_fma.h"
+#undef ATTN_VEC_AVX512
 
 std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
   __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;

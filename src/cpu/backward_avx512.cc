@@ -13,6 +13,7 @@
 #include "core/online_softmax.h"
 #include "core/problem.h"
 #include "cpu/kernels.h"
+#include "cpu/pick.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")

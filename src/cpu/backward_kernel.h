@@ -46,6 +46,7 @@
 #include "core/online_softmax.h"
 #include "core/problem.h"
 #include "cpu/kernels.h"
+#include "cpu/pick.h"
 
 namespace attn::cpu::ATTN_ISA_NS::bwd {
 
@@ -559,34 +560,13 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
   }
 }
 
-template <class QT, class KVT>
-BackwardFn pick_mask(core::MaskKind mask) {
-  switch (mask) {
-    case core::MaskKind::none: return &flash_backward<QT, KVT, core::NoDenseMask>;
-    case core::MaskKind::additive: return &flash_backward<QT, KVT, core::AdditiveMask>;
-    case core::MaskKind::keep: return &flash_backward<QT, KVT, core::KeepMask>;
-  }
-  return nullptr;
-}
-
-template <class QT>
-BackwardFn pick_kv(DType kv, core::MaskKind mask) {
-  switch (kv) {
-    case DType::f32: return pick_mask<QT, float>(mask);
-    case DType::bf16: return pick_mask<QT, core::bf16>(mask);
-    case DType::f16: return pick_mask<QT, core::f16>(mask);
-    default: return nullptr;
-  }
-}
-
-// The backward kernel of this instruction set for the given dtypes and dense-mask kind, or null.
+// The backward kernel of this instruction set for the given dtypes and dense-mask kind, or null (cpu/pick.h).
+template <class QT, class KVT, class DenseMask>
+struct BackwardKernel {
+  static constexpr BackwardFn fn = &flash_backward<QT, KVT, DenseMask>;
+};
 inline BackwardFn pick_backward(DType q, DType kv, core::MaskKind mask) {
-  switch (q) {
-    case DType::f32: return pick_kv<float>(kv, mask);
-    case DType::bf16: return pick_kv<core::bf16>(kv, mask);
-    case DType::f16: return pick_kv<core::f16>(kv, mask);
-    default: return nullptr;
-  }
+  return pick_kernel<BackwardFn, BackwardKernel>(q, kv, mask);
 }
 
 }  // namespace attn::cpu::ATTN_ISA_NS::bwd

@@ -13,6 +13,7 @@
 #include "core/online_softmax.h"
 #include "core/problem.h"
 #include "cpu/kernels.h"
+#include "cpu/pick.h"
 
 #pragma GCC push_options
 #define ATTN_ISA_NS sse2

@@ -11,6 +11,7 @@
 #include "core/online_softmax.h"
 #include "core/problem.h"
 #include "cpu/kernels.h"
+#include "cpu/pick.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")

@@ -24,6 +24,7 @@
 #include "core/online_softmax.h"
 #include "core/problem.h"
 #include "cpu/kernels.h"
+#include "cpu/pick.h"
 
 namespace attn::cpu::ATTN_ISA_NS {
 
@@ -481,34 +482,13 @@ void flash_forward(const core::Problem& p, int threads) {
   }
 }
 
-template <class QT, class KVT>
-FlashFn pick_mask(core::MaskKind mask) {
-  switch (mask) {
-    case core::MaskKind::none: return &flash_forward<QT, KVT, core::NoDenseMask>;
-    case core::MaskKind::additive: return &flash_forward<QT, KVT, core::AdditiveMask>;
-    case core::MaskKind::keep: return &flash_forward<QT, KVT, core::KeepMask>;
-  }
-  return nullptr;
-}
-
-template <class QT>
-FlashFn pick_kv(DType kv, core::MaskKind mask) {
-  switch (kv) {
-    case DType::f32: return pick_mask<QT, float>(mask);
-    case DType::bf16: return pick_mask<QT, core::bf16>(mask);
-    case DType::f16: return pick_mask<QT, core::f16>(mask);
-    default: return nullptr;
-  }
-}
-
-// The kernel of this instruction set for the given dtypes and dense-mask kind, or null.
+// The kernel of this instruction set for the given dtypes and dense-mask kind, or null (cpu/pick.h).
+template <class QT, class KVT, class DenseMask>
+struct ForwardKernel {
+  static constexpr FlashFn fn = &flash_forward<QT, KVT, DenseMask>;
+};
 inline FlashFn pick_flash(DType q, DType kv, core::MaskKind mask) {
-  switch (q) {
-    case DType::f32: return pick_kv<float>(kv, mask);
-    case DType::bf16: return pick_kv<core::bf16>(kv, mask);
-    case DType::f16: return pick_kv<core::f16>(kv, mask);
-    default: return nullptr;
-  }
+  return pick_kernel<FlashFn, ForwardKernel>(q, kv, mask);
 }
 
 }  // namespace attn::cpu::ATTN_ISA_NS

@@ -11,6 +11,7 @@
 #include "core/online_softmax.h"
 #include "core/problem.h"
 #include "cpu/kernels.h"
+#include "cpu/pick.h"
 
 #pragma GCC push_options
 
