@@ -130,6 +130,11 @@ std::vector<Case> registry() {
        .layout = Layout::bshd});
   add({.B = 1, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 4000, .Dk = 128, .Dv = 128, .dtype = DType::f32,
        .kv_dtype = DType::bf16});
+  // Decode blocks of 1, 2, 4 and 8 lanes (Sq x group), odd key counts, head dims off every vector width.
+  for (std::int64_t group : {1, 2, 4, 8})
+    add({.B = 1, .Hq = 2 * group, .Hkv = 2, .Sq = 1, .Skv = group == 4 ? 203 : 113, .Dk = group == 2 ? 40 : 96,
+         .Dv = group == 8 ? 48 : 80});
+  add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 3, .Skv = 77, .Dk = 33, .Dv = 65, .causal = Causal::bottom_right});
   // Paged KV caches: page sizes 1, 3 and 16, decode and short prefill, GQA/MQA, ragged lengths.
   for (std::int64_t ps : {1, 3, 16}) {
     add({.B = 3, .Hq = 4, .Hkv = 2, .Sq = 1, .Skv = 113, .Dk = 64, .Dv = 64, .causal = Causal::bottom_right,
@@ -142,13 +147,13 @@ std::vector<Case> registry() {
   add({.B = 4, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .kv_lens = true, .kv_dtype = DType::bf16,
        .page_size = 16});
   add({.B = 1, .Hq = 4, .Hkv = 4, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .layout = Layout::bshd, .page_size = 16});
-  // bf16 prefill runs on its own kernel where the CPU has AMX: every prefill-sized case above again in bf16
-  // (every head dim, mask, window, alignment, layout, key length and page size).
+  // bf16 runs on kernels of its own: AMX tiles for prefill where the CPU has AMX, vdpbf16ps pair products
+  // for the rest at avx512bf16 and above. Every fp32 case above again in bf16 (every head dim, mask,
+  // window, alignment, layout, key length, page size, decode and prefill).
   const std::size_t fp32_cases = out.size();
   for (std::size_t i = 0; i < fp32_cases; ++i) {
     Case c = out[i];
-    if (c.dtype != DType::f32 || c.kv_dtype != DType::f32 || c.Sq * (c.Hq / std::max<std::int64_t>(c.Hkv, 1)) < 64)
-      continue;
+    if (c.dtype != DType::f32 || c.kv_dtype != DType::f32) continue;
     c.dtype = c.kv_dtype = DType::bf16;
     add(c);
   }

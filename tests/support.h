@@ -191,7 +191,7 @@ inline std::vector<bool> covered_bytes(const Tensor& t) {
 // Every instruction-set level this machine supports, forced in turn through ATTN_ISA.
 inline std::vector<cpu::Isa> supported_isas() {
   std::vector<cpu::Isa> out;
-  for (cpu::Isa isa : {cpu::Isa::sse2, cpu::Isa::avx2, cpu::Isa::avx512, cpu::Isa::amx})
+  for (cpu::Isa isa : {cpu::Isa::sse2, cpu::Isa::avx2, cpu::Isa::avx512, cpu::Isa::avx512bf16, cpu::Isa::amx})
     if (static_cast<int>(isa) <= static_cast<int>(cpu::best_isa())) out.push_back(isa);
   return out;
 }

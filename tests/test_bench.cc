@@ -42,8 +42,9 @@ TEST(CpuFeatures, AgreeWithTheDispatchLevel) {
   // dispatch.cc decides with __builtin_cpu_supports; cpu_features() reads cpuid and XCR0 itself.
   const cpu::CpuFeatures& f = cpu::cpu_features();
   const bool amx = f.avx512_usable() && f.avx512_bf16 && f.amx_bf16_usable() && cpu::request_amx().ok;
-  const cpu::Isa expected = amx                  ? cpu::Isa::amx
-                            : f.avx512_usable() ? cpu::Isa::avx512
+  const cpu::Isa expected = amx                                   ? cpu::Isa::amx
+                            : f.avx512_usable() && f.avx512_bf16 ? cpu::Isa::avx512bf16
+                            : f.avx512_usable()                  ? cpu::Isa::avx512
                             : f.avx2_usable()   ? cpu::Isa::avx2
                                                 : cpu::Isa::sse2;
   EXPECT_EQ(cpu::best_isa(), expected);

@@ -120,10 +120,10 @@ Status info(const InfoArgs& a, std::ostream& out) {
   }
 
   out << "\nattn kernels:\n";
-  out << "  best level for this CPU and OS: " << cpu::isa_name(best) << "   (levels: sse2 < avx2 < avx512 < amx)\n";
+  out << "  best level for this CPU and OS: " << cpu::isa_name(best) << "   (levels: sse2 < avx2 < avx512 < avx512bf16 < amx)\n";
   out << "  level in use:                   " << cpu::isa_name(active);
   if (isa_env) out << "   (ATTN_ISA=" << isa_env << "; it can only lower the level, and an unknown value is ignored)\n";
-  else out << "   (set ATTN_ISA=sse2|avx2|avx512|amx to force a lower level; scalar = sse2)\n";
+  else out << "   (set ATTN_ISA=sse2|avx2|avx512|avx512bf16|amx to force a lower level; scalar = sse2)\n";
   out << "  threads per call:               " << threads
       << "   (ATTN_NUM_THREADS=" << env_or("ATTN_NUM_THREADS", "unset") << ", OpenMP default " << omp_get_max_threads()
       << ", " << online << " CPUs online; Params::threads or "

@@ -102,7 +102,7 @@ void print_shape(std::ostream& out, const Shape& sh, int threads) {
       << ", Dk = Dv = " << sh.D << ", causal (bottom-right).\n"
       << "Inputs: float32, uniform in [-1, 1] from a fixed seed (" << kSeed << "). Flash: " << threads
       << " threads, "
-      << (cpu::active_isa() == cpu::Isa::amx ? "avx512 kernel (level amx: AMX serves bf16 prefill, fp32 runs on AVX-512)"
+      << (cpu::active_isa() == cpu::Isa::amx ? "avx512bf16 kernel (level amx: AMX serves bf16 prefill, fp32 runs on AVX-512)"
                                              : std::string(cpu::isa_name(cpu::active_isa())) + " kernel")
       << ".\n\n";
 }

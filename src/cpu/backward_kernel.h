@@ -45,6 +45,7 @@
 #include "core/mask.h"
 #include "core/online_softmax.h"
 #include "core/problem.h"
+#include "cpu/aligned.h"
 #include "cpu/kernels.h"
 #include "cpu/pick.h"
 
@@ -134,18 +135,18 @@ float load_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int
 // All fp32 (the fp64 scores aside); row lengths padded to a multiple of W (Dkp, Dvp) with zeros.
 struct Workspace {
   std::int64_t dkp, dvp;
-  std::vector<float> qbuf, doutbuf;  // [BR][Dkp], [BR][Dvp]  query and dO rows, when not read in place
-  const float* q = nullptr;          // the block's query rows, row stride ldq (qbuf or the caller's memory)
-  const float* dout = nullptr;       // its dO rows, row stride ldo
+  AlignedVector<float> qbuf, doutbuf;  // [BR][Dkp], [BR][Dvp]  query and dO rows, when not read in place
+  const float* q = nullptr;            // the block's query rows, row stride ldq (qbuf or the caller's memory)
+  const float* dout = nullptr;         // its dO rows, row stride ldo
   std::int64_t ldq = 0, ldo = 0;
-  float qnorm = 0;                   // max_i ‖q_i‖ over the block
-  std::vector<float> s;       // [BR][BC]   scores, then P
-  std::vector<double> sd;     // [BR][BC]   fp64 scores (tiles with large logits)
-  std::vector<float> ds;      // [BR][BC]   dP, then dS
-  std::vector<float> kt, vt;  // [Dk][BC], [Dv][BC]  the key tile transposed (keys in lanes; zero past its keys)
-  std::vector<float> kbuf;    // [BC][Dkp]  its key rows, when not read in place
-  std::vector<float> dk, dv;  // [BC][Dkp], [BC][Dvp]  the key block's accumulators
-  std::vector<float> l, pd;   // [BR][W]    row_statistics' per-lane sums
+  float qnorm = 0;                     // max_i ‖q_i‖ over the block
+  AlignedVector<float> s;        // [BR][BC]   scores, then P
+  AlignedVector<double> sd;      // [BR][BC]   fp64 scores (tiles with large logits)
+  AlignedVector<float> ds;       // [BR][BC]   dP, then dS
+  AlignedVector<float> kt, vt;   // [Dk][BC], [Dv][BC]  the key tile transposed (keys in lanes; zero past its keys)
+  AlignedVector<float> kbuf;     // [BC][Dkp]  its key rows, when not read in place
+  AlignedVector<float> dk, dv;   // [BC][Dkp], [BC][Dvp]  the key block's accumulators
+  AlignedVector<float> l, pd;    // [BR][W]    row_statistics' per-lane sums
   float m[BR], inv_l[BR], d[BR];  // the rows' statistics (m = 0, inv_l = 0 for rows past the block)
   core::KeyRange range[BR];
   Workspace(std::int64_t dk_, std::int64_t dv_)

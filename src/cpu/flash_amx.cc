@@ -29,6 +29,7 @@
 #include "core/mask.h"
 #include "core/online_softmax.h"
 #include "core/problem.h"
+#include "cpu/aligned.h"
 #include "cpu/amx_tiles.h"
 #include "cpu/kernels.h"
 
@@ -151,9 +152,9 @@ constexpr float kLazy = 8.0f;  // the reference max moves only for a score above
 // output accumulator, the reference max m (log2 units) and the sum l (as 16 partial sums per row).
 struct Workspace {
   std::int64_t dkp, dvp;
-  std::vector<std::uint16_t> q, kr, kp, vr, vp, pb, zero;  // kr, vr: staging for strided or padded K/V rows
+  AlignedVector<std::uint16_t> q, kr, kp, vr, vp, pb, zero;  // kr, vr: staging for strided or padded K/V rows
   const std::uint16_t* rows[BC];
-  std::vector<float> o, m, l, s;
+  AlignedVector<float> o, m, l, s;
   std::vector<std::int64_t> head, row;
   std::vector<core::KeyRange> range;
   Workspace(std::int64_t dk, std::int64_t dv, std::int64_t max_rows)

@@ -23,6 +23,7 @@
 #include "core/mask.h"
 #include "core/online_softmax.h"
 #include "core/problem.h"
+#include "cpu/aligned.h"
 #include "cpu/kernels.h"
 #include "cpu/pick.h"
 
@@ -35,8 +36,10 @@ constexpr int W = Vec::W;
 constexpr int QV_MAX = 4;                  // query vectors per block, at most
 constexpr std::int64_t BR = QV_MAX * W;    // query lanes per block, at most
 constexpr std::int64_t BC = 64;            // keys per tile
-constexpr int RK = W == 16 ? 4 : 2;        // keys per step of the Sᵀ micro-kernel (RK x QV accumulators)
-constexpr int RD = W == 16 ? 4 : 2;        // value dims per step of the Oᵀ micro-kernel (RD x QV accumulators)
+// Keys per step of the Sᵀ micro-kernel and value dims per step of the Oᵀ micro-kernel (R x QV accumulators
+// plus QV + 1 operands in registers; with AVX-512's 32 registers, 6 x 4 measured 6-8% faster than 4 x 4).
+constexpr int RK = W == 16 ? 6 : 2;
+constexpr int RD = W == 16 ? 6 : 2;
 
 // The lanes of one block: lane r holds query row i[r] of query head h[r]. All heads of a block share
 // one KV head, so a long prefill fills the lanes with BR rows of one head, and a decode step (or any
@@ -82,7 +85,7 @@ void tile_rows(const core::Problem& p, const core::Strided& t, std::int64_t b, s
 // converted K and V tiles [BC][D], Sᵀ/Pᵀ [BC][BR], O as Oᵀ [Dv][BR] or rows [BR][Dv], the state of each
 // lane (m, l, and the last tile's rescale factor α), and the row pointers of the current K and V tiles.
 struct Workspace {
-  std::vector<float> q, k, v, st, o, m, l, alpha;
+  AlignedVector<float> q, k, v, st, o, m, l, alpha;
   const float* krows[BC];
   const float* vrows[BC];
   Workspace(std::int64_t dk, std::int64_t dv)
@@ -130,6 +133,7 @@ template <int QV>
 inline void scores(const float* qt, const float* const* k, std::int64_t dk, std::int64_t cols, float* st) {
   std::int64_t c = 0;
   for (; c + RK <= cols; c += RK) scores_step<QV, RK>(qt, k, dk, st, c);
+  for (; c + 4 <= cols; c += 4) scores_step<QV, 4>(qt, k, dk, st, c);
   for (; c < cols; ++c) scores_step<QV, 1>(qt, k, dk, st, c);
 }
 
@@ -138,6 +142,7 @@ template <int QV>
 inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64_t dv, std::int64_t cols, float* ot) {
   std::int64_t d = 0;
   for (; d + RD <= dv; d += RD) pv_step<QV, RD>(pt, vrows, cols, ot, d);
+  for (; d + 4 <= dv; d += 4) pv_step<QV, 4>(pt, vrows, cols, ot, d);
   for (; d < dv; ++d) pv_step<QV, 1>(pt, vrows, cols, ot, d);
 }
 

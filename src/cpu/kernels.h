@@ -18,9 +18,10 @@ namespace attn::cpu {
 using FlashFn = void (*)(const core::Problem& problem, int threads);
 
 // Instruction-set levels, lowest first.
-// amx = AVX-512 with AVX512-BF16 and AMX-BF16 (tile data granted by the OS): bf16 prefill runs on the
-// tile unit, everything else on the AVX-512 kernels.
-enum class Isa : int { sse2, avx2, avx512, amx };
+// avx512bf16 = AVX-512 with AVX512-BF16 (the vector kernels compiled with it).
+// amx = avx512bf16 with AMX-BF16 (tile data granted by the OS): bf16 prefill runs on the tile unit,
+// everything else on the avx512bf16 kernels.
+enum class Isa : int { sse2, avx2, avx512, avx512bf16, amx };
 const char* isa_name(Isa isa);
 
 namespace sse2 {
@@ -32,6 +33,9 @@ FlashFn flash_kernel(DType q, DType kv, core::MaskKind mask);
 namespace avx512 {
 FlashFn flash_kernel(DType q, DType kv, core::MaskKind mask);
 }
+namespace avx512bf16 {
+FlashFn flash_kernel(DType q, DType kv, core::MaskKind mask);
+}
 namespace amx {
 // The AMX kernel for this problem, or null (it takes bf16 Q, K and V).
 FlashFn flash_kernel(const core::Problem& problem);
@@ -40,7 +44,7 @@ FlashFn flash_kernel(const core::Problem& problem);
 // The best level this CPU and OS support.
 Isa best_isa();
 // The level calls use: best_isa(), lowered by the ATTN_ISA environment variable
-// (sse2 | avx2 | avx512 | amx; a level above what the machine supports is clamped to best_isa()).
+// (sse2 | avx2 | avx512 | avx512bf16 | amx; a level above what the machine supports is clamped to best_isa()).
 Isa active_isa();
 
 // Chooses the kernel for a validated problem; the only place a kernel is selected.
