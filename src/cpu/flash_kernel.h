@@ -110,12 +110,14 @@ inline void scores_step(const float* qt, const float* const* k, std::int64_t dk,
     for (int v = 0; v < QV; ++v) Vec::store(st + (c0 + r) * BR + v * W, acc[r][v]);
 }
 
-// Oᵀ[d][·] += Σ_c V[c][d] Pᵀ[c][·] for value dims d0 .. d0+R-1.
+// Oᵀ[d][·] = α·Oᵀ[d][·] + Σ_c V[c][d] Pᵀ[c][·] for value dims d0 .. d0+R-1 (the online-softmax rescale
+// of the accumulator folded into its load).
 template <int QV, int R>
-inline void pv_step(const float* pt, const float* const* vrows, std::int64_t cols, float* ot, std::int64_t d0) {
+inline void pv_step(const float* pt, const float* const* vrows, std::int64_t cols, const V* alpha, float* ot,
+                    std::int64_t d0) {
   V acc[R][QV];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < QV; ++v) acc[r][v] = Vec::load(ot + (d0 + r) * BR + v * W);
+    for (int v = 0; v < QV; ++v) acc[r][v] = Vec::mul(Vec::load(ot + (d0 + r) * BR + v * W), alpha[v]);
   for (std::int64_t c = 0; c < cols; ++c) {
     V p[QV];
     for (int v = 0; v < QV; ++v) p[v] = Vec::load(pt + c * BR + v * W);
@@ -137,13 +139,16 @@ inline void scores(const float* qt, const float* const* k, std::int64_t dk, std:
   for (; c < cols; ++c) scores_step<QV, 1>(qt, k, dk, st, c);
 }
 
-// Oᵀ += Vᵀ Pᵀ over `cols` keys.
+// Oᵀ = α·Oᵀ + Vᵀ Pᵀ over `cols` keys.
 template <int QV>
-inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64_t dv, std::int64_t cols, float* ot) {
+inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64_t dv, std::int64_t cols,
+                          const float* alpha, float* ot) {
+  V a[QV];
+  for (int v = 0; v < QV; ++v) a[v] = Vec::load(alpha + v * W);
   std::int64_t d = 0;
-  for (; d + RD <= dv; d += RD) pv_step<QV, RD>(pt, vrows, cols, ot, d);
-  for (; d + 4 <= dv; d += 4) pv_step<QV, 4>(pt, vrows, cols, ot, d);
-  for (; d < dv; ++d) pv_step<QV, 1>(pt, vrows, cols, ot, d);
+  for (; d + RD <= dv; d += RD) pv_step<QV, RD>(pt, vrows, cols, a, ot, d);
+  for (; d + 4 <= dv; d += 4) pv_step<QV, 4>(pt, vrows, cols, a, ot, d);
+  for (; d < dv; ++d) pv_step<QV, 1>(pt, vrows, cols, a, ot, d);
 }
 
 // Row-major forms for blocks of few lanes (decode): with NL <= 8 lanes, vectors run along the head
@@ -285,15 +290,6 @@ inline void softmax_step(float* st, std::int64_t cols, float* m, float* l, float
   }
 }
 
-// Oᵀ *= α, lane by lane.
-template <int QV>
-inline void rescale(float* ot, std::int64_t dv, const float* alpha) {
-  V a[QV];
-  for (int v = 0; v < QV; ++v) a[v] = Vec::load(alpha + v * W);
-  for (std::int64_t d = 0; d < dv; ++d)
-    for (int v = 0; v < QV; ++v) Vec::store(ot + d * BR + v * W, Vec::mul(Vec::load(ot + d * BR + v * W), a[v]));
-}
-
 // One tile of a row-major (decode) block, from K and V rows of any storage type. Decode streams K and V
 // from memory once, so this tile's V rows are prefetched while its scores are computed and the loads of
 // pv_rows find them in cache (7% on D2; prefetching the next K tile as well measured slower).
@@ -342,8 +338,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       scores<QV>(ws.q.data(), ws.krows, dk, cols, ws.st.data());                          // Sᵀ = K Qᵀ
       finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());           // Sᵀ = scale·Sᵀ + mask
       softmax_step<QV>(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.alpha.data());    // Pᵀ = e^(Sᵀ - m); m, l
-      rescale<QV>(ws.o.data(), dv, ws.alpha.data());                                      // Oᵀ *= α
-      accumulate_pv<QV>(ws.st.data(), ws.vrows, dv, cols, ws.o.data());                   // Oᵀ += Vᵀ Pᵀ
+      accumulate_pv<QV>(ws.st.data(), ws.vrows, dv, cols, ws.alpha.data(), ws.o.data());  // Oᵀ = α·Oᵀ + Vᵀ Pᵀ
     } else if (p.k.stride[3] == 1 && p.v.stride[3] == 1) {  // rows as stored, widened in registers
       const KVT* krows[BC];
       const KVT* vrows[BC];

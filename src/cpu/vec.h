@@ -20,11 +20,8 @@ struct Vec {
   static T max(T a, T b) { return _mm512_max_ps(a, b); }
   static float reduce_add(T x) { return _mm512_reduce_add_ps(x); }
   static T round(T x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  // x · 2^n for integral n in [-127, 127].
-  static T ldexp(T x, T n) {
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(x, _mm512_castsi512_ps(e));
-  }
+  // x · 2^n for integral n in [-127, 127] (vscalefps: one instruction, correctly rounded like the multiply).
+  static T ldexp(T x, T n) { return _mm512_scalef_ps(x, n); }
   // a < b ? x : y, lane by lane
   static T select_lt(T a, T b, T x, T y) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x); }
   static T load_bf16(const std::uint16_t* p) {
