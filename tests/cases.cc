@@ -147,9 +147,9 @@ std::vector<Case> registry() {
   add({.B = 4, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .kv_lens = true, .kv_dtype = DType::bf16,
        .page_size = 16});
   add({.B = 1, .Hq = 4, .Hkv = 4, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .layout = Layout::bshd, .page_size = 16});
-  // bf16 runs on kernels of its own: AMX tiles for prefill where the CPU has AMX, vdpbf16ps pair products
-  // for the rest at avx512bf16 and above. Every fp32 case above again in bf16 (every head dim, mask,
-  // window, alignment, layout, key length, page size, decode and prefill).
+  // bf16 prefill runs on its own kernel where the CPU has AMX, and bf16 rows are widened in registers by
+  // the decode micro-kernels: every fp32 case above again in bf16 (every head dim, mask, window,
+  // alignment, layout, key length, page size, decode and prefill).
   const std::size_t fp32_cases = out.size();
   for (std::size_t i = 0; i < fp32_cases; ++i) {
     Case c = out[i];
