@@ -248,13 +248,14 @@ Instance instantiate(const Case& c) {
   return in;
 }
 
-Status Instance::run(Backend backend, int threads) {
+Status Instance::run(Backend backend, int threads, bool with_lse) {
   Params p = params;
   p.backend = backend;
   p.threads = threads;
-  if (k_pages.storage.empty()) return attention(q.view, k.view, v.view, out.view, p, lse.view);
+  const std::optional<TensorView> l = with_lse ? std::optional<TensorView>(lse.view) : std::nullopt;
+  if (k_pages.storage.empty()) return attention(q.view, k.view, v.view, out.view, p, l);
   p.kv_lens.reset();
-  return attention_paged(q.view, k_pages.view, v_pages.view, page_table.view, seq_lens.view, out.view, p, lse.view);
+  return attention_paged(q.view, k_pages.view, v_pages.view, page_table.view, seq_lens.view, out.view, p, l);
 }
 
 std::vector<Case> backward_registry() {

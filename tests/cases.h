@@ -46,7 +46,8 @@ struct Instance {
   // Paged cases: the same K/V scattered over a pool of pages (unused pages hold NaN).
   Tensor k_pages, v_pages, page_table, seq_lens;
   // Runs the case's entry point (attention or attention_paged) with the given overrides.
-  Status run(Backend backend, int threads);
+  // with_lse = false: no LSE output (kernels may then take cheaper paths, e.g. AMX's degree-3 exp2).
+  Status run(Backend backend, int threads, bool with_lse = true);
 };
 Instance instantiate(const Case& c);
 

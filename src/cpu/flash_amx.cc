@@ -130,19 +130,31 @@ void pack_v(const std::uint16_t* const* rows, std::int64_t dvp, std::uint16_t* v
 
 // ---- the softmax between the products ----------------------------------------------------------------
 
-// 2^x for x <= 8 (and -inf): x = n + f with |f| <= 1/2, 2^f from a degree-5 polynomial fitted for relative
-// error (2.3e-7 in fp32 arithmetic: P is rounded to bf16 for the product, and l needs no more), and 2^n
-// applied by vscalefps. Below 2^-126 the result flushes to 0 (the kernel runs with FTZ/DAZ).
+// 2^x for x <= 8 (and -inf): x = n + f with |f| <= 1/2, 2^f from a polynomial fitted for relative error,
+// and 2^n applied by vscalefps. Below 2^-126 the result flushes to 0 (the kernel runs with FTZ/DAZ).
+// Degree 5: 2.3e-7 (fp32-level), used when the call asks for the LSE, whose sum l must be fp32-exact.
+// Degree 3: 7.5e-5, 16x below the bf16 rounding P gets for the product, so the output cannot tell; two
+// FMAs fewer per 16 weights.
+template <int Degree>
 inline __m512 exp2_fast(__m512 x) {
+  static_assert(Degree == 3 || Degree == 5);
   const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
   const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(xc, n);
-  __m512 p = _mm512_set1_ps(1.3276472454890609e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.675541892647743e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550713092088699e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022120237350464e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931469440460205e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
+  __m512 p;
+  if constexpr (Degree == 5) {
+    p = _mm512_set1_ps(1.3276472454890609e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.675541892647743e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550713092088699e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022120237350464e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931469440460205e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
+  } else {
+    p = _mm512_set1_ps(5.51716685295105e-2f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.426111400127411e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.932609677314758e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999280571937561e-1f));
+  }
   return _mm512_scalef_ps(p, n);
 }
 
@@ -204,6 +216,7 @@ inline void mask_row(std::int64_t lo, std::int64_t hi, std::int64_t k0, std::int
 
 // P = 2^(S·c - m) for keys [k0, k1) (multiples of 32) of one row, into bf16; raises m (and rescales the row's
 // O and l) first when a score passes m + kLazy.
+template <int Degree>
 inline void softmax_row(const float* s, std::int64_t k0, std::int64_t k1, float c, std::int64_t dvp, float* m,
                         float* l16, float* o, std::uint16_t* p) {
   __m512 mx = _mm512_set1_ps(core::kNegInf);
@@ -224,8 +237,8 @@ inline void softmax_row(const float* s, std::int64_t k0, std::int64_t k1, float 
   const __m512 off = _mm512_set1_ps(-*m);
   __m512 sum = _mm512_setzero_ps();
   for (std::int64_t k = k0; k < k1; k += 32) {
-    const __m512 p0 = exp2_fast(_mm512_fmadd_ps(_mm512_loadu_ps(s + k), cv, off));
-    const __m512 p1 = exp2_fast(_mm512_fmadd_ps(_mm512_loadu_ps(s + k + 16), cv, off));
+    const __m512 p0 = exp2_fast<Degree>(_mm512_fmadd_ps(_mm512_loadu_ps(s + k), cv, off));
+    const __m512 p1 = exp2_fast<Degree>(_mm512_fmadd_ps(_mm512_loadu_ps(s + k + 16), cv, off));
     sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
     _mm512_storeu_si512(p + k, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
   }
@@ -379,8 +392,12 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
           finish_row<DenseMask>(p, b, ws.head[r0 + r], ws.row[r0 + r], rg, j0, k0, k1, s);
         else if (!all_visible)
           mask_row(rg.lo - j0, std::min(rg.hi, vis_hi) - j0, k0, k1, s);
-        softmax_row(s, k0, k1, c, dvp, &ws.m[r0 + r], &ws.l[(r0 + r) * 16], ws.o.data() + (r0 + r) * dvp,
-                    ws.pb.data() + r * BC);
+        if (p.lse)
+          softmax_row<5>(s, k0, k1, c, dvp, &ws.m[r0 + r], &ws.l[(r0 + r) * 16], ws.o.data() + (r0 + r) * dvp,
+                         ws.pb.data() + r * BC);
+        else
+          softmax_row<3>(s, k0, k1, c, dvp, &ws.m[r0 + r], &ws.l[(r0 + r) * 16], ws.o.data() + (r0 + r) * dvp,
+                         ws.pb.data() + r * BC);
       }
       for (std::int64_t r = nr; r < RB; ++r)
         std::memset(ws.pb.data() + r * BC + k0, 0, static_cast<std::size_t>(k1 - k0) * 2);
