@@ -327,7 +327,8 @@ struct Plan {
   }
 };
 
-template <class DenseMask>
+// ExpDegree: the exp2 polynomial of the softmax (5 when the call asks for the LSE, else 3; see exp2_fast).
+template <class DenseMask, int ExpDegree>
 void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Workspace& ws) {
   const std::int64_t ch = item % plan.chunks, hk = (item / plan.chunks) % p.Hkv, b = item / (plan.chunks * p.Hkv);
   const std::int64_t i0 = ch * plan.chunk, n = std::min(plan.chunk, p.Sq - i0), rows = n * p.group;
@@ -392,12 +393,8 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
           finish_row<DenseMask>(p, b, ws.head[r0 + r], ws.row[r0 + r], rg, j0, k0, k1, s);
         else if (!all_visible)
           mask_row(rg.lo - j0, std::min(rg.hi, vis_hi) - j0, k0, k1, s);
-        if (p.lse)
-          softmax_row<5>(s, k0, k1, c, dvp, &ws.m[r0 + r], &ws.l[(r0 + r) * 16], ws.o.data() + (r0 + r) * dvp,
-                         ws.pb.data() + r * BC);
-        else
-          softmax_row<3>(s, k0, k1, c, dvp, &ws.m[r0 + r], &ws.l[(r0 + r) * 16], ws.o.data() + (r0 + r) * dvp,
-                         ws.pb.data() + r * BC);
+        softmax_row<ExpDegree>(s, k0, k1, c, dvp, &ws.m[r0 + r], &ws.l[(r0 + r) * 16],
+                               ws.o.data() + (r0 + r) * dvp, ws.pb.data() + r * BC);
       }
       for (std::int64_t r = nr; r < RB; ++r)
         std::memset(ws.pb.data() + r * BC + k0, 0, static_cast<std::size_t>(k1 - k0) * 2);
@@ -428,7 +425,7 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
   }
 }
 
-template <class DenseMask>
+template <class DenseMask, int ExpDegree>
 void amx_forward(const core::Problem& p, int threads) {
   const Plan plan(p);
 #pragma omp parallel num_threads(threads) if (plan.items > 1)
@@ -441,10 +438,15 @@ void amx_forward(const core::Problem& p, int threads) {
     load_tile_config_16x64();
     Workspace ws(p.Dk, p.Dv, plan.max_rows);
 #pragma omp for schedule(dynamic)
-    for (std::int64_t it = 0; it < plan.items; ++it) run_item<DenseMask>(p, plan, it, ws);
+    for (std::int64_t it = 0; it < plan.items; ++it) run_item<DenseMask, ExpDegree>(p, plan, it, ws);
     _tile_release();
     _mm_setcsr(mxcsr);
   }
+}
+
+template <class DenseMask>
+FlashFn pick_exp(const core::Problem& p) {
+  return p.lse ? &amx_forward<DenseMask, 5> : &amx_forward<DenseMask, 3>;
 }
 
 }  // namespace
@@ -453,11 +455,11 @@ FlashFn flash_kernel(const core::Problem& p) {
   if (p.q.dtype != DType::bf16 || p.k.dtype != DType::bf16) return nullptr;
   switch (p.mask_kind) {
     case core::MaskKind::none:
-      return &amx_forward<core::NoDenseMask>;
+      return pick_exp<core::NoDenseMask>(p);
     case core::MaskKind::additive:
-      return &amx_forward<core::AdditiveMask>;
+      return pick_exp<core::AdditiveMask>(p);
     case core::MaskKind::keep:
-      return &amx_forward<core::KeepMask>;
+      return pick_exp<core::KeepMask>(p);
   }
   return nullptr;
 }
