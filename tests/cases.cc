@@ -160,8 +160,10 @@ std::vector<Case> registry() {
   return out;
 }
 
-Instance instantiate(const Case& c) {
-  std::mt19937_64 rng(std::hash<std::string>{}(c.name()));
+Instance instantiate(const Case& c) { return instantiate(c, std::hash<std::string>{}(c.name()), nullptr); }
+
+Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void(Instance&, std::mt19937_64&)>& adjust) {
+  std::mt19937_64 rng(seed);
   Instance in;
   in.q = Tensor(c.dtype, c.B, c.Hq, c.Sq, c.Dk, c.layout);
   in.k = Tensor(c.kv_dtype, c.B, c.Hkv, c.Skv, c.Dk, c.layout);
@@ -190,7 +192,7 @@ Instance instantiate(const Case& c) {
         const double r = u(rng);
         in.mask.set(r < 0.15 ? -inf : 4.0 * (u(rng) - 0.5), a, b, i, j);
       });
-      if (c.Sq > 2)  // one fully blocked row
+      if (c.Sq > 2 && c.B > 0 && c.Hq > 0)  // one fully blocked row
         for (std::int64_t j = 0; j < c.Skv; ++j)
           c.mask == MaskCase::additive_full ? in.mask.set(-inf, 0, 0, 1, j) : in.mask.set(-inf, 1, j);
       p.mask = in.mask.view;
@@ -218,6 +220,7 @@ Instance instantiate(const Case& c) {
     }
     p.kv_lens = in.kv_lens.view;
   }
+  if (adjust) adjust(in, rng);
   if (c.page_size > 0) {
     // Scatter K/V over a shuffled pool with spare pages full of NaN: a page outside a sequence's table
     // (or a row past its length) that were read would poison the result.

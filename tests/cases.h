@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -50,6 +51,9 @@ struct Instance {
   Status run(Backend backend, int threads, bool with_lse = true);
 };
 Instance instantiate(const Case& c);
+// The same from an explicit seed; `adjust` (if set) may change values (q, k, v, mask) before a paged case
+// scatters K and V over its pages.
+Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void(Instance&, std::mt19937_64&)>& adjust);
 
 // ---- the backward pass ------------------------------------------------------------------------------
 

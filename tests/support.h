@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -133,10 +134,18 @@ struct Tensor {
 struct Agreement {
   double fast_err = 0, naive_err = 0, atol = 0;
   std::int64_t nonfinite_mismatch = 0;
+  std::size_t first_mismatch = 0;  // the index of the first non-finite mismatch, its reference and fast values
+  double mismatch_ref = 0, mismatch_fast = 0;
   bool ok(double factor = 2.0) const { return nonfinite_mismatch == 0 && fast_err <= factor * naive_err + atol; }
   std::string describe() const {
-    return "max|fast-ref| = " + std::to_string(fast_err) + ", max|naive-ref| = " + std::to_string(naive_err) +
-           ", atol = " + std::to_string(atol) + ", non-finite mismatches = " + std::to_string(nonfinite_mismatch);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "max|fast-ref| = %.3g, max|naive-ref| = %.3g, atol = %.3g, non-finite mismatches = %lld",
+                  fast_err, naive_err, atol, static_cast<long long>(nonfinite_mismatch));
+    std::string s = buf;
+    if (nonfinite_mismatch)
+      s += " (first at index " + std::to_string(first_mismatch) + ": reference " + std::to_string(mismatch_ref) +
+           ", fast " + std::to_string(mismatch_fast) + ")";
+    return s;
   }
 };
 
@@ -145,19 +154,23 @@ inline double unit_roundoff(DType d) {
 }
 
 // Compares values (fast, naive) against the fp64 reference; both are read through a getter (index ->
-// value). Non-finite reference values (a -inf LSE) must be matched exactly.
+// value). Where the reference is not finite the fast value must be too: NaN for NaN, and for ±inf the same
+// infinity or NaN (an IEEE product that is inf in fp64 may be 0·inf = NaN in fp32) — except with exact_inf
+// (an LSE: -inf marks an empty row and must be -inf exactly). A fast NaN or inf where the reference is finite
+// always fails.
 template <class GetFast, class GetNaive>
-Agreement agree(const std::vector<double>& ref, GetFast fast, GetNaive naive, double atol) {
+Agreement agree(const std::vector<double>& ref, GetFast fast, GetNaive naive, double atol, bool exact_inf = false) {
   Agreement a;
   a.atol = atol;
   for (std::size_t i = 0; i < ref.size(); ++i) {
     const double r = ref[i], f = fast(i), n = naive(i);
     if (!std::isfinite(r)) {
-      if (f != r) ++a.nonfinite_mismatch;
+      const bool ok = std::isnan(r) ? !std::isfinite(f) : (f == r || (!exact_inf && std::isnan(f)));
+      if (!ok && a.nonfinite_mismatch++ == 0) a.first_mismatch = i, a.mismatch_ref = r, a.mismatch_fast = f;
       continue;
     }
     if (!std::isfinite(f)) {
-      ++a.nonfinite_mismatch;
+      if (a.nonfinite_mismatch++ == 0) a.first_mismatch = i, a.mismatch_ref = r, a.mismatch_fast = f;
       continue;
     }
     a.fast_err = std::max(a.fast_err, std::fabs(f - r));
@@ -174,6 +187,26 @@ inline double round_to(DType d, double x) {
     case DType::f16: return core::to_float(core::from_float<core::f16>(f));
     default: return f;
   }
+}
+
+// The rounding-noise atol of a forward output, at the size of the terms each stage sums: two units of the output
+// dtype at the size of the values the output averages (max|v|), plus what rounding in the scores alone can move
+// it: a score sums terms of size scale·Σ|q_d k_d| + |mask| (the reference's score_terms), so any fp32 computation
+// of it carries an error of about ε times that (ε = 2^-24), an error of that size in its weight's exponent,
+// which moves the output by up to about ε·score_terms·max|v|. (Without it a softmax that large scores make peaked
+// would compare two equally rounded fp32 computations, this library's and the naive one, on luck.)
+inline double forward_atol(DType out_dtype, const reference::Result& ref, double max_abs_v) {
+  return 2 * unit_roundoff(out_dtype) * std::max(max_abs_v, 1e-3) + std::ldexp(1.0, -24) * ref.score_terms * max_abs_v;
+}
+
+// The largest finite |value| of a tensor.
+inline double max_abs_finite(const Tensor& t) {
+  double m = 0;
+  t.for_each_index([&](auto a, auto b, auto c, auto d) {
+    const double x = t.get(a, b, c, d);
+    if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+  });
+  return m;
 }
 
 // Byte offsets (within storage) that a view covers.

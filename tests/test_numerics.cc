@@ -153,41 +153,67 @@ TEST(Numerics, MinusInfinityMaskArithmetic) {
     }
 }
 
-// The state merge: merging per-half states equals processing all keys, and empty states are safe.
+// The state: advancing over all keys equals merging per-half states; empty states merge safely; huge finite
+// scores keep the largest one at weight exactly 1; NaN reaches the state.
 TEST(Numerics, SoftmaxStateMerge) {
-  using core::SoftmaxState;
+  using core::RowState;
+  const float c = static_cast<float>(core::kLog2e);
   const float s[6] = {0.5f, -1.0f, 2.0f, 0.25f, -3.0f, 1.5f};
   const float v[6] = {1, 2, 3, 4, 5, 6};
   auto over = [&](int lo, int hi, float* o) {
-    SoftmaxState st;
+    RowState st;
     *o = 0;
     for (int j = lo; j < hi; ++j) {
-      *o *= st.advance(s[j]);
-      const float w = core::exp_diff(s[j], st.m);
-      st.l += w;
+      *o *= st.advance(s[j], c);
+      const float w = RowState::weight(s[j], st.origin(), c);
+      st.add(w);
       *o += w * v[j];
     }
     return st;
   };
   float o_all, o_a, o_b;
-  const SoftmaxState all = over(0, 6, &o_all);
-  SoftmaxState a = over(0, 2, &o_a);
-  const SoftmaxState b = over(2, 6, &o_b);
-  core::merge(a, &o_a, b, &o_b, 1);
-  EXPECT_NEAR(a.m, all.m, 0);
+  const RowState all = over(0, 6, &o_all);
+  RowState a = over(0, 2, &o_a);
+  const RowState b = over(2, 6, &o_b);
+  core::merge(a, &o_a, b, &o_b, 1, c);
+  EXPECT_EQ(a.m, all.m);
   EXPECT_NEAR(a.l, all.l, 1e-6);
   EXPECT_NEAR(o_a / a.l, o_all / all.l, 1e-6);
-  // Empty with empty stays empty; empty with full is the full one.
-  SoftmaxState e1, e2;
-  float oe1 = 0, oe2 = 0;
-  core::merge(e1, &oe1, e2, &oe2, 1);
+  // Empty with empty stays empty; empty with full is the full one (the empty side's accumulator is not read).
+  RowState e1, e2;
+  float oe1 = NAN, oe2 = NAN;
+  core::merge(e1, &oe1, e2, &oe2, 1, c);
   EXPECT_EQ(e1.m, -INFINITY);
   EXPECT_EQ(e1.l, 0.0f);
-  EXPECT_EQ(e1.lse(), -INFINITY);
-  EXPECT_FALSE(std::isnan(oe1));
-  core::merge(e1, &oe1, all, &o_all, 1);
+  EXPECT_EQ(core::finish_lse(e1.m, e1.l, 1.0), -INFINITY);
+  EXPECT_EQ(core::finish_output(oe1, e1.l, core::finish_factor(e1.l)), 0.0f);
+  core::merge(e1, &oe1, all, &o_all, 1, c);
   EXPECT_EQ(e1.l, all.l);
   EXPECT_EQ(oe1, o_all);
+  // Scores of -1e10 (and 3e38): the largest weighs exactly 1, the sum stays finite.
+  for (float big : {-1e10f, 1e10f, 3e38f, -3.4028235e38f}) {
+    RowState st;
+    st.advance(big, c);
+    const float w0 = RowState::weight(big, st.origin(), c);
+    EXPECT_EQ(w0, 1.0f) << big;
+    st.add(w0);
+    EXPECT_EQ(st.l, 1.0f);
+    EXPECT_FLOAT_EQ(core::finish_lse(st.m, st.l, 1.0), big);
+  }
+  // NaN: the weight and the sum become NaN, so do the LSE and the output.
+  RowState n;
+  n.advance(NAN, c);
+  n.add(RowState::weight(NAN, n.origin(), c));
+  EXPECT_TRUE(std::isnan(n.l));
+  EXPECT_TRUE(std::isnan(core::finish_lse(n.m, n.l, 1.0)));
+  // The lazy form moves m only past the slack, and weights stay below 2^slack.
+  RowState lazy;
+  EXPECT_EQ(lazy.advance_lazy(1.0f, c, 8.0f), 0.0f);  // first keys: alpha 0, m = 1
+  EXPECT_EQ(lazy.m, 1.0f);
+  EXPECT_EQ(lazy.advance_lazy(3.0f, c, 8.0f), 1.0f);  // 2·log2 e < 8: m stays
+  EXPECT_EQ(lazy.m, 1.0f);
+  EXPECT_NE(lazy.advance_lazy(9.0f, c, 8.0f), 1.0f);  // 8·log2 e > 8: m moves
+  EXPECT_EQ(lazy.m, 9.0f);
 }
 
 // BHSD and BSHD views of the same logical tensors give the same bits.

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/online_softmax.h"
 #include "core/problem.h"
 
 namespace attn::core {
@@ -70,5 +71,16 @@ struct KeepMask {
     return {static_cast<const unsigned char*>(p.mask.data) + p.mask.offset(b, h, i, 0), p.mask.stride[3]};
   }
 };
+
+// The conversion factors of a kernel's score units (core/online_softmax.h): without a dense mask the scores are
+// the unscaled dot products (k = scale), with one they are scale·q·k + mask (k = 1); c = k·log2 e.
+template <class DenseMask>
+double score_nat_factor(const Problem& p) {
+  return DenseMask::kActive ? 1.0 : p.scale;
+}
+template <class DenseMask>
+float score_log2_factor(const Problem& p) {
+  return static_cast<float>(score_nat_factor<DenseMask>(p) * kLog2e);
+}
 
 }  // namespace attn::core

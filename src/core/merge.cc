@@ -48,11 +48,12 @@ Status merge_attention(const TensorView& out_a, const TensorView& lse_a, const T
     for (std::int64_t h = 0; h < out_a.shape[1]; ++h)
       for (std::int64_t i = 0; i < out_a.shape[2]; ++i) {
         for (std::int64_t d = 0; d < dv; ++d) row_a[d] = oa[off(out_a, b, h, i, d)], row_b[d] = ob[off(out_b, b, h, i, d)];
-        core::SoftmaxState state = core::state_from_lse(la[off(lse_a, b, h, i)]);
-        core::merge(state, row_a.data(), core::state_from_lse(lb[off(lse_b, b, h, i)]), row_b.data(), dv);
-        state.normalize(row_a.data(), dv);
-        for (std::int64_t d = 0; d < dv; ++d) o[off(out, b, h, i, d)] = row_a[d];
-        l[off(lse, b, h, i)] = state.lse();
+        core::RowState state = core::state_from_lse(la[off(lse_a, b, h, i)]);
+        core::merge(state, row_a.data(), core::state_from_lse(lb[off(lse_b, b, h, i)]), row_b.data(), dv,
+                    static_cast<float>(core::kLog2e));
+        const float factor = core::finish_factor(state.l);
+        for (std::int64_t d = 0; d < dv; ++d) o[off(out, b, h, i, d)] = core::finish_output(row_a[d], state.l, factor);
+        l[off(lse, b, h, i)] = core::finish_lse(state.m, state.l, 1.0);
       }
   return Status::Ok();
 }

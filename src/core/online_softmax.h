@@ -1,71 +1,134 @@
-// The online-softmax state of one query row, and its exact merge.
+// The online-softmax state of a query row, and its exact merge: the one definition every kernel uses (the
+// vector kernel with one row per SIMD lane, the AMX kernel with one row per scalar, split-KV and
+// merge_attention on finished results, and device code: the functions are ATTN_HD).
 //
-// A state (m, l, o) over a set of keys holds the running max m of the scores (natural-log units),
-// the running sum l = Σ e^(s - m) and the unnormalised output o = Σ e^(s - m) v. Processing a tile of
-// keys and merging two states over disjoint key sets are the same operation; prefill tiles, split-KV
-// partial results and results from other processes all go through merge(). The empty state
-// (m = -inf, l = 0, o = 0) is safe everywhere: no -inf - (-inf) is ever formed.
+// Units. A kernel's scores s are in its own "score units": the unscaled dot products q·k when it applies the
+// softmax scale inside the exponent (no dense mask), or scale·q·k + mask otherwise. Two constants convert:
+//   c = (score units -> log2 units)        = scale·log2(e), or log2(e)
+//   k = (score units -> natural-log units) = scale, or 1                    (c = k·log2(e))
+// A state (m, l) over a set of keys holds the running max m of their scores (score units) and the running sum
+// l = Σ 2^((s - m)·c); the kernel keeps the unnormalised output o = Σ 2^((s - m)·c)·v in its own layout.
 //
-// Exponentials are taken as 2^(s·log2e - m·log2e) with the product and difference formed at higher
-// precision (fma in the SIMD kernels, double in portable code), so huge logits lose no accuracy to a
-// rounded intermediate.
+// Exponents are formed as (s - m)·c: the difference first (exact by Sterbenz's lemma when s is within a factor
+// of two of m, so the largest score weighs exactly 1), then one product. Scores of any finite magnitude, up to
+// FLT_MAX, lose nothing to a rounded intermediate, and no exponent is ever positive (no overflow; the lazy
+// AMX form keeps them below `slack`).
+//
+// Non-finite values follow IEEE arithmetic over the keys a row attends: a NaN score gives a NaN weight (l, o
+// and the LSE become NaN); a +inf score gives NaN (inf - inf); a -inf score weighs 0. A row that has seen no key
+// with a score above -inf is empty: it finishes as O = 0 and LSE = -inf, never NaN, and merges as nothing.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
+// Host and device code alike; always inlined, so that the vector kernels, compiled per instruction set inside
+// a `#pragma GCC target` region, get the state's arithmetic compiled for their own target (a function defined
+// outside the region would be compiled for the baseline and called, not inlined).
+#if defined(__CUDACC__)
+#define ATTN_HD __host__ __device__ __forceinline__
+#elif defined(__GNUC__)
+#define ATTN_HD inline __attribute__((always_inline))
+#else
+#define ATTN_HD inline
+#endif
+
 namespace attn::core {
 
 inline constexpr double kLog2e = 1.4426950408889634;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// e^(a - b) for a <= b, with e^(-inf - b) = 0 (and b finite or a == -inf).
-inline float exp_diff(float a, float b) {
-  return a == kNegInf ? 0.0f : static_cast<float>(std::exp2((static_cast<double>(a) - b) * kLog2e));
-}
+// The lane arithmetic of one scalar row (Lanes concept: T, set1, add, sub, mul, max, exp2, if_neg_inf).
+// max(a, b) returns b when either is NaN, as the x86 max instructions do.
+struct ScalarLanes {
+  using T = float;
+  ATTN_HD static T set1(float x) { return x; }
+  ATTN_HD static T add(T a, T b) { return a + b; }
+  ATTN_HD static T sub(T a, T b) { return a - b; }
+  ATTN_HD static T mul(T a, T b) { return a * b; }
+  ATTN_HD static T max(T a, T b) { return a > b ? a : b; }
+  ATTN_HD static T exp2(T x) { return static_cast<float>(std::exp2(static_cast<double>(x))); }
+  // x == -inf ? a : b
+  ATTN_HD static T if_neg_inf(T x, T a, T b) { return x == kNegInf ? a : b; }
+};
 
-struct SoftmaxState {
-  float m = kNegInf;  // running max of the scores seen
-  float l = 0.0f;     // running sum of e^(s - m)
+// The state of one row (Lanes = ScalarLanes) or of one row per SIMD lane (a vector Lanes of cpu/vec.h).
+template <class Lanes>
+struct OnlineSoftmax {
+  using T = typename Lanes::T;
+  T m = Lanes::set1(kNegInf);  // running max of the scores seen (score units)
+  T l = Lanes::set1(0.0f);     // running sum of 2^((s - m)·c)
 
-  // -m·log2(e) as the exponent offset for this state's weights: the weight of score s is
-  // 2^(s·log2e + offset). 0 while no key has been seen, so masked (-inf) scores weigh 0, not NaN.
-  double log2_offset() const { return m == kNegInf ? 0.0 : -static_cast<double>(m) * kLog2e; }
+  // Where weights are measured from: m, or 0 while the row has seen nothing (its scores are then all -inf and
+  // weigh 2^(-inf) = 0 instead of NaN).
+  ATTN_HD T origin() const { return Lanes::if_neg_inf(m, Lanes::set1(0.0f), m); }
+  // The weight 2^((s - origin)·c) of score s.
+  ATTN_HD static T weight(T s, T origin, T c) { return Lanes::exp2(Lanes::mul(Lanes::sub(s, origin), c)); }
 
-  // Moves the running max to cover a new tile whose largest score is tile_max. Returns the factor
-  // by which the caller must multiply its accumulator o; l is rescaled here.
-  float advance(float tile_max) {
-    const float m_new = std::fmax(m, tile_max);
-    const float alpha = exp_diff(m, m_new);
+  // Eager step: m' = max(m, tile_max), l *= α; returns α = 2^((m - m')·c), the factor the caller multiplies its
+  // accumulator o by (0 for a row that had seen nothing: its o holds only 0·v terms).
+  ATTN_HD T advance(T tile_max, T c) {
+    const T m_new = Lanes::max(m, tile_max);
+    const T alpha = Lanes::if_neg_inf(m, Lanes::set1(0.0f), Lanes::exp2(Lanes::mul(Lanes::sub(m, m_new), c)));
     m = m_new;
-    l *= alpha;
+    l = Lanes::mul(l, alpha);
     return alpha;
   }
 
-  // The natural-log log-sum-exp of the scores seen; -inf for a row with no allowed key.
-  float lse() const { return l > 0.0f ? static_cast<float>(m + std::log(static_cast<double>(l))) : kNegInf; }
-
-  // Divides the accumulator by l; an empty row (l = 0) becomes exactly 0, whatever it held.
-  void normalize(float* o, std::int64_t dv) const {
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (std::int64_t d = 0; d < dv; ++d) o[d] = l > 0.0f ? o[d] * inv : 0.0f;
+  // Lazy step (one scalar row): moves m as advance() does only when a score of the tile passes it by more than
+  // `slack` in log2 units (or is NaN), so weights stay at most 2^slack and the accumulator is rescaled only when
+  // m moves. Returns α (exactly 1 when m did not move).
+  ATTN_HD T advance_lazy(T tile_max, T c, float slack) {
+    const T gap = Lanes::mul(Lanes::sub(tile_max, m), c);  // NaN for a NaN tile_max (and for -inf - (-inf))
+    if (gap <= slack) return Lanes::set1(1.0f);
+    return advance(tile_max, c);
   }
+
+  ATTN_HD void add(T sum) { l = Lanes::add(l, sum); }
 };
 
-// Merges state b (with accumulator ob) into state a (accumulator oa), both over dv values.
-inline void merge(SoftmaxState& a, float* oa, const SoftmaxState& b, const float* ob, std::int64_t dv) {
-  const float m = std::fmax(a.m, b.m);
-  if (m == kNegInf) return;  // both empty: a stays empty
-  const float wa = exp_diff(a.m, m), wb = exp_diff(b.m, m);
-  // A side with weight 0 is skipped, not multiplied: its accumulator may hold anything (even NaN).
-  for (std::int64_t d = 0; d < dv; ++d) oa[d] = (wa > 0.0f ? oa[d] * wa : 0.0f) + (wb > 0.0f ? ob[d] * wb : 0.0f);
+using RowState = OnlineSoftmax<ScalarLanes>;
+
+// ---- finishing a row (scalar) ----------------------------------------------------------------------------
+
+// The natural-log log-sum-exp m·k + ln l, in double; -inf for an empty row, NaN for a row that met a NaN.
+ATTN_HD float finish_lse(float m, float l, double k) {
+  if (l == 0.0f) return kNegInf;
+  return static_cast<float>(static_cast<double>(m) * k + std::log(static_cast<double>(l)));
+}
+
+// The factor the accumulator is multiplied by: 1/l (NaN for a NaN row); an empty row uses finish_output.
+ATTN_HD float finish_factor(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
+
+// One output value o/l: exactly 0 for an empty row (l = 0), whatever o holds (it may hold 0·NaN).
+ATTN_HD float finish_output(float o, float l, float factor) { return l == 0.0f ? 0.0f : o * factor; }
+
+// ---- merging -------------------------------------------------------------------------------------------------
+
+// Merges state b (accumulator ob) into state a (accumulator oa), n values each, both in the units of c.
+// An empty side contributes nothing (its accumulator is not read); otherwise both sides are weighted (IEEE:
+// a NaN anywhere reaches the result, 0·NaN included).
+ATTN_HD void merge(RowState& a, float* oa, const RowState& b, const float* ob, std::int64_t n, float c) {
+  if (b.m == kNegInf) return;  // b empty
+  if (a.m == kNegInf) {        // a empty: the result is b
+    for (std::int64_t d = 0; d < n; ++d) oa[d] = ob[d];
+    a = b;
+    return;
+  }
+  const float m = ScalarLanes::max(a.m, b.m);  // NaN when either is NaN
+  const float wa = ScalarLanes::exp2((a.m - m) * c), wb = ScalarLanes::exp2((b.m - m) * c);
+  for (std::int64_t d = 0; d < n; ++d) oa[d] = oa[d] * wa + ob[d] * wb;
   a.l = a.l * wa + b.l * wb;
   a.m = m;
 }
 
-// A finished row (normalised output and natural-log LSE) seen as a state, so that finished partial
-// results can be merged: m = lse, l = 1, o = out.
-inline SoftmaxState state_from_lse(float lse) { return lse == kNegInf ? SoftmaxState{} : SoftmaxState{lse, 1.0f}; }
+// A finished row (normalised output and natural-log LSE) seen as a state in natural-log units (c = log2 e), so
+// that finished partial results merge: m = lse, l = 1, o = out; empty when lse = -inf.
+ATTN_HD RowState state_from_lse(float lse) {
+  RowState s;
+  if (lse != kNegInf) s.m = lse, s.l = 1.0f;
+  return s;
+}
 
 }  // namespace attn::core

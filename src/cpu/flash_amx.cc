@@ -8,12 +8,13 @@
 // K and V are packed into those forms once per key tile, and each packed tile serves every query row of a
 // work item: all queries of a chunk of every query head of one GQA group.
 //
-// The softmax between the products runs on AVX-512, row by row, in base 2: a row keeps its reference max m
-// (in units of log2) and its sum l, and weights are p = 2^(s·c - m) with c = scale·log2(e). The reference max
-// is raised lazily: only when a tile holds a score above m + 8, so p <= 2^8 always and the fp32 accumulator
-// O (kept in memory between tiles, since it does not fit the eight tile registers) is rescaled only when m
-// moves, not on every tile. P is rounded to bf16 for the second product, as every bf16 flash kernel does;
-// l sums the unrounded fp32 weights.
+// The softmax between the products runs on AVX-512, row by row: each row's state is core::RowState (the one
+// online-softmax state of core/online_softmax.h) in score units (the unscaled dot products without a dense
+// mask, c = scale·log2 e; scale·q·k + mask with one, c = log2 e), and weights are p = 2^((s - m)·c). The
+// reference max m is raised lazily (RowState::advance_lazy): only when a tile holds a score above m by more
+// than 8 in log2 units, so p <= 2^8 always and the fp32 accumulator O (kept in memory between tiles, since it
+// does not fit the eight tile registers) is rescaled only when m moves, not on every tile. P is rounded to
+// bf16 for the second product, as every bf16 flash kernel does; l sums the unrounded fp32 weights.
 //
 // Built with its own compiler target (AVX-512 + BF16 + AMX); chosen by select_flash() only when the CPU has
 // AMX-BF16 and Linux has granted tile data to the process (cpu::request_amx()).
@@ -135,10 +136,11 @@ void pack_v(const std::uint16_t* const* rows, std::int64_t dvp, std::uint16_t* v
 // Degree 5: 2.3e-7 (fp32-level), used when the call asks for the LSE, whose sum l must be fp32-exact.
 // Degree 3: 7.5e-5, 16x below the bf16 rounding P gets for the product, so the output cannot tell; two
 // FMAs fewer per 16 weights.
+// A NaN lane stays NaN (max(lo, x) returns x when x is NaN).
 template <int Degree>
 inline __m512 exp2_fast(__m512 x) {
   static_assert(Degree == 3 || Degree == 5);
-  const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
+  const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);
   const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(xc, n);
   __m512 p;
@@ -161,12 +163,13 @@ inline __m512 exp2_fast(__m512 x) {
 constexpr float kLazy = 8.0f;  // the reference max moves only for a score above m + 8 (log2 units)
 
 // Per-thread scratch. Rows of a work item: Q (bf16, padded to whole row blocks and 32 dims), the fp32
-// output accumulator, the reference max m (log2 units) and the sum l (as 16 partial sums per row).
+// output accumulator and the online-softmax state of each row.
 struct Workspace {
   std::int64_t dkp, dvp;
   AlignedVector<std::uint16_t> q, kr, kp, vr, vp, pb, zero;  // kr, vr: staging for strided or padded K/V rows
   const std::uint16_t* rows[BC];
-  AlignedVector<float> o, m, l, s;
+  AlignedVector<float> o, s;
+  std::vector<core::RowState> state;
   std::vector<std::int64_t> head, row;
   std::vector<core::KeyRange> range;
   Workspace(std::int64_t dk, std::int64_t dv, std::int64_t max_rows)
@@ -180,23 +183,27 @@ struct Workspace {
         pb(RB * BC),
         zero(std::max(dkp, dvp)),
         o(max_rows * dvp),
-        m(max_rows),
-        l(max_rows * 16),
         s(RB * BC),
+        state(max_rows),
         head(max_rows),
         row(max_rows),
         range(max_rows) {}
 };
 
-// A dense mask's row: s = scale·s + mask, and -inf for keys the row may not see; the weights then use c = log2 e.
+// A dense mask's row: s = scale·s + mask (formed in double, rounded once), and -inf for keys the row may not
+// see; the weights then use c = log2 e. Returns whether some key of [k0, k1) is hidden from the row.
 template <class DenseMask>
-void finish_row(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, core::KeyRange range,
+bool finish_row(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, core::KeyRange range,
                 std::int64_t j0, std::int64_t k0, std::int64_t k1, float* s) {
   const auto mask = DenseMask::row(p, b, h, i);
+  bool hidden = false;
   for (std::int64_t c = k0; c < k1; ++c) {
     const std::int64_t j = j0 + c;
-    s[c] = (j < range.lo || j >= range.hi) ? core::kNegInf : static_cast<float>(s[c] * p.scale + mask.bias(j));
+    const float bias = (j < range.lo || j >= range.hi) ? core::kNegInf : mask.bias(j);
+    hidden |= bias == core::kNegInf;
+    s[c] = bias == core::kNegInf ? core::kNegInf : static_cast<float>(static_cast<double>(s[c]) * p.scale + bias);
   }
+  return hidden;
 }
 
 // Without a dense mask the dot products stay unscaled (the scale is folded into c); keys outside the row's
@@ -214,35 +221,57 @@ inline void mask_row(std::int64_t lo, std::int64_t hi, std::int64_t k0, std::int
   }
 }
 
-// P = 2^(S·c - m) for keys [k0, k1) (multiples of 32) of one row, into bf16; raises m (and rescales the row's
-// O and l) first when a score passes m + kLazy.
+// P = 2^((S - m)·c) for keys [k0, k1) (multiples of 32) of one row, into bf16, after the row's state has taken
+// the tile (RowState::advance_lazy; the row's O is rescaled when m moves).
 template <int Degree>
-inline void softmax_row(const float* s, std::int64_t k0, std::int64_t k1, float c, std::int64_t dvp, float* m,
-                        float* l16, float* o, std::uint16_t* p) {
+inline void softmax_row(const float* s, std::int64_t k0, std::int64_t k1, float c, std::int64_t dvp,
+                        core::RowState& state, float* o, std::uint16_t* p) {
   __m512 mx = _mm512_set1_ps(core::kNegInf);
   for (std::int64_t k = k0; k < k1; k += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + k));
-  const __m512 cv = _mm512_set1_ps(c);
-  if (_mm512_cmp_ps_mask(_mm512_mul_ps(mx, cv), _mm512_set1_ps(*m + kLazy), _CMP_GT_OQ)) {
-    const float m_new = _mm512_reduce_max_ps(mx) * c;
-    const float alpha = *m == core::kNegInf ? 0.0f : std::exp2(*m - m_new);
+  const float alpha = state.advance_lazy(_mm512_reduce_max_ps(mx), c, kLazy);
+  if (alpha != 1.0f) {  // m moved (or the row met a NaN): rescale O
     const __m512 av = _mm512_set1_ps(alpha);
-    _mm512_storeu_ps(l16, _mm512_mul_ps(_mm512_loadu_ps(l16), av));
     for (std::int64_t d = 0; d < dvp; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), av));
-    *m = m_new;
   }
-  if (*m == core::kNegInf) {  // nothing visible yet: weights 0
-    std::memset(p + k0, 0, static_cast<std::size_t>(k1 - k0) * 2);
-    return;
-  }
-  const __m512 off = _mm512_set1_ps(-*m);
+  const __m512 origin = _mm512_set1_ps(state.origin()), cv = _mm512_set1_ps(c);
   __m512 sum = _mm512_setzero_ps();
   for (std::int64_t k = k0; k < k1; k += 32) {
-    const __m512 p0 = exp2_fast<Degree>(_mm512_fmadd_ps(_mm512_loadu_ps(s + k), cv, off));
-    const __m512 p1 = exp2_fast<Degree>(_mm512_fmadd_ps(_mm512_loadu_ps(s + k + 16), cv, off));
+    const __m512 p0 = exp2_fast<Degree>(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + k), origin), cv));
+    const __m512 p1 = exp2_fast<Degree>(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + k + 16), origin), cv));
     sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
     _mm512_storeu_si512(p + k, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
   }
-  _mm512_storeu_ps(l16, _mm512_add_ps(_mm512_loadu_ps(l16), sum));
+  state.add(_mm512_reduce_add_ps(sum));
+}
+
+// Whether every value of the tile's V rows (bf16, dvp values each) is finite: no exponent field of all ones.
+inline bool v_rows_finite(const std::uint16_t* const* rows, std::int64_t cols, std::int64_t dvp) {
+  const __m512i exp_mask = _mm512_set1_epi16(0x7F80);
+  for (std::int64_t c = 0; c < cols; ++c)
+    for (std::int64_t d = 0; d < dvp; d += 32) {
+      const __m512i e = _mm512_and_si512(_mm512_loadu_si512(rows[c] + d), exp_mask);
+      if (_mm512_cmpeq_epi16_mask(e, exp_mask)) return false;
+    }
+  return true;
+}
+
+// O[rows] += P V over the pairs each row attends only (scalar fp32 from the bf16 P and V): the exact path for
+// a block where a hidden (row, key) pair meets a V row holding NaN or inf, which the tile product would turn
+// into 0·NaN = NaN for rows that never attend that key.
+template <class DenseMask>
+void pv_attended(const core::Problem& p, std::int64_t b, const std::int64_t* head, const std::int64_t* row,
+                 const core::KeyRange* range, std::int64_t nr, std::int64_t j0, std::int64_t k0, std::int64_t k1,
+                 std::int64_t cols, const std::uint16_t* pb, const std::uint16_t* const* vrows, std::int64_t dvp,
+                 float* o) {
+  for (std::int64_t r = 0; r < nr; ++r) {
+    const auto mask = DenseMask::row(p, b, head[r], row[r]);
+    for (std::int64_t c = k0; c < std::min(k1, cols); ++c) {
+      const std::int64_t j = j0 + c;
+      if (j < range[r].lo || j >= range[r].hi || mask.bias(j) == core::kNegInf) continue;
+      const float w = core::to_float(core::bf16{pb[r * BC + c]});
+      for (std::int64_t d = 0; d < p.Dv; ++d) o[r * dvp + d] += w * core::to_float(core::bf16{vrows[c][d]});
+    }
+  }
 }
 
 // ---- the two products on tiles -------------------------------------------------------------------------
@@ -351,8 +380,7 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
   }
   std::fill(ws.q.begin() + rows * dkp, ws.q.begin() + blocks * RB * dkp, std::uint16_t{0});
   std::fill(ws.o.begin(), ws.o.begin() + blocks * RB * dvp, 0.0f);
-  std::fill(ws.m.begin(), ws.m.begin() + rows, core::kNegInf);
-  std::fill(ws.l.begin(), ws.l.begin() + rows * 16, 0.0f);
+  std::fill(ws.state.begin(), ws.state.begin() + rows, core::RowState{});
 
   // Each row block's union and intersection of key ranges: tiles outside the union are skipped, and keys
   // inside the intersection need no per-element masking.
@@ -370,13 +398,14 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
     }
   }
 
-  const float c = static_cast<float>((DenseMask::kActive ? 1.0 : p.scale) * core::kLog2e);
+  const float c = core::score_log2_factor<DenseMask>(p);
   for (std::int64_t j0 = vis_lo; j0 < vis_hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, vis_hi - j0);
     tile_rows(p, p.k, b, hk, j0, cols, p.Dk, dkp, ws.kr.data(), ws.zero.data(), ws.rows);
     pack_k(ws.rows, dkp, ws.kp.data());  // K tile, VNNI
     tile_rows(p, p.v, b, hk, j0, cols, p.Dv, dvp, ws.vr.data(), ws.zero.data(), ws.rows);
-    pack_v(ws.rows, dvp, ws.vp.data());  // V tile, VNNI
+    pack_v(ws.rows, dvp, ws.vp.data());  // V tile, VNNI (ws.rows keeps pointing at its rows)
+    int v_finite = -1;                   // whether the V tile is all finite, once some block needs to know
     for (std::int64_t k = 0; k < blocks; ++k) {
       const Block& bl = blk[k];
       if (bl.hi <= j0 || bl.lo >= j0 + cols) continue;  // hidden tile
@@ -386,15 +415,22 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
       const bool all_visible = j0 + k0 >= bl.all_lo && j0 + k1 <= bl.all_hi;
       const std::int64_t r0 = k * RB, nr = std::min(RB, rows - r0);
       scores_tiles(ws.q.data() + r0 * dkp, dkp, ws.kp.data(), k0, k1, ws.s.data());  // S = Q Kᵀ
-      for (std::int64_t r = 0; r < nr; ++r) {                                        // P = 2^(S·c - m)
+      bool hidden = !all_visible;                                                    // a (row, key) pair hidden
+      for (std::int64_t r = 0; r < nr; ++r) {                                        // P = 2^((S - m)·c)
         float* s = ws.s.data() + r * BC;
         const core::KeyRange rg = ws.range[r0 + r];
         if constexpr (DenseMask::kActive)
-          finish_row<DenseMask>(p, b, ws.head[r0 + r], ws.row[r0 + r], rg, j0, k0, k1, s);
+          hidden |= finish_row<DenseMask>(p, b, ws.head[r0 + r], ws.row[r0 + r], rg, j0, k0, k1, s);
         else if (!all_visible)
           mask_row(rg.lo - j0, std::min(rg.hi, vis_hi) - j0, k0, k1, s);
-        softmax_row<ExpDegree>(s, k0, k1, c, dvp, &ws.m[r0 + r], &ws.l[(r0 + r) * 16],
-                               ws.o.data() + (r0 + r) * dvp, ws.pb.data() + r * BC);
+        softmax_row<ExpDegree>(s, k0, k1, c, dvp, ws.state[r0 + r], ws.o.data() + (r0 + r) * dvp,
+                               ws.pb.data() + r * BC);
+      }
+      if (hidden && v_finite < 0) v_finite = v_rows_finite(ws.rows, cols, dvp);
+      if (hidden && !v_finite) {  // O += P V over attended pairs only
+        pv_attended<DenseMask>(p, b, &ws.head[r0], &ws.row[r0], &ws.range[r0], nr, j0, k0, k1, cols, ws.pb.data(),
+                               ws.rows, dvp, ws.o.data() + r0 * dvp);
+        continue;
       }
       for (std::int64_t r = nr; r < RB; ++r)
         std::memset(ws.pb.data() + r * BC + k0, 0, static_cast<std::size_t>(k1 - k0) * 2);
@@ -402,26 +438,24 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
     }
   }
 
-  // O = o / l and LSE = (m + log2 l)·ln 2 per row.
+  // O = o / l and the LSE per row (core::finish_*).
   auto* out = static_cast<core::bf16*>(const_cast<void*>(p.out.data));
+  const double k_nat = core::score_nat_factor<DenseMask>(p);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float l = _mm512_reduce_add_ps(_mm512_loadu_ps(&ws.l[r * 16]));
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const core::RowState& st = ws.state[r];
+    const float factor = core::finish_factor(st.l);
     core::bf16* o = out + p.out.offset(b, ws.head[r], ws.row[r], 0);
     std::int64_t d = 0;
-    if (p.out.stride[3] == 1)  // vcvtneps2bf16 rounds to nearest even, as core::from_float does
+    if (p.out.stride[3] == 1 && st.l != 0.0f)  // vcvtneps2bf16 rounds to nearest even, as core::from_float does
       for (; d + 16 <= p.Dv; d += 16)
         _mm256_storeu_si256(
             reinterpret_cast<__m256i*>(o + d),
-            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(&ws.o[r * dvp + d]), _mm512_set1_ps(inv))));
-    for (; d < p.Dv; ++d) o[d * p.out.stride[3]] = core::from_float<core::bf16>(ws.o[r * dvp + d] * inv);
-    if (p.lse) {
-      const float lse =
-          l > 0.0f
-              ? static_cast<float>((static_cast<double>(ws.m[r]) + std::log2(static_cast<double>(l))) / core::kLog2e)
-              : core::kNegInf;
-      static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(b, ws.head[r], ws.row[r], 0)] = lse;
-    }
+            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(&ws.o[r * dvp + d]), _mm512_set1_ps(factor))));
+    for (; d < p.Dv; ++d)
+      o[d * p.out.stride[3]] = core::from_float<core::bf16>(core::finish_output(ws.o[r * dvp + d], st.l, factor));
+    if (p.lse)
+      static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(b, ws.head[r], ws.row[r], 0)] =
+          core::finish_lse(st.m, st.l, k_nat);
   }
 }
 

@@ -15,7 +15,9 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -235,58 +237,197 @@ inline void prefetch_rows(const T* const* rows, std::int64_t cols, std::int64_t 
     for (std::int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(rows[c]) + off, 0, 3);
 }
 
-// Turns dot products into scores: s = scale·s + mask, and -inf for keys a lane may not see. Tiles every
-// lane sees in full and without a dense mask only need the scale.
+// Turns dot products into scores in the kernel's score units (core/online_softmax.h) and hides what a lane may
+// not see (-inf). Without a dense mask the scores stay the unscaled dot products (the scale is applied in the
+// exponent, c = scale·log2 e), so a tile every lane sees whole needs nothing at all; with one, s = scale·s + mask
+// (formed in double, rounded once). Returns whether some (lane, key) pair of the tile is hidden.
 template <int QV, class DenseMask>
-void finish_scores(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool interior,
+bool finish_scores(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool interior,
                    float* st) {
-  if (interior && !DenseMask::kActive) {
-    const V scale = Vec::set1(static_cast<float>(p.scale));
-    for (std::int64_t c = 0; c < cols; ++c)
-      for (int v = 0; v < QV; ++v) Vec::store(st + c * BR + v * W, Vec::mul(Vec::load(st + c * BR + v * W), scale));
-    return;
-  }
+  if (interior && !DenseMask::kActive) return false;
+  bool hidden = !interior;
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
     const auto mask = DenseMask::row(p, lanes.b, lanes.h[r], lanes.i[r]);
     for (std::int64_t c = 0; c < cols; ++c) {
       const std::int64_t j = j0 + c;
       float& s = st[c * BR + r];
-      s = (j < range.lo || j >= range.hi) ? core::kNegInf : static_cast<float>(s * p.scale + mask.bias(j));
+      if (j < range.lo || j >= range.hi) {
+        s = core::kNegInf;
+      } else if constexpr (DenseMask::kActive) {
+        const float bias = mask.bias(j);
+        hidden |= bias == core::kNegInf;
+        s = bias == core::kNegInf ? core::kNegInf : static_cast<float>(static_cast<double>(s) * p.scale + bias);
+      }
     }
   }
+  return hidden;
 }
 
-// The online-softmax step for one tile, lane by lane (the vector form of core::SoftmaxState::advance and
-// its weights): m' = max(m, max_c Sᵀ[c]); α = e^(m - m'); l = α·l + Σ_c e^(Sᵀ[c] - m'); and Sᵀ is
-// replaced by Pᵀ = e^(Sᵀ - m'). The accumulator is rescaled by α afterwards. Empty rows (m' = -inf)
-// keep α = 0 and weights 0, never NaN.
+// The units of a call's scores (core/online_softmax.h) and the band of score magnitudes that take the wide path.
+struct Units {
+  float c = 0;         // score units -> log2 units
+  double k = 0;        // score units -> natural-log units (the LSE)
+  float wide_lo = 0;   // |tile max| above this (and below wide_hi), in score units: the wide path
+  float wide_hi = 0;
+};
+
+// Scores of at least kWideScores in magnitude (natural-log units) make a softmax row's weights depend on the
+// last bits of its fp32 dot products (an error ε·|s| in a score is an error ε·|s| in its weight's exponent), so
+// which of two equally rounded computations, this kernel's or a naive one's, comes closer is luck. Tiles whose
+// largest score per lane is that large are recomputed wide: double dot products, exponents (s - m)·c formed in
+// double. Above kWideScoresMax the fp32 state itself cannot hold the max finely enough (its rounding would
+// underflow the weights), and fp32 scores are as good as any fp32 computation gets. Ordinary inputs (unit-size
+// activations, |scores| of tens) never come near it.
+constexpr double kWideScores = 256.0, kWideScoresMax = 1e8;
+
+template <class DenseMask>
+Units units(const core::Problem& p) {
+  Units u;
+  u.k = core::score_nat_factor<DenseMask>(p);
+  u.c = core::score_log2_factor<DenseMask>(p);
+  u.wide_lo = static_cast<float>(kWideScores / u.k);  // (inf for a tiny k: never wide)
+  u.wide_hi = static_cast<float>(kWideScoresMax / u.k);
+  return u;
+}
+
+// The largest score of each lane over the tile (lanes in QV vectors).
 template <int QV>
-inline void softmax_step(float* st, std::int64_t cols, float* m, float* l, float* alpha_out) {
-  const V log2e = Vec::set1(static_cast<float>(core::kLog2e)), neg_inf = Vec::set1(core::kNegInf);
-  const V huge_neg = Vec::set1(-3.0e38f);
-  V alpha[QV], offset[QV], sum[QV];
+inline void tile_max(const float* st, std::int64_t cols, V* mx) {
+  for (int v = 0; v < QV; ++v) mx[v] = Vec::set1(core::kNegInf);
+  for (std::int64_t k = 0; k < cols; ++k)
+    for (int v = 0; v < QV; ++v) mx[v] = Vec::max(mx[v], Vec::load(st + k * BR + v * W));
+}
+
+// Whether some lane's largest score lies in the wide band (wide_lo, wide_hi) in magnitude.
+template <int QV>
+inline bool needs_wide(const V* mx, const Units& u) {
+  const V lo = Vec::set1(u.wide_lo), hi = Vec::set1(u.wide_hi), zero = Vec::zero();
   for (int v = 0; v < QV; ++v) {
-    V mx = neg_inf;
-    for (std::int64_t c = 0; c < cols; ++c) mx = Vec::max(mx, Vec::load(st + c * BR + v * W));
-    const V m_old = Vec::load(m + v * W), m_new = Vec::max(m_old, mx);
-    // e^(m_old - m_new); a lane that has seen no key (m_old = -inf) gets 0.
-    alpha[v] = exp2v(Vec::select_lt(m_old, huge_neg, neg_inf,
-                                    Vec::mul(Vec::add(m_old, Vec::mul(m_new, Vec::set1(-1.0f))), log2e)));
-    // the exponent offset -m'·log2e, or 0 while the lane has seen no key
-    offset[v] = Vec::select_lt(m_new, huge_neg, Vec::zero(), Vec::mul(m_new, Vec::set1(-core::kLog2e)));
-    Vec::store(m + v * W, m_new);
+    const V a = Vec::max(mx[v], Vec::sub(zero, mx[v]));  // |max| (NaN -> -max: not in the band)
+    alignas(64) float in[W];
+    Vec::store(in, Vec::select_lt(lo, a, Vec::select_lt(a, hi, Vec::set1(1.0f), zero), zero));
+    for (int i = 0; i < W; ++i)
+      if (in[i] != 0.0f) return true;
+  }
+  return false;
+}
+
+// The online-softmax step for one tile, all lanes at once (core::OnlineSoftmax over the vector lanes), given
+// the tile's max per lane: m' = max(m, mx), α = 2^((m - m')·c), Sᵀ replaced by Pᵀ = 2^((Sᵀ - m')·c),
+// l = α·l + Σ_c Pᵀ[c]. The accumulator is rescaled by α afterwards (alpha_out).
+template <int QV>
+inline void softmax_step(float* st, std::int64_t cols, const V* mx, float c_log2, float* m, float* l,
+                         float* alpha_out) {
+  using State = core::OnlineSoftmax<VecLanes>;
+  const V c = Vec::set1(c_log2);
+  State state[QV];
+  V origin[QV], sum[QV];
+  for (int v = 0; v < QV; ++v) {
+    state[v].m = Vec::load(m + v * W), state[v].l = Vec::load(l + v * W);
+    Vec::store(alpha_out + v * W, state[v].advance(mx[v], c));
+    origin[v] = state[v].origin();
     sum[v] = Vec::zero();
   }
-  for (std::int64_t c = 0; c < cols; ++c)
+  for (std::int64_t k = 0; k < cols; ++k)
     for (int v = 0; v < QV; ++v) {
-      const V pw = exp2v(Vec::fmadd(Vec::load(st + c * BR + v * W), log2e, offset[v]));
-      Vec::store(st + c * BR + v * W, pw);
+      const V pw = State::weight(Vec::load(st + k * BR + v * W), origin[v], c);
+      Vec::store(st + k * BR + v * W, pw);
       sum[v] = Vec::add(sum[v], pw);
     }
   for (int v = 0; v < QV; ++v) {
-    Vec::store(l + v * W, Vec::fmadd(Vec::load(l + v * W), alpha[v], sum[v]));
-    Vec::store(alpha_out + v * W, alpha[v]);
+    state[v].add(sum[v]);
+    Vec::store(m + v * W, state[v].m);
+    Vec::store(l + v * W, state[v].l);
+  }
+}
+
+// The same step lane by lane, wide (see kWideScores) for the lanes whose largest fp32 score lies in the band:
+// each score again from a double dot product (q from the block's fp32 Q: Qᵀ [Dk][BR] or rows [BR][Dk]; K rows
+// of any storage type), the lane's max rounded up to fp32 (so no weight exceeds 1), and every exponent
+// (s - m)·c formed in double. The other lanes take the fp32 scores as the vector step does. Same state, same
+// outputs.
+template <class DenseMask, class KT>
+void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols,
+                       const float* q, bool q_rows, const KT* const* krows, const Units& u, float* st, float* m,
+                       float* l, float* alpha_out) {
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  for (std::int64_t r = 0; r < lanes.n; ++r) {
+    float mx32 = core::kNegInf;
+    for (std::int64_t c = 0; c < cols; ++c) mx32 = core::ScalarLanes::max(mx32, st[c * BR + r]);
+    const bool wide = std::fabs(mx32) > u.wide_lo && std::fabs(mx32) < u.wide_hi;
+    double s[BC], mx = neg_inf;
+    bool nan = false;
+    if (wide) {
+      const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
+      const auto mask = DenseMask::row(p, lanes.b, lanes.h[r], lanes.i[r]);
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const std::int64_t j = j0 + c;
+        const float bias = (j < range.lo || j >= range.hi) ? core::kNegInf : mask.bias(j);
+        if (bias == core::kNegInf) {
+          s[c] = neg_inf;
+          continue;
+        }
+        double dot = 0;
+        for (std::int64_t d = 0; d < p.Dk; ++d)
+          dot += static_cast<double>(q_rows ? q[r * p.Dk + d] : q[d * BR + r]) * core::to_float(krows[c][d]);
+        s[c] = DenseMask::kActive ? dot * p.scale + bias : dot;
+        if (std::isnan(s[c])) nan = true;
+        else mx = std::max(mx, s[c]);
+      }
+    } else {
+      for (std::int64_t c = 0; c < cols; ++c) s[c] = st[c * BR + r];
+    }
+    float mx_f = wide ? static_cast<float>(mx) : mx32;
+    if (wide && mx_f < mx) mx_f = std::nextafter(mx_f, std::numeric_limits<float>::infinity());
+    core::RowState state;
+    state.m = m[r], state.l = l[r];
+    alpha_out[r] = state.advance(nan ? std::numeric_limits<float>::quiet_NaN() : mx_f, u.c);
+    const double origin = state.origin(), c_d = static_cast<double>(u.c);
+    double sum = 0;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float w = static_cast<float>(std::exp2((s[c] - origin) * c_d));
+      st[c * BR + r] = w;
+      sum += w;
+    }
+    state.add(static_cast<float>(sum));
+    m[r] = state.m, l[r] = state.l;
+  }
+}
+
+// The softmax of one tile: Sᵀ (scores in the call's units, hidden pairs -inf) becomes Pᵀ, and every lane's
+// state takes the tile; the vector step, or the wide one when the tile's scores are large.
+template <int QV, class DenseMask, class KT>
+inline void softmax_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool q_rows,
+                         const KT* const* krows, const Units& u, Workspace& ws) {
+  V mx[QV];
+  tile_max<QV>(ws.st.data(), cols, mx);
+  if (needs_wide<QV>(mx, u))
+    softmax_step_wide<DenseMask>(p, lanes, j0, cols, ws.q.data(), q_rows, krows, u, ws.st.data(), ws.m.data(),
+                                 ws.l.data(), ws.alpha.data());
+  else
+    softmax_step<QV>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
+}
+
+// O = α·O + P V over the tile's keys for the pairs a lane attends only: the exact path for a tile where a
+// hidden (lane, key) pair meets a V row holding NaN or inf, which the vector products would turn into
+// 0·NaN = NaN for lanes that never attend that key. Lane r's value d is o[d·d_stride + r·r_stride].
+template <class DenseMask, class KVT>
+void pv_attended(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, const float* pt,
+                 const KVT* const* vrows, const float* alpha, float* o, std::int64_t d_stride, std::int64_t r_stride) {
+  for (std::int64_t r = 0; r < lanes.n; ++r) {
+    const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
+    const auto mask = DenseMask::row(p, lanes.b, lanes.h[r], lanes.i[r]);
+    for (std::int64_t d = 0; d < p.Dv; ++d) {
+      float& out = o[d * d_stride + r * r_stride];
+      float acc = out * alpha[r];
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const std::int64_t j = j0 + c;
+        if (j < range.lo || j >= range.hi || mask.bias(j) == core::kNegInf) continue;
+        acc += pt[c * BR + r] * core::to_float(vrows[c][d]);
+      }
+      out = acc;
+    }
   }
 }
 
@@ -295,12 +436,15 @@ inline void softmax_step(float* st, std::int64_t cols, float* m, float* l, float
 // pv_rows find them in cache (7% on D2; prefetching the next K tile as well measured slower).
 template <int QV, int NL, class DenseMask, class T>
 void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows, const T* const* vrows,
-               std::int64_t j0, std::int64_t cols, bool interior, Workspace& ws) {
+               std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws) {
   prefetch_rows(vrows, cols, p.Dv * static_cast<std::int64_t>(sizeof(T)));
-  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, ws.st.data());                          // Sᵀ = K Qᵀ
-  finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());               // Sᵀ = scale·Sᵀ + mask
-  softmax_step<QV>(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.alpha.data());        // Pᵀ = e^(Sᵀ - m); m, l
-  pv_rows<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data());             // O = α·O + P V
+  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, ws.st.data());                                 // Sᵀ = K Qᵀ
+  const bool hidden = finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
+  softmax_tile<QV, DenseMask>(p, lanes, j0, cols, true, krows, u, ws);                           // Pᵀ; m, l
+  if (hidden && !rows_finite(vrows, cols, p.Dv))
+    pv_attended<DenseMask>(p, lanes, j0, cols, ws.st.data(), vrows, ws.alpha.data(), ws.o.data(), 1, p.Dv);
+  else
+    pv_rows<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data());                  // O = α·O + P V
 }
 
 // One block of lanes over keys [kv_lo, kv_hi) only (all keys, or one split of them): leaves the
@@ -329,26 +473,30 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
   std::fill(ws.m.begin(), ws.m.end(), core::kNegInf);
   std::fill(ws.l.begin(), ws.l.end(), 0.0f);
 
+  const Units u = units<DenseMask>(p);
   for (std::int64_t j0 = visible_lo; j0 < visible_hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, visible_hi - j0);
     const bool interior = j0 >= shared_lo && j0 + cols <= shared_hi;
     if constexpr (NL == 0) {
-      tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);    // K tile
-      tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);    // V tile
-      scores<QV>(ws.q.data(), ws.krows, dk, cols, ws.st.data());                          // Sᵀ = K Qᵀ
-      finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());           // Sᵀ = scale·Sᵀ + mask
-      softmax_step<QV>(ws.st.data(), cols, ws.m.data(), ws.l.data(), ws.alpha.data());    // Pᵀ = e^(Sᵀ - m); m, l
-      accumulate_pv<QV>(ws.st.data(), ws.vrows, dv, cols, ws.alpha.data(), ws.o.data());  // Oᵀ = α·Oᵀ + Vᵀ Pᵀ
+      tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);       // K tile
+      tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);       // V tile
+      scores<QV>(ws.q.data(), ws.krows, dk, cols, ws.st.data());                             // Sᵀ = K Qᵀ
+      const bool hidden = finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
+      softmax_tile<QV, DenseMask>(p, lanes, j0, cols, false, ws.krows, u, ws);                // Pᵀ; m, l
+      if (hidden && !rows_finite(ws.vrows, cols, dv))
+        pv_attended<DenseMask>(p, lanes, j0, cols, ws.st.data(), ws.vrows, ws.alpha.data(), ws.o.data(), BR, 1);
+      else
+        accumulate_pv<QV>(ws.st.data(), ws.vrows, dv, cols, ws.alpha.data(), ws.o.data());  // Oᵀ = α·Oᵀ + Vᵀ Pᵀ
     } else if (p.k.stride[3] == 1 && p.v.stride[3] == 1) {  // rows as stored, widened in registers
       const KVT* krows[BC];
       const KVT* vrows[BC];
       for (std::int64_t c = 0; c < cols; ++c)
         krows[c] = kv_row<KVT>(p, p.k, lanes.b, lanes.hk, j0 + c), vrows[c] = kv_row<KVT>(p, p.v, lanes.b, lanes.hk, j0 + c);
-      rows_step<QV, NL, DenseMask>(p, lanes, krows, vrows, j0, cols, interior, ws);
+      rows_step<QV, NL, DenseMask>(p, lanes, krows, vrows, j0, cols, interior, u, ws);
     } else {  // strided rows: converted to fp32 first
       tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);
       tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);
-      rows_step<QV, NL, DenseMask>(p, lanes, ws.krows, ws.vrows, j0, cols, interior, ws);
+      rows_step<QV, NL, DenseMask>(p, lanes, ws.krows, ws.vrows, j0, cols, interior, u, ws);
     }
   }
 }
@@ -409,19 +557,20 @@ std::pair<std::int64_t, std::int64_t> run_block(const core::Problem& p, const La
   return flash_block<4, 0, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{BR, 1L};
 }
 
-// Writes O = o / l and the LSE of every lane of a finished block; lane r's value d is
+// Writes O = o / l and the LSE of every lane of a finished block (core::finish_*); lane r's value d is
 // o[d·d_stride + r·r_stride] (Oᵀ in the workspace, or rows of merged split-KV partials).
-template <class QT>
+template <class QT, class DenseMask>
 void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, std::int64_t d_stride,
                  std::int64_t r_stride, const float* m, const float* l) {
   QT* out = static_cast<QT*>(const_cast<void*>(p.out.data));
   for (std::int64_t r = 0; r < lanes.n; ++r) {
-    const core::SoftmaxState st{m[r], l[r]};
-    const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;
+    const float factor = core::finish_factor(l[r]);
     QT* o = out + p.out.offset(lanes.b, lanes.h[r], lanes.i[r], 0);
-    for (std::int64_t d = 0; d < p.Dv; ++d) o[d * p.out.stride[3]] = core::from_float<QT>(ot[d * d_stride + r * r_stride] * inv);
+    for (std::int64_t d = 0; d < p.Dv; ++d)
+      o[d * p.out.stride[3]] = core::from_float<QT>(core::finish_output(ot[d * d_stride + r * r_stride], l[r], factor));
     if (p.lse)
-      static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(lanes.b, lanes.h[r], lanes.i[r], 0)] = st.lse();
+      static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(lanes.b, lanes.h[r], lanes.i[r], 0)] =
+          core::finish_lse(m[r], l[r], core::score_nat_factor<DenseMask>(p));
   }
 }
 
@@ -439,7 +588,7 @@ void flash_forward(const core::Problem& p, int threads) {
       for (std::int64_t it = 0; it < plan.items; ++it) {
         const Lanes lanes = plan.lanes(p, it);
         const auto [d_stride, r_stride] = run_block<QT, KVT, DenseMask>(p, lanes, 0, p.Skv, ws);
-        store_lanes<QT>(p, lanes, ws.o.data(), d_stride, r_stride, ws.m.data(), ws.l.data());
+        store_lanes<QT, DenseMask>(p, lanes, ws.o.data(), d_stride, r_stride, ws.m.data(), ws.l.data());
       }
     }
     return;
@@ -468,16 +617,20 @@ void flash_forward(const core::Problem& p, int threads) {
       const Lanes lanes = plan.lanes(p, it);
       float* base = partial.data() + it * per_item;
       std::vector<float> m(BR), l(BR);
+      const float c_log2 = core::score_log2_factor<DenseMask>(p);
       for (std::int64_t r = 0; r < lanes.n; ++r) {
-        core::SoftmaxState acc{base[r * stride], base[r * stride + 1]};
+        core::RowState acc;
+        acc.m = base[r * stride], acc.l = base[r * stride + 1];
         float* o = base + r * stride + 2;
         for (std::int64_t sp = 1; sp < plan.splits; ++sp) {
           const float* part = base + sp * BR * stride + r * stride;
-          core::merge(acc, o, core::SoftmaxState{part[0], part[1]}, part + 2, p.Dv);
+          core::RowState other;
+          other.m = part[0], other.l = part[1];
+          core::merge(acc, o, other, part + 2, p.Dv, c_log2);
         }
         m[r] = acc.m, l[r] = acc.l;
       }
-      store_lanes<QT>(p, lanes, base + 2, 1, stride, m.data(), l.data());  // merged rows sit in split 0's slots
+      store_lanes<QT, DenseMask>(p, lanes, base + 2, 1, stride, m.data(), l.data());  // merged rows sit in split 0's slots
     }
   }
 }

@@ -15,6 +15,7 @@ struct Vec {
   static T load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, T x) { _mm512_storeu_ps(p, x); }
   static T add(T a, T b) { return _mm512_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
   static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
   static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static T max(T a, T b) { return _mm512_max_ps(a, b); }
@@ -52,6 +53,7 @@ struct Vec {
   static T load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, T x) { _mm256_storeu_ps(p, x); }
   static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
   static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
   static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static T max(T a, T b) { return _mm256_max_ps(a, b); }
@@ -91,6 +93,7 @@ struct Vec {
   static T load(const float* p) { return _mm_loadu_ps(p); }
   static void store(float* p, T x) { _mm_storeu_ps(p, x); }
   static T add(T a, T b) { return _mm_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm_sub_ps(a, b); }
   static T mul(T a, T b) { return _mm_mul_ps(a, b); }
   static T fmadd(T a, T b, T c) { return _mm_add_ps(_mm_mul_ps(a, b), c); }
   static T max(T a, T b) { return _mm_max_ps(a, b); }
@@ -137,13 +140,14 @@ inline Vec::T load_as_float(const T* p) {
 }
 
 // 2^x for every lane, written once over the wrapper: x = n + f with n = round(x), |f| <= 1/2, and
-// 2^f from its degree-7 Taylor polynomial (relative error below 1e-8, under fp32 rounding).
-// Lanes with x < -126 (including -inf) give exactly 0, so masked scores carry no weight.
+// 2^f from its degree-7 Taylor polynomial (relative error below 1e-8, under fp32 rounding). Callers pass
+// x <= 0 (core::OnlineSoftmax never forms a positive exponent). Lanes with x < -126 (including -inf) give
+// exactly 0, so masked scores carry no weight; a NaN lane stays NaN (max(lo, x) returns x when x is NaN).
 inline Vec::T exp2v(Vec::T x) {
   const Vec::T lo = Vec::set1(-126.0f);
-  const Vec::T xc = Vec::max(x, lo);
+  const Vec::T xc = Vec::max(lo, x);
   const Vec::T n = Vec::round(xc);
-  const Vec::T f = Vec::add(xc, Vec::mul(n, Vec::set1(-1.0f)));
+  const Vec::T f = Vec::sub(xc, n);
   Vec::T p = Vec::set1(1.5252733804059840e-5f);
   p = Vec::fmadd(p, f, Vec::set1(1.5403530393381606e-4f));
   p = Vec::fmadd(p, f, Vec::set1(1.3333558146428443e-3f));
@@ -153,4 +157,32 @@ inline Vec::T exp2v(Vec::T x) {
   p = Vec::fmadd(p, f, Vec::set1(6.9314718055994531e-1f));
   p = Vec::fmadd(p, f, Vec::set1(1.0f));
   return Vec::select_lt(x, lo, Vec::zero(), Vec::ldexp(p, n));
+}
+
+// The lane arithmetic core::OnlineSoftmax needs, over this instruction set's vectors (one query row per lane).
+struct VecLanes {
+  using T = Vec::T;
+  static T set1(float x) { return Vec::set1(x); }
+  static T add(T a, T b) { return Vec::add(a, b); }
+  static T sub(T a, T b) { return Vec::sub(a, b); }
+  static T mul(T a, T b) { return Vec::mul(a, b); }
+  static T max(T a, T b) { return Vec::max(a, b); }
+  static T exp2(T x) { return exp2v(x); }
+  // x == -inf ? a : b (x < -FLT_MAX holds for -inf alone; false for NaN)
+  static T if_neg_inf(T x, T a, T b) { return Vec::select_lt(x, Vec::set1(-3.4028234663852886e38f), a, b); }
+};
+
+// Whether every value of `cols` rows of `dim` values (fp32, bf16 or f16, unit stride) is finite: x·0 is 0 for a
+// finite x and NaN otherwise, summed over everything.
+template <class T>
+inline bool rows_finite(const T* const* rows, std::int64_t cols, std::int64_t dim) {
+  const Vec::T zero = Vec::zero();
+  Vec::T acc = zero;
+  float tail = 0.0f;
+  for (std::int64_t c = 0; c < cols; ++c) {
+    std::int64_t d = 0;
+    for (; d + Vec::W <= dim; d += Vec::W) acc = Vec::add(acc, Vec::mul(load_as_float(rows[c] + d), zero));
+    for (; d < dim; ++d) tail += core::to_float(rows[c][d]) * 0.0f;
+  }
+  return Vec::reduce_add(acc) + tail == 0.0f;
 }

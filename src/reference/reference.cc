@@ -55,53 +55,88 @@ bool allowed(const core::Problem& p, std::int64_t b, std::int64_t i, std::int64_
   return true;
 }
 
+bool attends(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+  return allowed(p, b, i, j) && bias(p, b, h, i, j) != -std::numeric_limits<double>::infinity();
+}
+
+// The score scale · q_i · k_j + mask_ij of an attended pair, in Acc; *terms (if given) gets the size of the terms
+// it sums, scale · Σ_d |q_d k_d| + |mask|, in double.
+template <class Acc>
+Acc score(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
+          double* terms = nullptr) {
+  Acc dot = 0;
+  double abs_sum = 0;
+  for (std::int64_t d = 0; d < p.Dk; ++d) {
+    const double qd = load(p.q, b, h, i, d), kd = load_kv(p, p.k, b, h / p.group, j, d);
+    dot += static_cast<Acc>(qd) * static_cast<Acc>(kd);
+    abs_sum += std::fabs(qd * kd);
+  }
+  const double m = bias(p, b, h, i, j);
+  if (terms) *terms = abs_sum * p.scale + std::fabs(m);
+  return static_cast<Acc>(p.scale) * dot + static_cast<Acc>(m);
+}
+
+// The formula as it reads, in Acc, over the keys each row attends (the others are never read), with IEEE
+// arithmetic for non-finite values: S = scale·Q Kᵀ + mask; m = the largest score that is not NaN; a row with a
+// NaN score, or with m = +inf, is NaN throughout; a row whose scores are all -inf (or that attends no key) is
+// empty (out 0, lse -inf); else P = e^(S - m) / Σ e^(S - m) (a -inf score weighs 0) and out = Σ_j P_j V_j over
+// every attended key, P_j = 0 included (0·NaN is NaN).
 template <class Acc>
 Result attention(const core::Problem& p, bool keep_probs) {
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
+  const Acc nan = std::numeric_limits<Acc>::quiet_NaN();
   Result r;
   r.out.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq * p.Dv), 0.0);
   r.lse.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq), 0.0);
   if (keep_probs) r.probs.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq * p.Skv), 0.0);
-  std::vector<Acc> s(static_cast<std::size_t>(p.Sq * p.Skv));  // the score matrix of one head
+  std::vector<Acc> s(static_cast<std::size_t>(p.Skv));  // the scores of one row
+  std::vector<char> seen(static_cast<std::size_t>(p.Skv));  // the keys the row attends
 
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t h = 0; h < p.Hq; ++h) {
       const std::int64_t hk = h / p.group;
-      // 1. scores: S = scale · Q Kᵀ + mask
-      for (std::int64_t i = 0; i < p.Sq; ++i)
-        for (std::int64_t j = 0; j < p.Skv; ++j) {
-          Acc& sij = s[i * p.Skv + j];
-          const Acc m = static_cast<Acc>(bias(p, b, h, i, j));
-          if (!allowed(p, b, i, j) || m == neg_inf) {
-            sij = neg_inf;
-            continue;
-          }
-          Acc dot = 0;
-          for (std::int64_t d = 0; d < p.Dk; ++d)
-            dot += static_cast<Acc>(load(p.q, b, h, i, d)) * static_cast<Acc>(load_kv(p, p.k, b, hk, j, d));
-          sij = static_cast<Acc>(p.scale) * dot + m;
-        }
-      // 2. row-wise softmax, 3. O = P V
       for (std::int64_t i = 0; i < p.Sq; ++i) {
-        Acc* row = s.data() + i * p.Skv;  // (no element to reference when Skv = 0)
         const std::size_t orow = static_cast<std::size_t>(((b * p.Hq + h) * p.Sq + i));
-        const Acc mx = p.Skv ? *std::max_element(row, row + p.Skv) : neg_inf;
-        if (mx == neg_inf) {  // no key allowed: out = 0, lse = -inf
+        // 1. scores S = scale · q kᵀ + mask of the attended keys
+        bool any_nan = false;
+        Acc mx = neg_inf;
+        for (std::int64_t j = 0; j < p.Skv; ++j) {
+          seen[j] = attends(p, b, h, i, j);
+          if (!seen[j]) continue;
+          double terms = 0;
+          s[j] = score<Acc>(p, b, h, i, j, &terms);
+          if (std::isnan(s[j])) any_nan = true;
+          else mx = std::max(mx, s[j]);
+          if (std::isfinite(terms)) r.score_terms = std::max(r.score_terms, terms);
+        }
+        // 2. the row-wise softmax
+        if (!any_nan && mx == neg_inf) {  // empty: out = 0, lse = -inf
           r.lse[orow] = -std::numeric_limits<double>::infinity();
           continue;
         }
+        if (any_nan || std::isinf(mx)) {  // NaN throughout
+          for (std::int64_t d = 0; d < p.Dv; ++d) r.out[orow * p.Dv + d] = nan;
+          r.lse[orow] = nan;
+          if (keep_probs)
+            for (std::int64_t j = 0; j < p.Skv; ++j)
+              if (seen[j] && s[j] != neg_inf) r.probs[orow * p.Skv + j] = nan;
+          continue;
+        }
         Acc sum = 0;
-        for (std::int64_t j = 0; j < p.Skv; ++j) sum += (row[j] = std::exp(row[j] - mx));
-        for (std::int64_t j = 0; j < p.Skv; ++j) row[j] /= sum;
+        for (std::int64_t j = 0; j < p.Skv; ++j)
+          if (seen[j]) sum += (s[j] = std::exp(s[j] - mx));
+        for (std::int64_t j = 0; j < p.Skv; ++j)
+          if (seen[j]) s[j] /= sum;
+        // 3. O = P V
         for (std::int64_t d = 0; d < p.Dv; ++d) {
           Acc acc = 0;
           for (std::int64_t j = 0; j < p.Skv; ++j)
-            if (row[j] != 0) acc += row[j] * static_cast<Acc>(load_kv(p, p.v, b, hk, j, d));
+            if (seen[j]) acc += s[j] * static_cast<Acc>(load_kv(p, p.v, b, hk, j, d));
           r.out[orow * p.Dv + d] = acc;
         }
         r.lse[orow] = static_cast<double>(mx + std::log(sum));
         if (keep_probs)
-          for (std::int64_t j = 0; j < p.Skv; ++j) r.probs[orow * p.Skv + j] = row[j];
+          for (std::int64_t j = 0; j < p.Skv; ++j) r.probs[orow * p.Skv + j] = seen[j] ? s[j] : 0.0;
       }
     }
   return r;
@@ -131,14 +166,19 @@ void store(const core::Problem& p, const Result& r) {
       }
 }
 
+// The backward over the pairs that carry weight: attended pairs whose score is not -inf (a -inf score, like a
+// hidden key, carries neither weight nor gradient); a row that is empty in the forward contributes nothing.
+// IEEE arithmetic otherwise: a NaN row (or a NaN in dO) spreads NaN to every gradient it touches.
 template <class Acc>
 Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
   const Result fwd = attention<Acc>(p, /*keep_probs=*/true);
+  const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
   Grads g;
   g.dq.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq * p.Dk), 0.0);
   std::vector<Acc> dk(static_cast<std::size_t>(p.B * p.Hkv * p.Skv * p.Dk), 0);
   std::vector<Acc> dv(static_cast<std::size_t>(p.B * p.Hkv * p.Skv * p.Dv), 0);
-  std::vector<Acc> ds(static_cast<std::size_t>(p.Sq * p.Skv));  // dS of one head
+  std::vector<Acc> ds(static_cast<std::size_t>(p.Sq * p.Skv));   // dS of one head
+  std::vector<char> live(static_cast<std::size_t>(p.Sq * p.Skv));  // the pairs that carry weight
   const Acc scale = static_cast<Acc>(p.scale);
 
   for (std::int64_t b = 0; b < p.B; ++b)
@@ -147,23 +187,24 @@ Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
       const double* P = fwd.probs.data() + (b * p.Hq + h) * p.Sq * p.Skv;  // (no element to reference when empty)
       const std::size_t kv_head = static_cast<std::size_t>((b * p.Hkv + hk) * p.Skv);
       for (std::int64_t i = 0; i < p.Sq; ++i) {
+        const bool empty = fwd.lse[static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i)] == -INFINITY;
+        for (std::int64_t j = 0; j < p.Skv; ++j)
+          live[i * p.Skv + j] = !empty && attends(p, b, h, i, j) && score<Acc>(p, b, h, i, j) != neg_inf;
         // dP_ij = dO_i · V_j, and D_i = Σ_j P_ij dP_ij (= dO_i · O_i)
         Acc D = 0;
         for (std::int64_t j = 0; j < p.Skv; ++j) {
-          const Acc pij = static_cast<Acc>(P[i * p.Skv + j]);
+          if (!live[i * p.Skv + j]) continue;
           Acc dp = 0;
-          if (pij != 0)
-            for (std::int64_t d = 0; d < p.Dv; ++d)
-              dp += static_cast<Acc>(load(dout, b, h, i, d)) * static_cast<Acc>(load(p.v, b, hk, j, d));
+          for (std::int64_t d = 0; d < p.Dv; ++d)
+            dp += static_cast<Acc>(load(dout, b, h, i, d)) * static_cast<Acc>(load(p.v, b, hk, j, d));
           ds[i * p.Skv + j] = dp;
-          D += pij * dp;
+          D += static_cast<Acc>(P[i * p.Skv + j]) * dp;
         }
         for (std::int64_t j = 0; j < p.Skv; ++j) {
+          if (!live[i * p.Skv + j]) continue;
           const Acc pij = static_cast<Acc>(P[i * p.Skv + j]);
           ds[i * p.Skv + j] = pij * (ds[i * p.Skv + j] - D);
-          if (pij == 0) continue;
-          // dV_j += P_ij dO_i
-          for (std::int64_t d = 0; d < p.Dv; ++d)
+          for (std::int64_t d = 0; d < p.Dv; ++d)  // dV_j += P_ij dO_i
             dv[(kv_head + j) * p.Dv + d] += pij * static_cast<Acc>(load(dout, b, h, i, d));
         }
       }
@@ -171,14 +212,14 @@ Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
         for (std::int64_t d = 0; d < p.Dk; ++d) {
           Acc acc = 0;
           for (std::int64_t j = 0; j < p.Skv; ++j)
-            if (ds[i * p.Skv + j] != 0) acc += ds[i * p.Skv + j] * static_cast<Acc>(load(p.k, b, hk, j, d));
+            if (live[i * p.Skv + j]) acc += ds[i * p.Skv + j] * static_cast<Acc>(load(p.k, b, hk, j, d));
           g.dq[static_cast<std::size_t>(((b * p.Hq + h) * p.Sq + i) * p.Dk + d)] = scale * acc;
         }
       for (std::int64_t j = 0; j < p.Skv; ++j)  // dK_j += scale Σ_i dS_ij Q_i
         for (std::int64_t d = 0; d < p.Dk; ++d) {
           Acc acc = 0;
           for (std::int64_t i = 0; i < p.Sq; ++i)
-            if (ds[i * p.Skv + j] != 0) acc += ds[i * p.Skv + j] * static_cast<Acc>(load(p.q, b, h, i, d));
+            if (live[i * p.Skv + j]) acc += ds[i * p.Skv + j] * static_cast<Acc>(load(p.q, b, h, i, d));
           dk[(kv_head + j) * p.Dk + d] += scale * acc;
         }
     }

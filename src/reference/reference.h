@@ -15,6 +15,9 @@ struct Result {
   std::vector<double> out;    // [B, Hq, Sq, Dv], contiguous
   std::vector<double> lse;    // [B, Hq, Sq], natural log, -inf for a row with no allowed key
   std::vector<double> probs;  // [B, Hq, Sq, Skv] softmax weights, filled only when asked for
+  // The size of the terms the scores sum, max over attended pairs of scale·Σ_d |q_d k_d| + |mask| (finite
+  // values only): what rounding noise in a score is proportional to (the tests' atol).
+  double score_terms = 0;
 };
 
 // True when key j may be seen by query i of batch b (causal, window, key length; not the dense mask).
