@@ -37,8 +37,25 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
 
-namespace attn::cpu::amx {
+// ATTN_AMX_EMULATE (the test target test_amx_emulated only): the tile instructions in software, in a namespace of
+// their own, so that the kernel's logic runs on machines without AMX.
+#if defined(ATTN_AMX_EMULATE)
+#include "cpu/amx_emulate.h"
+#define ATTN_AMX_NS amx_emulated
+#else
+#define ATTN_AMX_NS amx
+#endif
+
+namespace attn::cpu::ATTN_AMX_NS {
 namespace {
+
+#if defined(ATTN_AMX_EMULATE)
+inline void tile_config() {}
+inline void tile_release() {}
+#else
+inline void tile_config() { load_tile_config_16x64(); }
+inline void tile_release() { _tile_release(); }
+#endif
 
 constexpr std::int64_t RB = 32;   // query rows per row block: two 16-row tiles
 constexpr std::int64_t BC = 256;  // keys per tile
@@ -461,6 +478,7 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
 
 template <class DenseMask, int ExpDegree>
 void amx_forward(const core::Problem& p, int threads) {
+  if (p.B == 0 || p.Sq == 0) return;  // nothing to write
   const Plan plan(p);
 #pragma omp parallel num_threads(threads) if (plan.items > 1)
   {
@@ -469,11 +487,11 @@ void amx_forward(const core::Problem& p, int threads) {
     // softmax rows on a causal diagonal tile). Values that small carry no weight next to l >= 1.
     const unsigned int mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | 0x8040);
-    load_tile_config_16x64();
+    tile_config();
     Workspace ws(p.Dk, p.Dv, plan.max_rows);
 #pragma omp for schedule(dynamic)
     for (std::int64_t it = 0; it < plan.items; ++it) run_item<DenseMask, ExpDegree>(p, plan, it, ws);
-    _tile_release();
+    tile_release();
     _mm_setcsr(mxcsr);
   }
 }
@@ -498,5 +516,5 @@ FlashFn flash_kernel(const core::Problem& p) {
   return nullptr;
 }
 
-}  // namespace attn::cpu::amx
+}  // namespace attn::cpu::ATTN_AMX_NS
 #pragma GCC pop_options
