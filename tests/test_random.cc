@@ -159,8 +159,12 @@ std::string check_backward(const RandomConfig& rc) {
   std::string failure;
   for (const auto& x : grads) {
     const std::vector<double> fast = values(x.t);
+    // A gradient beyond the range of its dtype is ±inf when stored (f16 tops out at 65504).
+    std::vector<double> ref_stored = x.ref;
+    for (double& r : ref_stored)
+      if (std::isfinite(r) && std::isinf(round_to(x.dtype, r))) r = round_to(x.dtype, r);
     const double atol = 8 * u_eff * (max_finite(x.ref, 1e-3) + x.terms);
-    const Agreement a = agree(x.ref, [&](std::size_t i) { return fast[i]; },
+    const Agreement a = agree(ref_stored, [&](std::size_t i) { return fast[i]; },
                               [&](std::size_t i) { return round_to(x.dtype, x.naive[i]); }, atol);
     if (!a.ok(3.0)) failure += std::string(x.name) + ": " + a.describe() + "; ";
   }

@@ -7,22 +7,28 @@
 
 namespace attn {
 
-// Gradients of a loss L with respect to Q, K and V, given dO = ∂L/∂O and the forward's O and LSE:
-//   P = softmax(scale · Q Kᵀ + mask)   (recomputed from q, k and lse; never stored whole)
-//   dV = Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − rowsum(dO ∘ O)),   dQ = scale · dS K,   dK = scale · dSᵀ Q
+// Gradients of a loss L with respect to Q, K and V, given dO = ∂L/∂O and the forward's O:
+//   P = softmax(scale · Q Kᵀ + mask)   (recomputed from q and k, with each row's max and sum; never stored whole)
+//   dV = Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D),   dQ = scale · dS K,   dK = scale · dSᵀ Q
+// with D = rowsum(dO ∘ O), or rowsum(P ∘ dP) from the recomputed P where rows may be peaked (large scores, a
+// scale above 64, NaN/inf inputs).
 //
 //   q        [B, Hq,  Sq,  Dk]    k      [B, Hkv, Skv, Dk]    v      [B, Hkv, Skv, Dv]
-//   out      [B, Hq,  Sq,  Dv]    lse    [B, Hq, Sq] f32      (both exactly as attention() returned them)
+//   out      [B, Hq,  Sq,  Dv]    lse    [B, Hq, Sq] f32      (both as attention() returned them)
 //   grad_out [B, Hq,  Sq,  Dv]    dtype of q
 //   grad_q   [B, Hq,  Sq,  Dk]    dtype of q
 //   grad_k   [B, Hkv, Skv, Dk]    dtype of k      (with GQA/MQA: summed over the query heads sharing the KV head)
 //   grad_v   [B, Hkv, Skv, Dv]    dtype of k
+// The LSE is checked for shape and dtype but its values are not read: the statistics are recomputed from the
+// scores (an fp32 LSE carries half an ulp of |LSE| of error into every probability, too much for peaked rows).
 // params must be the ones the forward ran with (scale, causal, window, kv_lens, mask); params.backend picks
-// the flash kernel (automatic, flash) or the fp64 reference. Rows with no allowed key (lse = −∞) contribute
-// nothing; keys no query sees get zero gradients. The result is bitwise identical on every run and at every
-// thread count. Every argument is validated before anything is written: on error the Status names the
-// parameter and the expectation, and grad_q, grad_k and grad_v are untouched. Gradients may not alias inputs
-// or each other.
+// the flash kernel (automatic, flash) or the fp64 reference. A row with no allowed key (or whose scores are
+// all −∞) contributes nothing and gets dQ = 0; keys no query sees get zero gradients; keys at or past a batch's
+// key length are never read. Non-finite values follow IEEE arithmetic over the pairs that carry weight
+// (attended keys with a score above −∞): a NaN in Q, K, V, O or dO reaches the gradients of the rows and keys
+// it touches, and no others. The result is bitwise identical on every run and at every thread count. Every
+// argument is validated before anything is written: on error the Status names the parameter and the
+// expectation, and grad_q, grad_k and grad_v are untouched. Gradients may not alias inputs or each other.
 Status attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                           const TensorView& lse, const TensorView& grad_out, const TensorView& grad_q,
                           const TensorView& grad_k, const TensorView& grad_v, const Params& params = {});

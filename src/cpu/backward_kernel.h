@@ -3,16 +3,18 @@
 //
 // Nothing of size Sq x Skv is ever held: for a tile of BR query rows and BC keys the probabilities are
 // recomputed from Q, K and the row's statistics (P = e^(scale·QKᵀ + mask − m) · inv_l), and then
-//   dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D)  with D_i = Σ_j P_ij dP_ij (= dO_i · O_i),
+//   dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D)  with D_i = dO_i · O_i,
 //   dK += dSᵀ Q,   dQ += dS K
 // (the scale of dK and dQ is taken once, in dS).
 //
 // Sweeps over work items that own their outputs, so no atomics and no order that depends on the schedule:
 // results are bitwise identical at every thread count.
-//   0. the largest row norm of every query block and key tile (which decides the two choices below).
-//   1. row_statistics, per (batch, query head, query block): m_i = the forward's LSE, and inv_l_i = 1,
-//      D_i = dO_i · O_i; or, when some tile may have large logits, l_i and D_i from the scores recomputed
-//      here (see there for why).
+//   0. the largest row norm of every query block, dO block, key tile and value tile (rows the masks can reach
+//      only: keys past a batch's length are never read). A non-finite norm marks a block or tile holding NaN
+//      or inf; a large product of norms marks tiles whose scores are formed in fp64.
+//   1. row_statistics, per (batch, query head, query block): the row's max m_i and l_i = Σ_j e^(s_ij − m_i),
+//      recomputed here from the scores (one product per tile; see there for why not from the forward's LSE),
+//      and D_i = dO_i · O_i.
 //   2. key_chunk, per (batch, KV head, chunk of keys): for each key block of the chunk, over the group's
 //      query heads and query blocks in order: the five products above. dK and dV of the block are complete
 //      when it ends and are stored; dQ is summed into the item's own rows: the caller's dQ itself (fp32, one
@@ -21,6 +23,11 @@
 //      shape only (never on the thread count), and is 1 unless B·Hkv alone gives too few items.
 // Memory: per-thread tiles, the per-row statistics, and the partials (chunks x |dQ| in fp32) when there are
 // any; never Sq x Skv.
+//
+// Non-finite inputs follow IEEE arithmetic over the pairs that carry weight (attended keys whose score is not
+// -inf; a row that is empty in the forward contributes nothing): a tile that meets a NaN or inf in Q, dO, K or V
+// (or a row whose statistics are not finite) takes the tile steps pair by pair (tile_exact), since the
+// vector products would turn 0·NaN into NaN for pairs that carry no weight.
 //
 // The five products are one register-blocked micro-kernel (gemm below): C[i][·] (+)= Σ_k A(i, k) · B[k][·]
 // with B's rows in SIMD lanes and A read as broadcast scalars at any two strides, so Pᵀ and dSᵀ need no
@@ -112,6 +119,9 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t kn, const float* a
 
 // ---- loading (any storage dtype -> fp32) ---------------------------------------------------------------
 
+// max(a, b), NaN when either is NaN (a block's norm must show a NaN anywhere in it).
+inline float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? std::numeric_limits<float>::quiet_NaN() : std::max(a, b); }
+
 // Rows [s0, s0 + rows) of head h as dst[r][0..dim) with row stride ld, zero elsewhere up to `pad` rows;
 // returns the largest row norm.
 template <class T>
@@ -124,7 +134,7 @@ float load_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int
     float n2 = 0.0f;
     for (std::int64_t d = 0; d < dim; ++d) out[d] = core::to_float(src[d * t.stride[3]]), n2 += out[d] * out[d];
     std::fill(out + dim, out + ld, 0.0f);
-    norm2 = std::max(norm2, n2);
+    norm2 = nan_max(norm2, n2);
   }
   std::fill(dst + rows * ld, dst + pad * ld, 0.0f);
   return std::sqrt(norm2);
@@ -139,27 +149,30 @@ struct Workspace {
   const float* q = nullptr;            // the block's query rows, row stride ldq (qbuf or the caller's memory)
   const float* dout = nullptr;         // its dO rows, row stride ldo
   std::int64_t ldq = 0, ldo = 0;
-  float qnorm = 0;                     // max_i ‖q_i‖ over the block
+  float qnorm = 0, donorm = 0;         // max_i ‖q_i‖, max_i ‖dO_i‖ over the block
   AlignedVector<float> s;        // [BR][BC]   scores, then P
   AlignedVector<double> sd;      // [BR][BC]   fp64 scores (tiles with large logits)
   AlignedVector<float> ds;       // [BR][BC]   dP, then dS
   AlignedVector<float> kt, vt;   // [Dk][BC], [Dv][BC]  the key tile transposed (keys in lanes; zero past its keys)
   AlignedVector<float> kbuf;     // [BC][Dkp]  its key rows, when not read in place
   AlignedVector<float> dk, dv;   // [BC][Dkp], [BC][Dvp]  the key block's accumulators
-  AlignedVector<float> l, pd;    // [BR][W]    row_statistics' per-lane sums
-  float m[BR], inv_l[BR], d[BR];  // the rows' statistics (m = 0, inv_l = 0 for rows past the block)
+  double m[BR];                   // the rows' statistics: P = e^(s − m) · inv_l (m = 0, inv_l = 0 for rows past
+  float inv_l[BR];                // the block and for empty rows), D
+  double d[BR];
+  double lsum[BR], pdsum[BR];     // row_statistics' running sums
   core::KeyRange range[BR];
   Workspace(std::int64_t dk_, std::int64_t dv_)
       : dkp(padded(dk_)), dvp(padded(dv_)), qbuf(BR * dkp), doutbuf(BR * dvp), s(BR * BC), sd(BR * BC),
-        ds(BR * BC), kt(dk_ * BC), vt(dv_ * BC), kbuf(BC * dkp), dk(BC * dkp), dv(BC * dvp), l(BR * W),
-        pd(BR * W) {}
+        ds(BR * BC), kt(dk_ * BC), vt(dv_ * BC), kbuf(BC * dkp), dk(BC * dkp), dv(BC * dvp) {}
 };
 
-// Per-row values the later sweeps read, [B, Hq, Sq] each: P_ij = e^(s_ij − m_i) · inv_l_i, and D_i; and the
-// largest query norm of each query block, [B, Hq, Sq / BR].
+// Per-row values the later sweeps read, [B, Hq, Sq] each: P_ij = e^(s_ij − m_i) · inv_l_i, and D_i; the
+// largest query and dO norms of each query block, [B, Hq, Sq / BR]; the largest key and value norms of each key
+// tile, [B, Hkv, Skv / BC].
 struct RowStats {
-  std::vector<float> m, inv_l, d, qnorm;
-  std::vector<float> knorm;  // the largest key norm of each key tile, [B, Hkv, Skv / BC]
+  std::vector<double> m, d;
+  std::vector<float> inv_l, qnorm, donorm;
+  std::vector<float> knorm, vnorm;
 };
 
 // Rows [s0, s0 + rows) of head h as fp32 rows: in place when the caller's are fp32 with unit stride and
@@ -175,7 +188,7 @@ float block_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::in
       V acc = Vec::zero();
       for (std::int64_t d = 0; d < dim; d += W) acc = Vec::fmadd(Vec::load(base + r * t.stride[2] + d),
                                                                   Vec::load(base + r * t.stride[2] + d), acc);
-      norm2 = std::max(norm2, Vec::reduce_add(acc));
+      norm2 = nan_max(norm2, Vec::reduce_add(acc));
     }
     *out = base, *ld = t.stride[2];
     return std::sqrt(norm2);
@@ -191,9 +204,10 @@ void load_query_block(const core::BackwardProblem& bp, const RowStats& stats, bo
   const core::Problem& p = bp.fwd;
   block_rows<QT>(p.q, b, h, i0, rows, BR, p.Dk, ws.dkp, ws.qbuf.data(), &ws.q, &ws.ldq);
   block_rows<QT>(bp.dout, b, h, i0, rows, BR, p.Dv, ws.dvp, ws.doutbuf.data(), &ws.dout, &ws.ldo);
-  ws.qnorm = stats.qnorm[static_cast<std::size_t>((b * p.Hq + h) * ((p.Sq + BR - 1) / BR) + i0 / BR)];
+  const auto block = static_cast<std::size_t>((b * p.Hq + h) * ((p.Sq + BR - 1) / BR) + i0 / BR);
+  ws.qnorm = stats.qnorm[block], ws.donorm = stats.donorm[block];
   for (std::int64_t r = 0; r < BR; ++r) {
-    ws.m[r] = 0.0f, ws.inv_l[r] = 0.0f, ws.d[r] = 0.0f, ws.range[r] = {0, 0};
+    ws.m[r] = 0.0, ws.inv_l[r] = 0.0f, ws.d[r] = 0.0, ws.range[r] = {0, 0};
     if (r >= rows) continue;
     ws.range[r] = core::key_range(p, b, i0 + r);
     if (!with_stats) continue;
@@ -209,13 +223,14 @@ struct KeyTile {
   const float* vt;  // [Dv][BC]
   const float* k;   // rows, row stride ldk
   std::int64_t ldk;
-  float knorm;
+  float knorm, vnorm;
 };
 
+// `cols` keys from j0, all below the batch's key length (the rest of the tile stays zero).
 template <class KVT>
-KeyTile load_key_tile(const core::Problem& p, const std::vector<float>& knorms, std::int64_t b, std::int64_t hk,
+KeyTile load_key_tile(const core::Problem& p, const RowStats& stats, std::int64_t b, std::int64_t hk,
                       std::int64_t j0, std::int64_t cols, Workspace& ws) {
-  KeyTile kt{ws.kt.data(), ws.vt.data(), nullptr, 0, 0.0f};
+  KeyTile kt{ws.kt.data(), ws.vt.data(), nullptr, 0, 0.0f, 0.0f};
   block_rows<KVT>(p.k, b, hk, j0, cols, BC, p.Dk, ws.dkp, ws.kbuf.data(), &kt.k, &kt.ldk);
   std::fill(ws.kt.begin(), ws.kt.end(), 0.0f);
   std::fill(ws.vt.begin(), ws.vt.end(), 0.0f);
@@ -224,7 +239,8 @@ KeyTile load_key_tile(const core::Problem& p, const std::vector<float>& knorms, 
     for (std::int64_t d = 0; d < p.Dk; ++d) ws.kt[d * BC + c] = kt.k[c * kt.ldk + d];
     for (std::int64_t d = 0; d < p.Dv; ++d) ws.vt[d * BC + c] = core::to_float(v[d * p.v.stride[3]]);
   }
-  kt.knorm = knorms[static_cast<std::size_t>((b * p.Hkv + hk) * ((p.Skv + BC - 1) / BC) + j0 / BC)];
+  const auto tile = static_cast<std::size_t>((b * p.Hkv + hk) * ((p.Skv + BC - 1) / BC) + j0 / BC);
+  kt.knorm = stats.knorm[tile], kt.vnorm = stats.vnorm[tile];
   return kt;
 }
 
@@ -238,12 +254,27 @@ KeyTile load_key_tile(const core::Problem& p, const std::vector<float>& knorms, 
 // unit-scale activations: bound ~ 4) never come near it.
 constexpr float kWideLogits = 256.0f;
 
-// S = Q Kᵀ (unscaled dot products) [BR][BC] in fp32, or in fp64 into ws.sd when the tile's logits are large.
-// Returns whether it took fp64.
-inline bool scores(const core::Problem& p, std::int64_t rows, const KeyTile& kt, Workspace& ws) {
-  if (static_cast<float>(p.scale) * ws.qnorm * kt.knorm <= kWideLogits) {
+// Above this scale, D = Σ_j P_ij dP_ij always (row_statistics): dS = scale·P·(dP − D) multiplies D's rounding
+// by the scale. Ordinary scales (1/√Dk, and the registry's peaked cases up to 30) keep D = dO·O.
+constexpr double kExactDScale = 64.0;
+
+// How a (query block, key tile) pair is computed: `exact` when either holds a NaN or inf (a non-finite norm),
+// then pair by pair (tile_exact); `wide` (fp64 scores) when its logits may be large, or exact. Both sweeps take
+// the same decision for the same pair, so the scores sweep 1 normalises are the scores sweep 2 uses.
+struct TileKind {
+  bool exact, wide;
+};
+inline TileKind tile_kind(const core::Problem& p, const Workspace& ws, const KeyTile& kt) {
+  const bool finite = std::isfinite(ws.qnorm) && std::isfinite(ws.donorm) && std::isfinite(kt.knorm) &&
+                      std::isfinite(kt.vnorm);
+  return {!finite, !finite || !(static_cast<float>(p.scale) * ws.qnorm * kt.knorm <= kWideLogits)};
+}
+
+// S = Q Kᵀ (unscaled dot products) [BR][BC] in fp32, or in fp64 into ws.sd for a wide tile.
+inline void scores(const core::Problem& p, std::int64_t rows, const KeyTile& kt, bool wide, Workspace& ws) {
+  if (!wide) {
     gemm<false>(rows, BC, p.Dk, ws.q, ws.ldq, 1, kt.kt, BC, ws.s.data(), BC);
-    return false;
+    return;
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     double acc[BC] = {};
@@ -253,7 +284,6 @@ inline bool scores(const core::Problem& p, std::int64_t rows, const KeyTile& kt,
     }
     std::copy(acc, acc + BC, ws.sd.data() + r * BC);
   }
-  return true;
 }
 
 // dP = dO Vᵀ  [BR][BC]
@@ -261,50 +291,62 @@ inline void dprobs(const core::Problem& p, std::int64_t rows, const KeyTile& kt,
   gemm<false>(rows, BC, p.Dv, ws.dout, ws.ldo, 1, kt.vt, BC, dp, BC);
 }
 
-// P = e^(scale·S + mask − m) · inv_l in ws.s, for the block's rows; 0 for keys a row may not see and for rows
-// past the block (inv_l = 0). Tiles every row sees whole, without a dense mask, take the vector path; the
-// others form each exponent key by key (in fp64 from ws.sd when `wide`).
+// The scores of the block's rows in natural-log units, -inf for keys a row may not see (and for the tile's
+// columns past `cols`): in place over ws.s (fp32: scale·S + mask, rounded as the vector path rounds) or over
+// ws.sd (wide: scale·S + mask in fp64). `interior` tiles (every row sees every key, no dense mask) are only
+// scaled, in vectors.
 template <class DenseMask>
-void probabilities(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
-                   std::int64_t j0, std::int64_t cols, bool wide, Workspace& ws) {
-  bool interior = !DenseMask::kActive && !wide && cols == BC;
-  for (std::int64_t r = 0; r < rows && interior; ++r) interior = ws.range[r].lo <= j0 && j0 + BC <= ws.range[r].hi;
+void masked_scores(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
+                   std::int64_t j0, std::int64_t cols, bool wide, bool interior, Workspace& ws) {
   const float scale_f = static_cast<float>(p.scale);
-  const V log2e = Vec::set1(static_cast<float>(core::kLog2e)), scale = Vec::set1(scale_f);
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = ws.s.data() + r * BC;
-    V neg_m = Vec::set1(-ws.m[r]);
-    if (!interior) {  // the exponent key by key, −inf where the row may not look
-      const auto mask = DenseMask::row(p, b, h, i0 + r);
-      for (std::int64_t c = 0; c < BC; ++c) {
-        const std::int64_t j = j0 + c;
-        float x = core::kNegInf;
-        if (c < cols && j >= ws.range[r].lo && j < ws.range[r].hi) {
-          if (wide) {
-            x = static_cast<float>(ws.sd[r * BC + c] * p.scale + mask.bias(j) - ws.m[r]);
-          } else {  // rounded as the vector path rounds: scale·s, then + mask, then − m below
-            x = row[c] * scale_f;
-            if constexpr (DenseMask::kActive) x += mask.bias(j);
-          }
-        }
-        row[c] = x;
+    double* rowd = ws.sd.data() + r * BC;
+    if (interior && !wide) {
+      const V scale = Vec::set1(scale_f);
+      for (std::int64_t c = 0; c < BC; c += W) Vec::store(row + c, Vec::mul(Vec::load(row + c), scale));
+      continue;
+    }
+    const auto mask = DenseMask::row(p, b, h, i0 + r);
+    for (std::int64_t c = 0; c < BC; ++c) {
+      const std::int64_t j = j0 + c;
+      const float bias = (c >= cols || j < ws.range[r].lo || j >= ws.range[r].hi) ? core::kNegInf : mask.bias(j);
+      if (wide) {
+        rowd[c] = bias == core::kNegInf ? -std::numeric_limits<double>::infinity() : rowd[c] * p.scale + bias;
+      } else if (bias == core::kNegInf) {
+        row[c] = core::kNegInf;
+      } else {
+        row[c] *= scale_f;
+        if constexpr (DenseMask::kActive) row[c] += bias;
       }
-      if (wide) neg_m = Vec::zero();
     }
-    const V inv_l = Vec::set1(ws.inv_l[r]);
-    for (std::int64_t c = 0; c < BC; c += W) {
-      const V t = interior ? Vec::mul(Vec::load(row + c), scale) : Vec::load(row + c);
-      Vec::store(row + c, Vec::mul(exp2v(Vec::mul(Vec::add(t, neg_m), log2e)), inv_l));
+  }
+}
+
+// P = e^(x − m) · inv_l from the masked scores x (masked_scores), in place over ws.s; 0 for hidden keys and for
+// rows past the block (inv_l = 0).
+inline void probabilities(std::int64_t rows, bool wide, Workspace& ws) {
+  const V log2e = Vec::set1(static_cast<float>(core::kLog2e));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row = ws.s.data() + r * BC;
+    if (wide) {
+      const double* rowd = ws.sd.data() + r * BC;
+      for (std::int64_t c = 0; c < BC; ++c)
+        row[c] = static_cast<float>(std::exp(rowd[c] - ws.m[r]) * ws.inv_l[r]);
+      continue;
     }
+    const V neg_m = Vec::set1(-static_cast<float>(ws.m[r])), inv_l = Vec::set1(ws.inv_l[r]);
+    for (std::int64_t c = 0; c < BC; c += W)
+      Vec::store(row + c, Vec::mul(exp2v(Vec::mul(Vec::add(Vec::load(row + c), neg_m), log2e)), inv_l));
   }
 }
 
 // scale · dS = scale · P ∘ (dP − D), in place over dP (the scale of dK = scale · dSᵀ Q and dQ = scale · dS K
 // taken once here).
-inline void dscores(const float* pt, std::int64_t rows, const float* d, float scale, float* ds) {
+inline void dscores(const float* pt, std::int64_t rows, const double* d, float scale, float* ds) {
   const V sc = Vec::set1(scale);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const V neg_d = Vec::set1(-d[r]);
+    const V neg_d = Vec::set1(-static_cast<float>(d[r]));
     for (std::int64_t c = 0; c < BC; c += W)
       Vec::store(ds + r * BC + c, Vec::mul(Vec::mul(Vec::load(pt + r * BC + c), sc),
                                            Vec::add(Vec::load(ds + r * BC + c), neg_d)));
@@ -326,19 +368,6 @@ inline void rows_times_rows(const float* w, std::int64_t rows, std::int64_t cols
   else gemm<false>(rows, n, cols, w, BC, 1, x, ldx, acc, ldacc);
 }
 
-// Per-row sums of one tile: l += Σ_c P̃, pd += Σ_c P̃ · dP, lane by lane (reduced in row_statistics).
-inline void row_sums(const float* pt, const float* dp, std::int64_t rows, float* l, float* pd) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    V lv = Vec::load(l + r * W), pv = Vec::load(pd + r * W);
-    for (std::int64_t c = 0; c < BC; c += W) {
-      const V pw = Vec::load(pt + r * BC + c);
-      lv = Vec::add(lv, pw);
-      pv = Vec::fmadd(pw, Vec::load(dp + r * BC + c), pv);
-    }
-    Vec::store(l + r * W, lv), Vec::store(pd + r * W, pv);
-  }
-}
-
 // ---- the sweeps --------------------------------------------------------------------------------------
 
 // The keys some row of the block [i0, i0 + rows) sees lie in [first.lo, last.hi): both ends are
@@ -347,62 +376,172 @@ inline core::KeyRange block_keys(const core::Problem& p, std::int64_t b, std::in
   return {core::key_range(p, b, i0).lo, core::key_range(p, b, i0 + rows - 1).hi};
 }
 
-// Sweep 1, the statistics of query rows [i0, i0 + rows) of head h. Always m_i = the forward's LSE (an upper
-// bound of every score: no max pass, no overflow). Then either, from the forward alone,
-//   inv_l_i = 1 and D_i = dO_i · O_i   (FlashAttention-2's; two cheap row reads), or, when `exact`,
-//   inv_l_i = 1 / Σ_j e^(s_ij − m_i) and D_i = Σ_j P_ij dP_ij, from the scores recomputed here.
-// The forward rounded its scores differently (another summation order, another tiling), and its LSE is
-// fp32. With ordinary logits that is noise. With large ones (|s| ~ 10^3 and more) an fp32 LSE is only good to
-// ~10^-4, so e^(s − lse_forward) does not sum to 1, and D = dO · O_forward does not match P and dP;
-// dS = P ∘ (dP − D) turns either into gradient error far above a naive fp32 backward's. Normalising by l and
-// taking D from the same P̃ and dP the next sweep recomputes (the same operations on the same tiles, bit for
-// bit) keeps Σ_j dS_ij = 0 up to rounding, at the cost of two more products per tile. flash_backward asks
-// for it exactly when some tile may have large logits (kWideLogits).
+// The score of pair (row r of the block, key c of the tile) in fp64 from the block's and the tile's fp32 rows,
+// -inf for a key the row may not see: what tile_exact and the exact statistics use.
+template <class DenseMask>
+double pair_score(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
+                  core::KeyRange range, const float* q, const KeyTile& kt, std::int64_t c) {
+  if (j < range.lo || j >= range.hi) return -std::numeric_limits<double>::infinity();
+  const float bias = DenseMask::row(p, b, h, i).bias(j);
+  if (bias == core::kNegInf) return -std::numeric_limits<double>::infinity();
+  double dot = 0;
+  for (std::int64_t d = 0; d < p.Dk; ++d) dot += static_cast<double>(q[d]) * kt.kt[d * BC + c];
+  return dot * p.scale + bias;
+}
+
+// Sweep 1, the statistics of query rows [i0, i0 + rows) of head h: the row's max m_i and
+// l_i = Σ_j e^(s_ij − m_i) over the scores recomputed here, on the same tiles and with the same arithmetic as
+// sweep 2 (so sweep 2's P sums to 1 up to rounding), and D_i = dO_i · O_i.
+// Why not P = e^(s − LSE) from the forward's LSE alone, as FlashAttention-2 does: the LSE is fp32, so its
+// rounding (half an ulp of |LSE|) is an error of that size in every recomputed exponent; for |LSE| ~ 10-30
+// (peaked rows, scale·|q·k| ≳ 10) that made the gradients 2-18x less accurate than a naive fp32 backward's,
+// and with |LSE| ~ 1e10 (a -1e10 mask) it is no normalisation at all. The cost is one product (S) per tile.
+// A block with a wide or exact tile (large scores, or NaN/inf), or any block when the scale exceeds
+// kExactDScale, also takes D_i = Σ_j P_ij dP_ij from the same P and dP as sweep 2 (one more product): its rows
+// may be peaked, where dS = scale·P·(dP − D) cancels, and D = dO·O from the forward would leave scale times its
+// rounding (1e23 for scale 1e30: inf in f16 gradients).
 template <class QT, class KVT, class DenseMask>
-void row_statistics(const core::BackwardProblem& bp, bool exact, std::int64_t b, std::int64_t h, std::int64_t i0,
-                    std::int64_t rows, Workspace& ws, RowStats& stats) {
+void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std::int64_t b, std::int64_t h,
+                    std::int64_t i0, std::int64_t rows, Workspace& ws, RowStats& stats) {
   const core::Problem& p = bp.fwd;
-  const auto* saved = static_cast<const float*>(p.lse->data);
-  load_query_block<QT>(bp, stats, false, b, h, i0, rows, ws);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float lse = saved[p.lse->offset(b, h, i0 + r, 0)];
-    ws.m[r] = lse == core::kNegInf ? 0.0f : lse;
-    ws.inv_l[r] = lse == core::kNegInf ? 0.0f : 1.0f;
-  }
-  if (!exact) {
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
-      const QT* o = static_cast<const QT*>(p.out.data) + p.out.offset(b, h, i0 + r, 0);
-      const float* g = ws.dout + r * ws.ldo;
-      double d = 0;
-      for (std::int64_t e = 0; e < p.Dv; ++e) d += static_cast<double>(g[e]) * core::to_float(o[e * p.out.stride[3]]);
-      stats.m[row] = ws.m[r];
-      stats.inv_l[row] = ws.inv_l[r];
-      stats.d[row] = ws.inv_l[r] > 0.0f ? static_cast<float>(d) : 0.0f;
-    }
-    return;
-  }
-  std::fill(ws.l.begin(), ws.l.end(), 0.0f);
-  std::fill(ws.pd.begin(), ws.pd.end(), 0.0f);
+  load_query_block<QT>(bp, norms, false, b, h, i0, rows, ws);
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  for (std::int64_t r = 0; r < rows; ++r) ws.m[r] = neg_inf, ws.lsum[r] = 0.0, ws.pdsum[r] = 0.0;
   const core::KeyRange keys = block_keys(p, b, i0, rows);
+  const std::int64_t len = p.kv_len[static_cast<std::size_t>(b)], hk = h / p.group;
+  const V log2e = Vec::set1(static_cast<float>(core::kLog2e));
   // Key tiles on the grid of BC that sweep 2 uses, so each score is formed the same way in both.
-  for (std::int64_t j0 = keys.lo / BC * BC; j0 < keys.hi; j0 += BC) {
-    const std::int64_t cols = std::min(BC, p.Skv - j0);
-    const KeyTile kt = load_key_tile<KVT>(p, stats.knorm, b, h / p.group, j0, cols, ws);
-    const bool wide = scores(p, rows, kt, ws);                                   // S = Q Kᵀ
-    probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, wide, ws);             // P̃ = e^(scale·S + mask − m)
-    dprobs(p, rows, kt, ws, ws.ds.data());                                       // dP = dO Vᵀ
-    row_sums(ws.s.data(), ws.ds.data(), rows, ws.l.data(), ws.pd.data());        // l += Σ P̃, pd += Σ P̃ dP
+  const std::int64_t first = keys.lo / BC * BC;
+  bool exact_d = p.scale > kExactDScale;
+  for (std::int64_t j0 = first; j0 < keys.hi && !exact_d; j0 += BC) {
+    const auto tile = static_cast<std::size_t>((b * p.Hkv + hk) * ((p.Skv + BC - 1) / BC) + j0 / BC);
+    const KeyTile norms_only{nullptr, nullptr, nullptr, 0, stats.knorm[tile], stats.vnorm[tile]};
+    const TileKind kind = tile_kind(p, ws, norms_only);
+    exact_d = kind.exact || kind.wide;
+  }
+  for (std::int64_t j0 = first; j0 < keys.hi; j0 += BC) {
+    const std::int64_t cols = std::min(BC, len - j0);
+    const KeyTile kt = load_key_tile<KVT>(p, stats, b, hk, j0, cols, ws);
+    const TileKind kind = tile_kind(p, ws, kt);
+    bool interior = !DenseMask::kActive && cols == BC;
+    for (std::int64_t r = 0; r < rows && interior; ++r) interior = ws.range[r].lo <= j0 && j0 + BC <= ws.range[r].hi;
+    if (kind.exact) {  // pair by pair (inputs with NaN or inf)
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const double x = pair_score<DenseMask>(p, b, h, i0 + r, j0 + c, ws.range[r], ws.q + r * ws.ldq, kt, c);
+          if (x == neg_inf) continue;  // hidden, or a -inf score: no weight
+          if (!(x <= ws.m[r])) {       // a new max (or NaN, which poisons the row)
+            const double rescale = ws.m[r] == neg_inf ? 0.0 : std::exp(ws.m[r] - x);
+            ws.lsum[r] *= rescale, ws.pdsum[r] *= rescale;
+            ws.m[r] = x;
+          }
+          const double e = std::exp(x - ws.m[r]);
+          double dp = 0;
+          for (std::int64_t d = 0; d < p.Dv; ++d) dp += static_cast<double>(ws.dout[r * ws.ldo + d]) * kt.vt[d * BC + c];
+          ws.lsum[r] += e, ws.pdsum[r] += e * dp;
+        }
+      continue;
+    }
+    scores(p, rows, kt, kind.wide, ws);                                              // S = Q Kᵀ
+    masked_scores<DenseMask>(p, b, h, i0, rows, j0, cols, kind.wide, interior, ws);  // x = scale·S + mask
+    if (exact_d) dprobs(p, rows, kt, ws, ws.ds.data());                             // dP = dO Vᵀ
+    for (std::int64_t r = 0; r < rows; ++r) {  // m = max x, l = Σ e^(x − m) (and Σ e^(x − m)·dP)
+      double tmax = neg_inf;
+      if (kind.wide) {
+        for (std::int64_t c = 0; c < BC; ++c) tmax = std::max(tmax, ws.sd[r * BC + c]);
+      } else {
+        V mx = Vec::set1(core::kNegInf);
+        for (std::int64_t c = 0; c < BC; c += W) mx = Vec::max(mx, Vec::load(ws.s.data() + r * BC + c));
+        alignas(64) float lanes[W];
+        Vec::store(lanes, mx);
+        for (int k = 0; k < W; ++k) tmax = std::max<double>(tmax, lanes[k]);
+      }
+      if (tmax > ws.m[r]) {
+        const double rescale = ws.m[r] == neg_inf ? 0.0 : std::exp(ws.m[r] - tmax);
+        ws.lsum[r] *= rescale, ws.pdsum[r] *= rescale;
+        ws.m[r] = tmax;
+      }
+      const double origin = ws.m[r] == neg_inf ? 0.0 : ws.m[r];
+      const float* dp = ws.ds.data() + r * BC;
+      double sum = 0, pd = 0;
+      if (kind.wide) {
+        for (std::int64_t c = 0; c < BC; ++c) {
+          const double e = std::exp(ws.sd[r * BC + c] - origin);
+          sum += e;
+          if (exact_d) pd += e * dp[c];
+        }
+      } else {
+        const V neg_m = Vec::set1(-static_cast<float>(origin));
+        V acc = Vec::zero(), acc_pd = Vec::zero();
+        for (std::int64_t c = 0; c < BC; c += W) {
+          const V e = exp2v(Vec::mul(Vec::add(Vec::load(ws.s.data() + r * BC + c), neg_m), log2e));
+          acc = Vec::add(acc, e);
+          if (exact_d) acc_pd = Vec::fmadd(e, Vec::load(dp + c), acc_pd);
+        }
+        sum = Vec::reduce_add(acc), pd = Vec::reduce_add(acc_pd);
+      }
+      ws.lsum[r] += sum, ws.pdsum[r] += pd;
+    }
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
-    const float l = Vec::reduce_add(Vec::load(ws.l.data() + r * W));
-    const float pd = Vec::reduce_add(Vec::load(ws.pd.data() + r * W));
-    const bool seen = ws.inv_l[r] > 0.0f && l > 0.0f;
-    stats.m[row] = ws.m[r];
-    stats.inv_l[row] = seen ? 1.0f / l : 0.0f;
-    stats.d[row] = seen ? pd / l : 0.0f;
+    const double l = ws.lsum[r];
+    const bool empty = l == 0.0;  // no key with a score above -inf (NaN is not empty: it poisons)
+    double d = 0;
+    if (empty) {
+    } else if (exact_d) {
+      d = ws.pdsum[r] / l;
+    } else {
+      const QT* o = static_cast<const QT*>(p.out.data) + p.out.offset(b, h, i0 + r, 0);
+      const float* g = ws.dout + r * ws.ldo;
+      for (std::int64_t e = 0; e < p.Dv; ++e) d += static_cast<double>(g[e]) * core::to_float(o[e * p.out.stride[3]]);
+    }
+    stats.m[row] = empty ? 0.0 : ws.m[r];
+    stats.inv_l[row] = empty ? 0.0f : static_cast<float>(1.0 / l);
+    stats.d[row] = d;
   }
+}
+
+// The tile steps pair by pair, for a tile that meets a NaN or inf (in Q, dO, K, V or a row's statistics), where
+// the vector products would turn 0·NaN into NaN for pairs that carry no weight: over the pairs that carry
+// weight only, in fp64, P = e^(s − m)·inv_l, dP = dO·v, dS = scale·P·(dP − D), then dV += P dO, dK += dS q,
+// dQ += dS k. The accumulators (dk, dv: the key block's rows; dq: the block's rows at stride ldq_acc) are
+// stored into, not added to, when kv_add / dq_add are false.
+template <class DenseMask>
+void tile_exact(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
+                std::int64_t j0, std::int64_t cols, const KeyTile& kt, Workspace& ws, bool kv_add, float* dq,
+                std::int64_t ldq_acc, bool dq_add) {
+  if (!kv_add) {
+    std::fill(ws.dk.begin(), ws.dk.end(), 0.0f);
+    std::fill(ws.dv.begin(), ws.dv.end(), 0.0f);
+  }
+  if (!dq_add)
+    for (std::int64_t r = 0; r < rows; ++r) std::fill_n(dq + r * ldq_acc, ws.dkp, 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (ws.inv_l[r] == 0.0f) continue;  // an empty row contributes nothing
+    const float* q = ws.q + r * ws.ldq;
+    const float* g = ws.dout + r * ws.ldo;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const double s = pair_score<DenseMask>(p, b, h, i0 + r, j0 + c, ws.range[r], q, kt, c);
+      if (s == -std::numeric_limits<double>::infinity()) continue;
+      const double prob = std::exp(s - ws.m[r]) * ws.inv_l[r];
+      double dp = 0;
+      for (std::int64_t e = 0; e < p.Dv; ++e) dp += static_cast<double>(g[e]) * kt.vt[e * BC + c];
+      const double ds = p.scale * prob * (dp - ws.d[r]);
+      for (std::int64_t e = 0; e < p.Dv; ++e) ws.dv[c * ws.dvp + e] += static_cast<float>(prob * g[e]);
+      for (std::int64_t e = 0; e < p.Dk; ++e) {
+        ws.dk[c * ws.dkp + e] += static_cast<float>(ds * q[e]);
+        dq[r * ldq_acc + e] += static_cast<float>(ds * kt.kt[e * BC + c]);
+      }
+    }
+  }
+}
+
+// Whether the block's statistics (inv_l, D) are all finite.
+inline bool stats_finite(std::int64_t rows, const Workspace& ws) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (!std::isfinite(ws.inv_l[r]) || !std::isfinite(ws.d[r]) || !std::isfinite(ws.m[r])) return false;
+  return true;
 }
 
 template <class T>
@@ -438,20 +577,23 @@ struct DqTarget {
 // Sweep 2: keys [k_lo, k_hi) of KV head hk. Per key block: over the group's query heads (in order) and every
 // query block whose rows see the block (in order), the tile steps; then the block's dK and dV are stored.
 // dQ is added into dqt (this item's own rows); `written` marks its query blocks holding a sum already (the
-// first term of a block is stored, not added: nothing needs zeroing first).
+// first term of a block is stored, not added: nothing needs zeroing first). Keys at or past the batch's key
+// length are never read (their dK and dV are zero).
 template <class QT, class KVT, class DenseMask>
 void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int64_t b, std::int64_t hk,
                std::int64_t k_lo, std::int64_t k_hi, const DqTarget& dqt, std::vector<char>& written, Workspace& ws) {
   const core::Problem& p = bp.fwd;
   const std::int64_t dkp = ws.dkp, dvp = ws.dvp, qblocks = (p.Sq + BR - 1) / BR;
+  const std::int64_t len = p.kv_len[static_cast<std::size_t>(b)];
   const float scale = static_cast<float>(p.scale);
   float* dk = ws.dk.data();
   float* dv = ws.dv.data();
   for (std::int64_t j0 = k_lo; j0 < k_hi; j0 += BC) {
-    const std::int64_t cols = std::min(BC, k_hi - j0);
+    const std::int64_t cols = std::min(BC, k_hi - j0);       // the block's keys
+    const std::int64_t seen = std::min(cols, len - j0);      // those below the key length
     bool add = false;  // dK and dV of this key block hold a sum
-    if (j0 < p.kv_len[static_cast<std::size_t>(b)]) {
-      const KeyTile kt = load_key_tile<KVT>(p, stats.knorm, b, hk, j0, cols, ws);
+    if (seen > 0) {
+      const KeyTile kt = load_key_tile<KVT>(p, stats, b, hk, j0, seen, ws);
       for (std::int64_t g = 0; g < p.group; ++g) {
         const std::int64_t h = hk * p.group + g;
         for (std::int64_t i0 = 0; i0 < p.Sq; i0 += BR) {
@@ -461,13 +603,23 @@ void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int6
           float* dq = dqt.base + g * dqt.hs + i0 * dqt.rs;
           char& dq_add = written[static_cast<std::size_t>(g * qblocks + i0 / BR)];
           load_query_block<QT>(bp, stats, true, b, h, i0, rows, ws);
-          const bool wide = scores(p, rows, kt, ws);                                    // S = Q Kᵀ
-          probabilities<DenseMask>(p, b, h, i0, rows, j0, cols, wide, ws);              // P
-          dprobs(p, rows, kt, ws, ws.ds.data());                                        // dP = dO Vᵀ
-          dscores(ws.s.data(), rows, ws.d, scale, ws.ds.data());                        // dS = scale·P ∘ (dP − D)
-          cols_times_rows(ws.s.data(), rows, cols, ws.dout, ws.ldo, dvp, dv, add);      // dV += Pᵀ dO
-          cols_times_rows(ws.ds.data(), rows, cols, ws.q, ws.ldq, dkp, dk, add);        // dK += dSᵀ Q
-          rows_times_rows(ws.ds.data(), rows, cols, kt.k, kt.ldk, dkp, dq, dqt.rs, dq_add);  // dQ += dS K
+          const TileKind kind = tile_kind(p, ws, kt);
+          if (kind.exact || !stats_finite(rows, ws)) {  // NaN or inf somewhere: pair by pair
+            tile_exact<DenseMask>(p, b, h, i0, rows, j0, seen, kt, ws, add, dq, dqt.rs, dq_add);
+            add = true, dq_add = 1;
+            continue;
+          }
+          bool interior = !DenseMask::kActive && seen == BC;
+          for (std::int64_t r = 0; r < rows && interior; ++r)
+            interior = ws.range[r].lo <= j0 && j0 + BC <= ws.range[r].hi;
+          scores(p, rows, kt, kind.wide, ws);                                            // S = Q Kᵀ
+          masked_scores<DenseMask>(p, b, h, i0, rows, j0, seen, kind.wide, interior, ws);  // scale·S + mask
+          probabilities(rows, kind.wide, ws);                                            // P
+          dprobs(p, rows, kt, ws, ws.ds.data());                                         // dP = dO Vᵀ
+          dscores(ws.s.data(), rows, ws.d, scale, ws.ds.data());                         // dS = scale·P ∘ (dP − D)
+          cols_times_rows(ws.s.data(), rows, seen, ws.dout, ws.ldo, dvp, dv, add);       // dV += Pᵀ dO
+          cols_times_rows(ws.ds.data(), rows, seen, ws.q, ws.ldq, dkp, dk, add);         // dK += dSᵀ Q
+          rows_times_rows(ws.ds.data(), rows, seen, kt.k, kt.ldk, dkp, dq, dqt.rs, dq_add);  // dQ += dS K
           add = true, dq_add = 1;
         }
       }
@@ -475,6 +627,9 @@ void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int6
     if (!add) {  // no query sees these keys
       std::fill(dk, dk + BC * dkp, 0.0f);
       std::fill(dv, dv + BC * dvp, 0.0f);
+    } else if (seen < cols) {  // keys past the length
+      std::fill(dk + seen * dkp, dk + cols * dkp, 0.0f);
+      std::fill(dv + seen * dvp, dv + cols * dvp, 0.0f);
     }
     store_rows<KVT>(bp.dk, b, hk, j0, cols, p.Dk, dk, dkp, 1.0f);
     store_rows<KVT>(bp.dv, b, hk, j0, cols, p.Dv, dv, dvp, 1.0f);
@@ -489,10 +644,15 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
   const std::int64_t kblocks = (p.Skv + BC - 1) / BC, tiles = p.B * p.Hkv * kblocks;
   const std::int64_t qblocks = (p.Sq + BR - 1) / BR, q_items = p.B * p.Hq * qblocks;
   const auto nrows = static_cast<std::size_t>(p.B * p.Hq * p.Sq);
-  RowStats stats{std::vector<float>(nrows), std::vector<float>(nrows), std::vector<float>(nrows),
+  RowStats stats{std::vector<double>(nrows),
+                 std::vector<double>(nrows),
+                 std::vector<float>(nrows),
                  std::vector<float>(static_cast<std::size_t>(q_items)),
+                 std::vector<float>(static_cast<std::size_t>(q_items)),
+                 std::vector<float>(static_cast<std::size_t>(tiles)),
                  std::vector<float>(static_cast<std::size_t>(tiles))};
-  // Sweep 0: the largest row norm of every query block and key tile.
+  // Sweep 0: the largest row norm of every query and dO block, and of every key and value tile (keys below the
+  // batch's key length only).
 #pragma omp parallel num_threads(threads) if (tiles + q_items > 1)
   {
     Workspace ws(p.Dk, p.Dv);
@@ -501,20 +661,22 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
 #pragma omp for schedule(static) nowait
     for (std::int64_t t = 0; t < tiles; ++t) {
       const std::int64_t kb = t % kblocks, hk = (t / kblocks) % p.Hkv, b = t / (kblocks * p.Hkv);
-      stats.knorm[static_cast<std::size_t>(t)] = block_rows<KVT>(
-          p.k, b, hk, kb * BC, std::min(BC, p.Skv - kb * BC), BC, p.Dk, ws.dkp, ws.kbuf.data(), &rows_at, &ld, true);
+      const std::int64_t n = std::clamp<std::int64_t>(p.kv_len[static_cast<std::size_t>(b)] - kb * BC, 0, BC);
+      stats.knorm[static_cast<std::size_t>(t)] =
+          block_rows<KVT>(p.k, b, hk, kb * BC, n, BC, p.Dk, ws.dkp, ws.kbuf.data(), &rows_at, &ld, true);
+      stats.vnorm[static_cast<std::size_t>(t)] =
+          block_rows<KVT>(p.v, b, hk, kb * BC, n, BC, p.Dv, ws.dvp, ws.dv.data(), &rows_at, &ld, true);
     }
 #pragma omp for schedule(static)
     for (std::int64_t it = 0; it < q_items; ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
-      stats.qnorm[static_cast<std::size_t>(it)] = block_rows<QT>(
-          p.q, b, h, qb * BR, std::min(BR, p.Sq - qb * BR), BR, p.Dk, ws.dkp, ws.qbuf.data(), &rows_at, &ld, true);
+      const std::int64_t n = std::min(BR, p.Sq - qb * BR);
+      stats.qnorm[static_cast<std::size_t>(it)] =
+          block_rows<QT>(p.q, b, h, qb * BR, n, BR, p.Dk, ws.dkp, ws.qbuf.data(), &rows_at, &ld, true);
+      stats.donorm[static_cast<std::size_t>(it)] =
+          block_rows<QT>(bp.dout, b, h, qb * BR, n, BR, p.Dv, ws.dvp, ws.doutbuf.data(), &rows_at, &ld, true);
     }
   }
-  // The exact statistics only when some tile may have large logits.
-  const float qmax = q_items ? *std::max_element(stats.qnorm.begin(), stats.qnorm.end()) : 0.0f;
-  const float kmax = tiles ? *std::max_element(stats.knorm.begin(), stats.knorm.end()) : 0.0f;
-  const bool exact = static_cast<float>(p.scale) * qmax * kmax > kWideLogits;
   // dQ: with one chunk per KV head and fp32 rows of whole vectors, summed in place in the caller's dQ (each
   // item owns its heads' rows); else in fp32 partials [chunk][B][Hq][Sq][Dkp] that sweep 3 adds up.
   const bool in_place = plan.chunks == 1 && std::is_same_v<QT, float> && bp.dq.stride[3] == 1 && p.Dk == dkp;
@@ -528,7 +690,7 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
     for (std::int64_t it = 0; it < q_items; ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
       const std::int64_t i0 = qb * BR;
-      row_statistics<QT, KVT, DenseMask>(bp, exact, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
+      row_statistics<QT, KVT, DenseMask>(bp, stats, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
     }
     // (implicit barrier: the statistics are complete before sweep 2 reads them)
 #pragma omp for schedule(dynamic)
@@ -548,7 +710,7 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
             for (std::int64_t i = qb * BR; i < std::min(p.Sq, (qb + 1) * BR); ++i)
               std::fill_n(dqt.base + g * dqt.hs + i * dqt.rs, dkp, 0.0f);
     }
-    // Sweep 3 (partials only): dQ = scale · Σ_chunks partial, per query block, chunks in order.
+    // Sweep 3 (partials only): dQ = Σ_chunks partial, per query block, chunks in order.
 #pragma omp for schedule(static)
     for (std::int64_t it = 0; it < (in_place ? 0 : q_items); ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
