@@ -47,5 +47,16 @@ test-sanitize: deps
 	cd $(BUILD)-sanitize && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS)
 
+# libFuzzer: installs clang-19 if missing (scripts/install-fuzz-deps.sh), builds fuzz/ with ASan + UBSan into
+# $(FUZZ_BUILD) and runs each of FUZZ_TARGETS for FUZZ_SECONDS over fuzz/corpus/<target>/, new crashes to
+# fuzz/crashes/<target>/ (scripts/fuzz.sh). `make test` replays both folders through plain drivers.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= fuzz_npy fuzz_cli_args fuzz_attention_params
+.PHONY: fuzz
+fuzz:
+	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_TARGETS="$(FUZZ_TARGETS)" JOBS=$(JOBS) \
+	  CMAKE_FLAGS="$(CMAKE_FLAGS)" scripts/fuzz.sh
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-sanitize $(VENV)
+	rm -rf $(BUILD) $(BUILD)-sanitize $(FUZZ_BUILD) $(VENV)

@@ -2,6 +2,9 @@
 // directory per test; results are checked against attn::attention with the reference backend.
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,10 +12,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <limits>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -41,6 +46,11 @@ std::vector<float> random_floats(std::size_t n, unsigned seed) {
   std::vector<float> x(n);
   for (float& e : x) e = u(rng);
   return x;
+}
+
+std::vector<std::string> with_args(std::vector<std::string> args, const std::vector<std::string>& extra) {
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
 }
 
 class CliTest : public test::ScratchDirTest {
@@ -391,6 +401,281 @@ TEST_F(CliTest, CliErrorLseSameAsOut) {
   expect_error(run_args({"--lse", path("o.npy")}), "--lse");
 }
 
+// ---- attn run: which files it writes and reads ----------------------------------------------------------
+//
+// Every refusal: exit status 2, one error line starting with the option, and the scratch directory exactly
+// as before (no file created, changed or removed: names, kinds, sizes, contents).
+
+// What a directory holds: per entry its kind and, for a regular file, its contents.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> entries;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    struct stat st;
+    EXPECT_EQ(::lstat(e.path().c_str(), &st), 0) << e.path();
+    std::string state = std::to_string(st.st_mode) + ":" + std::to_string(st.st_ino) + ":";
+    if (S_ISREG(st.st_mode)) {
+      std::ifstream f(e.path(), std::ios::binary);
+      state += std::string(std::istreambuf_iterator<char>(f), {});
+    }
+    entries[e.path().filename().string()] = state;
+  }
+  return entries;
+}
+
+class CliFilesTest : public CliTest {
+ protected:
+  void SetUp() override {
+    CliTest::SetUp();
+    write_qkv({});
+  }
+
+  // Runs `args`; expects the refusal described above, its message starting with "<option>: " and
+  // containing `needle`.
+  void expect_refused(const std::vector<std::string>& args, const std::string& option, const std::string& needle) {
+    const auto before = snapshot(dir_);
+    const Outcome r = cli(args);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_EQ(r.err.rfind("attn: error: " + option + ": ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_TRUE(snapshot(dir_) == before) << "the directory changed: " << r.err;
+  }
+
+  // run with q, k, v and a backward pass's grad-out; `extra` added.
+  std::vector<std::string> backward_args(const std::vector<std::string>& extra) {
+    const Dims& d = dims_;
+    save("do.npy", DType::f32, {d.B, d.Hq, d.Sq, d.Dv}, random_floats(static_cast<std::size_t>(d.B * d.Hq * d.Sq * d.Dv), 6));
+    std::vector<std::string> args = {"run", "--q", path("q.npy"), "--k", path("k.npy"), "--v", path("v.npy"),
+                                     "--grad-out", path("do.npy")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+};
+
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& extra) {
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST_F(CliFilesTest, CliOutputFifoIsRefused) {
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);
+  std::vector<std::string> args = run_args({});
+  args[8] = path("fifo");  // --out
+  expect_refused(args, "--out", "'" + path("fifo") + "' is a FIFO; expected a new or regular file");
+  expect_refused(run_args({"--lse", path("fifo")}), "--lse", "is a FIFO");
+  struct stat st;
+  ASSERT_EQ(::lstat(path("fifo").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+TEST_F(CliFilesTest, CliOutputDeviceIsRefused) {
+  struct stat before, after;
+  ASSERT_EQ(::lstat("/dev/null", &before), 0);
+  std::vector<std::string> args = run_args({});
+  args[8] = "/dev/null";
+  expect_refused(args, "--out", "'/dev/null' is a character device; expected a new or regular file");
+  expect_refused(run_args({"--lse", "/dev/null"}), "--lse", "is a character device");
+  expect_refused(backward_args({"--out", path("o.npy"), "--dq", path("dq.npy"), "--dk", "/dev/zero", "--dv", path("dv.npy")}),
+                 "--dk", "'/dev/zero' is a character device");
+  ASSERT_EQ(::lstat("/dev/null", &after), 0);
+  EXPECT_TRUE(S_ISCHR(after.st_mode));
+  EXPECT_EQ(before.st_ino, after.st_ino);
+  EXPECT_EQ(before.st_rdev, after.st_rdev);
+}
+
+TEST_F(CliFilesTest, CliOutputDirectoryIsRefused) {
+  fs::create_directory(path("sub"));
+  std::vector<std::string> args = run_args({});
+  args[8] = path("sub");
+  expect_refused(args, "--out", "'" + path("sub") + "' is a directory; expected a new or regular file");
+  expect_refused(backward_args({"--out", path("o.npy"), "--dq", path("dq.npy"), "--dk", path("dk.npy"), "--dv", path("sub")}),
+                 "--dv", "is a directory");
+  EXPECT_TRUE(fs::is_directory(path("sub")));
+}
+
+TEST_F(CliFilesTest, CliOutputSymbolicLinkIsRefused) {
+  save("target.npy", DType::f32, {1}, std::vector<float>{42});
+  fs::create_symlink(path("target.npy"), path("link.npy"));
+  fs::create_symlink(path("nowhere.npy"), path("dangling.npy"));
+  std::vector<std::string> args = run_args({});
+  args[8] = path("link.npy");
+  expect_refused(args, "--out", "'" + path("link.npy") + "' is a symbolic link; expected a new or regular file");
+  expect_refused(run_args({"--lse", path("dangling.npy")}), "--lse", "is a symbolic link");
+  EXPECT_FALSE(fs::exists(path("nowhere.npy")));
+}
+
+TEST_F(CliFilesTest, CliOutputSameAsInputIsRefused) {
+  std::vector<std::string> args = run_args({});
+  args[8] = path("q.npy");
+  expect_refused(args, "--out",
+                 "'" + path("q.npy") + "' is the same file as --q; expected an output path that is not an input");
+  // The same file under another spelling of its path.
+  fs::create_directory(path("sub"));
+  args[8] = path("sub/../k.npy");
+  expect_refused(args, "--out", "is the same file as --k");
+  args[8] = path("./v.npy");
+  expect_refused(args, "--out", "is the same file as --v");
+  // Every output option against every input option.
+  save("mask.npy", DType::f32, {5, 7}, std::vector<float>(35, 0.0f));
+  save("lens.npy", DType::i32, {2}, std::vector<std::int32_t>{3, 7});
+  for (const char* input : {"mask.npy", "lens.npy"}) {
+    SCOPED_TRACE(input);
+    expect_refused(run_args({"--mask", path("mask.npy"), "--kv-lens", path("lens.npy"), "--lse", path(input)}), "--lse",
+                   std::string("is the same file as ") + (input[0] == 'm' ? "--mask" : "--kv-lens"));
+  }
+  expect_refused(backward_args({"--out", path("o.npy"), "--dq", path("do.npy"), "--dk", path("dk.npy"), "--dv", path("dv.npy")}),
+                 "--dq", "is the same file as --grad-out");
+  expect_refused(backward_args({"--out", path("o.npy"), "--dq", path("dq.npy"), "--dk", path("k.npy"), "--dv", path("dv.npy")}),
+                 "--dk", "is the same file as --k");
+}
+
+TEST_F(CliFilesTest, CliOutputHardLinkOrSymlinkedInputIsRefused) {
+  // o.npy is another name of q.npy's inode.
+  ASSERT_EQ(::link(path("q.npy").c_str(), path("o.npy").c_str()), 0);
+  expect_refused(run_args({}), "--out", "'" + path("o.npy") + "' is the same file as --q");
+  // An input named through a symbolic link is still that file.
+  fs::remove(path("o.npy"));
+  fs::create_symlink(path("k.npy"), path("k_link.npy"));
+  std::vector<std::string> args = run_args({});
+  args[4] = path("k_link.npy");  // --k
+  args[8] = path("k.npy");       // --out
+  expect_refused(args, "--out", "is the same file as --k");
+}
+
+TEST_F(CliFilesTest, CliOutputsMustDiffer) {
+  expect_refused(run_args({"--lse", path("o.npy")}), "--lse", "is the same file as --out; expected a different path");
+  expect_refused(backward_args({"--out", path("o.npy"), "--dq", path("g.npy"), "--dk", path("dk.npy"), "--dv", path("g.npy")}),
+                 "--dv", "is the same file as --dq");
+}
+
+TEST_F(CliFilesTest, CliOutputEmptyOrInMissingDirectoryIsRefused) {
+  std::vector<std::string> args = run_args({});
+  args[8] = "";
+  expect_refused(args, "--out", "empty path; expected a file name");
+  expect_refused(run_args({"--lse", path("missing_dir/lse.npy")}), "--lse",
+                 "directory '" + path("missing_dir") + "' of '" + path("missing_dir/lse.npy") + "' does not exist");
+  expect_refused(run_args({"--lse", path("q.npy/lse.npy")}), "--lse", "not a directory");
+}
+
+TEST_F(CliFilesTest, CliOutputRegularFileIsReplacedWhole) {
+  std::ofstream(path("o.npy"), std::ios::binary) << std::string(5000, 'x');  // an old, longer file
+  const Outcome r = cli(run_args({}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto o = read_f32("o.npy", {dims_.B, dims_.Hq, dims_.Sq, dims_.Dv});
+  EXPECT_FALSE(o.empty());
+  for (const auto& e : fs::directory_iterator(dir_))  // no temporary left behind
+    EXPECT_EQ(e.path().filename().string().find(".attn-tmp"), std::string::npos) << e.path();
+}
+
+TEST_F(CliFilesTest, CliInputDeviceIsRefused) {
+  std::vector<std::string> args = run_args({});
+  args[2] = "/dev/zero";  // --q
+  expect_refused(args, "--q", "'/dev/zero' is a character device; expected a regular .npy file");
+  args = run_args({"--mask", "/dev/null"});
+  expect_refused(args, "--mask", "'/dev/null' is a character device; expected a regular .npy file");
+  args = run_args({"--grad-out", "/dev/zero", "--dq", path("dq.npy"), "--dk", path("dk.npy"), "--dv", path("dv.npy")});
+  expect_refused(args, "--grad-out", "'/dev/zero' is a character device");
+  args = run_args({"--kv-lens", "/dev/stdin"});  // a terminal, pipe or /dev/null: never a regular file under ctest
+  const Outcome r = cli(args);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err.rfind("attn: error: --kv-lens: ", 0), 0u) << r.err;
+}
+
+TEST_F(CliFilesTest, CliInputFifoDirectoryAndSocketAreRefused) {
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);  // no writer: opening it for reading would block
+  fs::create_directory(path("sub"));
+  std::vector<std::string> args = run_args({});
+  args[4] = path("fifo");  // --k
+  expect_refused(args, "--k", "'" + path("fifo") + "' is a FIFO; expected a regular .npy file");
+  args = run_args({});
+  args[6] = path("sub");  // --v
+  expect_refused(args, "--v", "'" + path("sub") + "' is a directory; expected a regular .npy file");
+  expect_refused(run_args({"--kv-lens", path("fifo")}), "--kv-lens", "is a FIFO");
+  // A Unix socket, as input and as output.
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string sock = path("sock");
+  ASSERT_LT(sock.size(), sizeof addr.sun_path);
+  std::memcpy(addr.sun_path, sock.c_str(), sock.size() + 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  expect_refused(run_args({"--mask", sock}), "--mask", "'" + sock + "' is a socket; expected a regular .npy file");
+  expect_refused(run_args({"--lse", sock}), "--lse", "'" + sock + "' is a socket; expected a new or regular file");
+  ::close(fd);
+}
+
+// A .npy file whose header declares more or fewer data bytes than the file holds.
+TEST_F(CliFilesTest, CliInputDeclaredSizeMustMatchFileSize) {
+  const std::string good = npy::serialize(DType::f32, {dims_.B, dims_.Hq, dims_.Sq, dims_.Dk}, q_.data());
+  std::ofstream(path("q.npy"), std::ios::binary | std::ios::trunc) << good.substr(0, good.size() - 3);
+  expect_refused(run_args({}), "--q", "truncated");
+  std::ofstream(path("q.npy"), std::ios::binary | std::ios::trunc) << good << "extra";
+  expect_refused(run_args({}), "--q", "trailing bytes");
+  // A header declaring 2^40 elements in a small file: refused without allocating them.
+  const std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1024, 1024, 1024, 1024), }\n";
+  std::string huge = std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(header.size()) + '\0' + header + "0123";
+  std::ofstream(path("q.npy"), std::ios::binary | std::ios::trunc) << huge;
+  expect_refused(run_args({}), "--q", "data section is 4 bytes (truncated); expected exactly 4398046511104 bytes");
+  // A header length running past the end of the file.
+  huge[8] = '\xff';
+  huge[9] = '\x7f';
+  std::ofstream(path("q.npy"), std::ios::binary | std::ios::trunc) << huge;
+  expect_refused(run_args({}), "--q", "runs past the end of the file");
+}
+
+// Each input option's dtype message lists what that option accepts.
+TEST_F(CliFilesTest, CliDtypeMessagesListWhatEachOptionAccepts) {
+  const Dims& d = dims_;
+  // int16 is no dtype attn reads at all; the message still lists what --kv-lens takes.
+  std::string header = "{'descr': '<i2', 'fortran_order': False, 'shape': (2,), }\n";
+  std::ofstream(path("lens.npy"), std::ios::binary)
+      << std::string("\x93NUMPY\x01\x00", 8) << static_cast<char>(header.size()) << '\0' << header << std::string(4, '\1');
+  expect_refused(run_args({"--kv-lens", path("lens.npy")}), "--kv-lens",
+                 "unsupported dtype '<i2' (int16); expected int32 ('<i4') or int64 ('<i8')");
+  save("lens.npy", DType::f32, {2}, std::vector<float>{1, 2});
+  expect_refused(run_args({"--kv-lens", path("lens.npy")}), "--kv-lens",
+                 "dtype float32 ('<f4'); expected int32 ('<i4') or int64 ('<i8')");
+  save("mask.npy", DType::i64, {d.Sq, d.Skv}, std::vector<std::int64_t>(static_cast<std::size_t>(d.Sq * d.Skv), 1));
+  expect_refused(run_args({"--mask", path("mask.npy")}), "--mask",
+                 "dtype int64 ('<i8'); expected float32 ('<f4') or bool ('|b1')");
+  save("mask.npy", DType::f32, {}, std::vector<float>{0});
+  expect_refused(run_args({"--mask", path("mask.npy")}), "--mask", "rank 1 to 4");
+  save("q.npy", DType::boolean, {d.B, d.Hq, d.Sq, d.Dk}, std::vector<unsigned char>(static_cast<std::size_t>(d.B * d.Hq * d.Sq * d.Dk), 1));
+  expect_refused(run_args({}), "--q", "dtype bool ('|b1'); expected float32 ('<f4') or float16 ('<f2')");
+  write_qkv(d);
+  save("v.npy", DType::i32, {d.B, d.Hkv, d.Skv, d.Dv}, std::vector<std::int32_t>(static_cast<std::size_t>(d.B * d.Hkv * d.Skv * d.Dv), 1));
+  expect_refused(run_args({}), "--v", "expected float32 ('<f4') or float16 ('<f2')");
+  write_qkv(d);
+  header = "{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }\n";
+  std::ofstream(path("do.npy"), std::ios::binary | std::ios::trunc)
+      << std::string("\x93NUMPY\x01\x00", 8) << static_cast<char>(header.size()) << '\0' << header << std::string(8, '\0');
+  std::vector<std::string> args = {"run", "--q", path("q.npy"), "--k", path("k.npy"), "--v", path("v.npy"), "--out",
+                                   path("o.npy"), "--grad-out", path("do.npy"), "--dq", path("dq.npy"), "--dk",
+                                   path("dk.npy"), "--dv", path("dv.npy")};
+  expect_refused(args, "--grad-out", "unsupported dtype '<f8' (float64); expected float32 ('<f4') or float16 ('<f2')");
+}
+
+// The other commands that write files follow the same rules.
+TEST_F(CliFilesTest, CliOtherCommandsCheckTheirOutputs) {
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);
+  fs::create_directory(path("sub"));
+  save("hq.npy", DType::f32, {3, 4}, random_floats(12, 1));
+  save("hk.npy", DType::f32, {3, 4}, random_floats(12, 2));
+  const std::vector<std::string> heat = {"heatmap", "--q", path("hq.npy"), "--k", path("hk.npy")};
+  expect_refused(with(heat, {"--png", path("hq.npy")}), "--png", "is the same file as --q");
+  expect_refused(with(heat, {"--png", path("fifo")}), "--png", "is a FIFO");
+  expect_refused(with(heat, {"--png", ""}), "--png", "empty path");
+  expect_refused({"heatmap", "--png", "/dev/null"}, "--png", "is a character device");
+  expect_refused({"heatmap", "--q", "/dev/zero", "--k", path("hk.npy"), "--png", path("h.png")}, "--q",
+                 "is a character device; expected a regular .npy file");
+  // generate and scaling-experiment refuse before their minutes of work.
+  expect_refused({"generate", "--png", path("sub")}, "--png", "is a directory");
+  expect_refused({"scaling-experiment", "--png", "/dev/null"}, "--png", "is a character device");
+  expect_refused({"explain", "--q", path("fifo"), "--k", path("hk.npy"), "--v", path("hk.npy")}, "--q", "is a FIFO");
+}
+
 // ---- attn run: the backward pass ------------------------------------------------------------------------
 
 TEST_F(CliTest, CliRunBackwardWritesGradientsMatchingTheLibrary) {
@@ -467,6 +752,62 @@ TEST_F(CliTest, CliErrorNoSubcommandPrintsHelp) {
 }
 
 TEST_F(CliTest, CliErrorUnknownSubcommand) { expect_error({"frobnicate"}, "frobnicate"); }
+
+// CLI11's own errors come out in the program's form too: "<option>: <found>; expected <what>".
+TEST_F(CliTest, CliParseErrorsNameTheOption) {
+  write_qkv({});
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"run", "--k", path("k.npy"), "--v", path("v.npy"), "--out", path("o.npy")},
+       "--q: missing; expected it (a required option)"},
+      {{"run", "--q"}, "--q: no value; expected Q.npy"},
+      {with_args(run_args({}), {"--q", path("q.npy")}), "--q: given 2 times; expected it once"},
+      {with_args(run_args({}), {"--bogus"}), "--bogus: unknown option; expected a command and its options"},
+      {{"frobnicate"}, "frobnicate: unexpected argument; expected a command and its options"},
+      {{"flops", "--seq", "abc", "--d-model", "4", "--heads", "1"}, "--seq: 'abc'; expected a decimal integer"},
+      {{"flops", "--causal=maybe", "--seq", "1", "--d-model", "4", "--heads", "1"},
+       "--causal: 'maybe' is not valid; expected no value, or true or false (it is a flag)"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.message);
+    const Outcome r = cli(c.args);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_EQ(r.err.rfind("attn: error: " + c.message, 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(path("o.npy")));
+  }
+}
+
+// CLI11 alone would read "010" as octal, saturate 10^23 to 2^63 - 1 and wrap -1 to 2^64 - 1 for an unsigned
+// option: every number option takes plain decimal numbers that fit, or says why not.
+TEST_F(CliTest, CliNumberOptionsAreStrictDecimal) {
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"kv-size", "--layers", "010", "--kv-heads", "1", "--head-dim", "1", "--seq", "1"},
+       "--layers: '010' has a leading zero; expected a decimal integer without one"},
+      {{"kv-size", "--layers", "0x10", "--kv-heads", "1", "--head-dim", "1", "--seq", "1"},
+       "--layers: '0x10'; expected a decimal integer"},
+      {{"flops", "--seq", "99999999999999999999999", "--d-model", "4", "--heads", "1"},
+       "--seq: '99999999999999999999999' is out of range; expected a decimal integer that fits in 64 bits"},
+      {{"generate", "--seed", "-1"}, "--seed: '-1'; expected a non-negative decimal integer"},
+      {{"scaling-experiment", "--lr", "nan"}, "--lr: 'nan'; expected a finite decimal number"},
+      {{"scaling-experiment", "--lr", "1e999"}, "--lr: '1e999'; expected a finite decimal number"},
+      {{"scaling-experiment", "--seeds", "99999999999"}, "--seeds: '99999999999' is not valid; expected an integer"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.message);
+    const Outcome r = cli(c.args);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_EQ(r.err, "attn: error: " + c.message + "\n");
+  }
+  const Outcome ok = cli({"kv-size", "--layers", "80", "--kv-heads", "-0", "--head-dim", "128", "--seq", "0"});
+  EXPECT_EQ(ok.code, 2);  // -0 and 0 are numbers; the cost model refuses them with its own message
+  EXPECT_EQ(ok.err.rfind("attn: error: --kv-heads: ", 0), 0u) << ok.err;
+}
 
 // ---- help --------------------------------------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 // Tests for tools/npy: round trips, hand-written headers, every rejection path, file I/O and a
 // deterministic mutation fuzz test.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "files.h"
 #include "npy.h"
 
 namespace attn::npy {
@@ -382,7 +385,7 @@ TEST(NpyReject, UnsupportedDtypeMessageListsSupported) {
       parse_string(raw_npy(hdr("'<c8'", "False", "(1,)"), std::string(8, '\0')), &a, "--q");
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.message(),
-            "--q: unsupported dtype '<c8'; expected float32 ('<f4'), float16 ('<f2'), "
+            "--q: unsupported dtype '<c8' (complex64); expected float32 ('<f4'), float16 ('<f2'), "
             "bool ('|b1'), int32 ('<i4') or int64 ('<i8')");
 }
 
@@ -491,6 +494,138 @@ TEST_F(NpyFile, WriteRejectsInvalidArguments) {
   EXPECT_NE(write(path, DType::f32, {2}, nullptr).message().find("null"), std::string::npos);
   EXPECT_FALSE(write(path, DType::f32, {1, 1, 1, 1, 1, 1, 1, 1, 1}, d.data()).ok());
   EXPECT_TRUE(entries().empty());
+}
+
+TEST_F(NpyFile, ReadRefusesSpecialFiles) {
+  const std::string fifo = (dir_ / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);  // no writer: opening it for reading would block
+  const struct {
+    std::string path, message;
+  } cases[] = {
+      {"/dev/zero", "--q: '/dev/zero' is a character device; expected a regular .npy file"},
+      {"/dev/null", "--q: '/dev/null' is a character device; expected a regular .npy file"},
+      {fifo, "--q: '" + fifo + "' is a FIFO; expected a regular .npy file"},
+      {dir_.string(), "--q: '" + dir_.string() + "' is a directory; expected a regular .npy file"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.path);
+    Array a;
+    a.shape = {42};
+    const Status s = read(c.path, "--q", &a);
+    EXPECT_EQ(s.message(), c.message);
+    EXPECT_EQ(a.shape, std::vector<std::int64_t>{42});
+  }
+}
+
+TEST_F(NpyFile, ReadFollowsSymbolicLinksToRegularFiles) {
+  const std::vector<float> v = {1.5f, -2.0f};
+  const std::string path = (dir_ / "x.npy").string(), link = (dir_ / "link.npy").string();
+  ASSERT_TRUE(write(path, DType::f32, {2}, v.data()).ok());
+  std::filesystem::create_symlink(path, link);
+  Array a;
+  ASSERT_TRUE(read(link, "--q", &a).ok());
+  EXPECT_EQ(std::vector<float>(a.as<float>(), a.as<float>() + 2), v);
+}
+
+// read() must say exactly what parse() says about the same bytes: truncations at every length of a few
+// files (each byte of the preamble, the header and the data), a header declaring far more data than the
+// file holds, and trailing bytes.
+TEST_F(NpyFile, ReadAgreesWithParse) {
+  const std::string path = (dir_ / "x.npy").string();
+  std::vector<std::string> files = {
+      serialize(DType::f32, {2, 3}, sample_data(DType::f32, 6).data()),
+      serialize(DType::boolean, {}, sample_data(DType::boolean, 1).data()),
+      raw_npy("{'descr': '>i4', 'fortran_order': True, 'shape': (2, 3, 2), }\n", std::string(48, 'Z'), 2),
+      raw_npy("{'descr':'<i8','fortran_order':False,'shape':(3,)}", std::string(24, 'a'), 3),
+      raw_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }\n", "abcd"),
+      raw_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }\n", "abcdefgh"),
+      raw_npy("{'descr': '<f2', 'fortran_order': False, 'shape': (1,), }\n", "a"),
+  };
+  int compared = 0;
+  for (const std::string& full : files) {
+    for (std::size_t n = 1; n <= full.size(); ++n) {
+      const std::string file = full.substr(0, n);
+      SCOPED_TRACE(std::to_string(n) + " bytes of a " + std::to_string(full.size()) + "-byte file");
+      std::FILE* f = std::fopen(path.c_str(), "wb");
+      ASSERT_NE(f, nullptr);
+      ASSERT_EQ(std::fwrite(file.data(), 1, file.size(), f), file.size());
+      std::fclose(f);
+      Array from_file, from_memory;
+      const Status r = read(path, "--q", &from_file), p = parse_string(file, &from_memory);
+      ASSERT_EQ(r.ok(), p.ok()) << r.message() << " | " << p.message();
+      EXPECT_EQ(r.message(), p.message());
+      EXPECT_EQ(from_file.shape, from_memory.shape);
+      EXPECT_EQ(from_file.data, from_memory.data);
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 700);
+}
+
+TEST_F(NpyFile, ReadAndParseCheckTheAcceptedDtypes) {
+  const std::string path = (dir_ / "x.npy").string();
+  const std::vector<float> v = {1, 2};
+  ASSERT_TRUE(write(path, DType::f32, {2}, v.data()).ok());
+  Array a;
+  EXPECT_TRUE(read(path, "--q", &a, {DType::f32, DType::f16}).ok());
+  EXPECT_EQ(read(path, "--kv-lens", &a, {DType::i32, DType::i64}).message(),
+            "--kv-lens: dtype float32 ('<f4'); expected int32 ('<i4') or int64 ('<i8')");
+  const std::string i2 = raw_npy(hdr("'<i2'", "False", "(2,)"), "abcd");
+  EXPECT_EQ(parse(i2.data(), i2.size(), "--kv-lens", &a, {DType::i32, DType::i64}).message(),
+            "--kv-lens: unsupported dtype '<i2' (int16); expected int32 ('<i4') or int64 ('<i8')");
+  const std::string rec = raw_npy(hdr("[('a', '<f4')]", "False", "(2,)"), "abcdefgh");
+  EXPECT_EQ(parse(rec.data(), rec.size(), "--mask", &a, {DType::f32, DType::boolean}).message(),
+            "--mask: structured/record dtypes are not supported; expected float32 ('<f4') or bool ('|b1')");
+}
+
+TEST_F(NpyFile, WriteNeverReplacesSpecialFiles) {
+  const std::vector<float> v = {1};
+  const std::string fifo = (dir_ / "fifo").string(), link = (dir_ / "link.npy").string(),
+                    target = (dir_ / "target.npy").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  ASSERT_TRUE(write(target, DType::f32, {1}, v.data()).ok());
+  std::filesystem::create_symlink(target, link);
+  EXPECT_EQ(write(fifo, DType::f32, {1}, v.data()).message(),
+            fifo + ": '" + fifo + "' is a FIFO; expected a new or regular file");
+  EXPECT_EQ(write(link, DType::f32, {1}, v.data()).message(),
+            link + ": '" + link + "' is a symbolic link; expected a new or regular file");
+  EXPECT_EQ(write("/dev/null", DType::f32, {1}, v.data()).message(),
+            "/dev/null: '/dev/null' is a character device; expected a new or regular file");
+  struct stat st;
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ASSERT_EQ(::lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  ASSERT_EQ(::stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  EXPECT_EQ(entries(), (std::vector<std::string>{"fifo", "link.npy", "target.npy"}));
+}
+
+// tools::FileWriter: nothing moves unless every file was staged, and a destination that turned into a
+// directory between the checks and the commit is refused.
+TEST_F(NpyFile, FileWriterIsAllOrNothing) {
+  const std::string a = (dir_ / "a.npy").string(), b = (dir_ / "b.npy").string();
+  {
+    tools::FileWriter writer;
+    ASSERT_TRUE(writer.stage("--out", a, "new a").ok());
+    const Status s = writer.stage("--lse", (dir_ / "missing" / "b.npy").string(), "new b");
+    EXPECT_EQ(s.message().rfind("--lse: cannot create ", 0), 0u) << s.message();
+  }  // destroyed without commit
+  EXPECT_TRUE(entries().empty());
+
+  ASSERT_TRUE(tools::write_file("--out", a, "old a").ok());
+  tools::FileWriter writer;
+  ASSERT_TRUE(writer.stage("--out", a, "new a").ok());
+  ASSERT_TRUE(writer.stage("--lse", b, "new b").ok());
+  std::filesystem::create_directory(b);
+  EXPECT_EQ(writer.commit().message(), "--lse: '" + b + "' is a directory; expected a new or regular file");
+  EXPECT_EQ(entries(), (std::vector<std::string>{"a.npy", "b.npy"}));  // temporaries removed
+  std::FILE* f = std::fopen(a.c_str(), "rb");
+  ASSERT_NE(f, nullptr);
+  char buf[16] = {};
+  EXPECT_EQ(std::fread(buf, 1, sizeof buf, f), 5u);
+  std::fclose(f);
+  EXPECT_EQ(std::string(buf), "old a");
 }
 
 // ---------------------------------------------------------------------------------------------

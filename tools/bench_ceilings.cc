@@ -52,6 +52,9 @@ std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#ifdef __clang__  // clang ignores `#pragma GCC target`; this is its equivalent
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#endif
 namespace ceiling_avx2 {
 #define ATTN_VEC_AVX2
 #include "ceiling_fma.h"
@@ -71,10 +74,16 @@ std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
   return out[0] + out[1] + out[2] + out[3];
 }
 }  // namespace ceiling_avx2
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+#ifdef __clang__  // clang ignores `#pragma GCC target`; this is its equivalent
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))), apply_to = function)
+#endif
 namespace ceiling_avx512 {
 #define ATTN_VEC_AVX512
 #include "ceiling_fma.h"
@@ -95,6 +104,9 @@ std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
   return total;
 }
 }  // namespace ceiling_avx512
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
 #pragma GCC pop_options
 
 // AMX: written in assembly (the assembler knows the instructions whatever the compiler target), with the

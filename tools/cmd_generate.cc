@@ -19,6 +19,7 @@
 #include "attn/kv_cache.h"
 #include "attn/mha.h"
 #include "mha/linear.h"
+#include "files.h"
 #include "plot.h"
 #include "subcommand.h"
 
@@ -188,6 +189,7 @@ Status generate(const GenerateArgs& a, std::ostream& out) {
   if (a.tokens > 100000) return Status::Invalid("--tokens", std::to_string(a.tokens) + "; expected at most 100000");
   if (a.cache != "contiguous" && a.cache != "paged")
     return Status::Invalid("--cache", "'" + a.cache + "'; expected contiguous or paged");
+  if (Status s = check_outputs({{"--png", a.png}}, {}); !s) return s;  // before minutes of work
   if (a.threads > 0 && openblas_set_num_threads) openblas_set_num_threads(a.threads);
   Model m;
   if (Status s = build(a, &m); !s) {
@@ -299,7 +301,7 @@ Status generate(const GenerateArgs& a, std::ostream& out) {
     p.y_label = "ms per token";
     p.series.push_back({"recompute the prefix", pos, t_full});
     p.series.push_back({"KV cache (" + a.cache + ")", pos, t_cached});
-    if (Status s = plot::write_line_plot(a.png, p); !s) return Status::Invalid("--png", s.message());
+    if (Status s = plot::write_line_plot(a.png, p); !s) return renamed(s, "--png");
     out << "wrote " << a.png << "\n";
   }
   if (same != a.tokens) return Status::Invalid("generate", "the cached and recomputed runs disagree");

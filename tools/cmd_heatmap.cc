@@ -11,6 +11,7 @@
 
 #include "attn/sdpa.h"
 #include "commands.h"
+#include "files.h"
 #include "npy.h"
 #include "plot.h"
 #include "subcommand.h"
@@ -56,7 +57,7 @@ Input builtin() {
 Status load(const std::string& path, const char* option, std::int64_t* heads, std::int64_t* seq, std::int64_t* dim,
             std::vector<float>* data) {
   npy::Array a;
-  if (Status s = npy::read(path, option, &a); !s) return s;
+  if (Status s = npy::read(path, option, &a, {DType::f32}); !s) return s;
   if (a.dtype != DType::f32) return Status::Invalid(option, std::string("dtype ") + numpy_name(a.dtype) + "; expected float32");
   std::vector<std::int64_t> shape = a.shape;
   if (shape.size() == 4 && shape[0] == 1) shape.erase(shape.begin());
@@ -73,6 +74,7 @@ Status load(const std::string& path, const char* option, std::int64_t* heads, st
 Status heatmap(const HeatmapArgs& a, std::ostream& out) {
   Input in;
   Params params;
+  if (Status s = check_outputs({{"--png", a.png, true}}, {{"--q", a.q}, {"--k", a.k}}); !s) return s;
   if (a.q.empty() != a.k.empty())
     return Status::Invalid(a.q.empty() ? "--q" : "--k", "missing; expected both --q and --k, or neither for the built-in example");
   if (a.q.empty()) {
@@ -124,7 +126,7 @@ Status heatmap(const HeatmapArgs& a, std::ostream& out) {
     }
     fig.panels.push_back(std::move(panel));
   }
-  if (Status w = plot::write_heatmaps(a.png, fig); !w) return Status::Invalid("--png", w.message());
+  if (Status w = plot::write_heatmaps(a.png, fig); !w) return renamed(w, "--png");
   char buf[160];
   std::snprintf(buf, sizeof buf, "%lld heads, %lld queries x %lld keys; every row sums to 1 within %.1e\n",
                 static_cast<long long>(in.hq), static_cast<long long>(in.sq), static_cast<long long>(in.skv), worst);

@@ -30,6 +30,7 @@
 
 #include "attn/mha.h"
 #include "commands.h"
+#include "files.h"
 #include "json_writer.h"
 #include "plot.h"
 #include "subcommand.h"
@@ -267,6 +268,7 @@ Status check(const ExperimentArgs& a) {
 
 Status experiment(const ExperimentArgs& a, std::ostream& out) {
   if (Status s = check(a); !s) return s;
+  if (Status s = check_outputs({{"--png", a.png}}, {}); !s) return s;  // before the training runs
   const auto start = std::chrono::steady_clock::now();
   const double scales[2] = {1.0 / std::sqrt(double(a.dk)), 1.0};
   const char* names[2] = {"1/sqrt(dk)", "1"};
@@ -368,7 +370,7 @@ Status experiment(const ExperimentArgs& a, std::ostream& out) {
       p.series.push_back({std::string("scale ") + names[arm] + (a.seeds > 1 ? " (mean of " + std::to_string(a.seeds) + " seeds)" : ""), x, mean, arm, 3});
     }
     p.series.push_back({"threshold", {1.0, double(a.steps)}, {a.threshold, a.threshold}, 2, 1});
-    if (Status s = plot::write_line_plot(a.png, p); !s) return Status::Invalid("--png", s.message());
+    if (Status s = plot::write_line_plot(a.png, p); !s) return renamed(s, "--png");
     if (!a.json) out << "wrote " << a.png << "\n";
   }
   return Status::Ok();

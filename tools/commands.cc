@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cstring>
@@ -19,6 +20,7 @@
 
 #include "demo.h"
 #include "explain.h"
+#include "files.h"
 
 namespace attn::tools {
 
@@ -170,12 +172,6 @@ Status run_params(const RunArgs& a, Params* params) {
   return Status::Ok();
 }
 
-bool same_file(const std::string& a, const std::string& b) {
-  std::error_code ec1, ec2;
-  const auto pa = std::filesystem::weakly_canonical(a, ec1), pb = std::filesystem::weakly_canonical(b, ec2);
-  return ec1 || ec2 ? a == b : pa == pb;
-}
-
 // q, k and v must be rank-4 float32 or float16 arrays, all of one dtype.
 Status check_qkv(const npy::Array& t, const std::string& option, const char* layout, const npy::Array* q) {
   if (t.shape.size() != 4)
@@ -189,11 +185,19 @@ Status check_qkv(const npy::Array& t, const std::string& option, const char* lay
   return Status::Ok();
 }
 
-// Reads an optional input (mask, key lengths) into `array` and points `*view` at it.
-Status read_optional(const std::string& path, const std::string& option, npy::Array* array,
-                     std::optional<TensorView>* view) {
+// The dtypes each input option of `run` accepts (an .npy file of another dtype is refused by npy::read
+// with a message listing these).
+constexpr npy::DTypeSet kAttentionDTypes{DType::f32, DType::f16};  // --q, --k, --v, --grad-out
+constexpr npy::DTypeSet kMaskDTypes{DType::f32, DType::boolean};   // --mask: additive or keep
+constexpr npy::DTypeSet kLengthDTypes{DType::i32, DType::i64};     // --kv-lens
+
+// Reads an optional input (mask, key lengths) of rank 1 to 4 into `array` and points `*view` at it.
+Status read_optional(const std::string& path, const std::string& option, npy::DTypeSet dtypes, const char* shape,
+                     npy::Array* array, std::optional<TensorView>* view) {
   if (path.empty()) return Status::Ok();
-  if (Status s = npy::read(path, option, array); !s) return s;
+  if (Status s = npy::read(path, option, array, dtypes); !s) return s;
+  if (array->shape.empty())
+    return Status::Invalid(option, "a 0-d array (shape []); expected " + std::string(shape));
   TensorView t;
   if (Status s = view_of(*array, option, &t); !s) return s;
   *view = t;
@@ -233,29 +237,39 @@ std::vector<float> as_f32(DType dtype, const unsigned char* data, std::int64_t n
 Status run_command(const RunArgs& a, std::ostream& out) {
   Params params;
   if (Status s = run_params(a, &params); !s) return s;
-  // Output files: all distinct; the gradient options come all together or not at all.
+  // The gradient options come all together or not at all.
   const bool backward = !a.grad_out.empty() || !a.dq.empty() || !a.dk.empty() || !a.dv.empty();
   if (backward)
     for (auto [path, option] : {std::pair{&a.grad_out, "--grad-out"}, {&a.dq, "--dq"}, {&a.dk, "--dk"}, {&a.dv, "--dv"}})
       if (path->empty())
         return Status::Invalid(option, "missing; expected all of --grad-out, --dq, --dk and --dv for the backward pass");
-  const std::pair<const std::string*, const char*> outputs[] = {
-      {&a.out, "--out"}, {&a.lse, "--lse"}, {&a.dq, "--dq"}, {&a.dk, "--dk"}, {&a.dv, "--dv"}};
-  for (std::size_t i = 1; i < std::size(outputs); ++i)
-    for (std::size_t j = 0; j < i; ++j)
-      if (!outputs[i].first->empty() && same_file(*outputs[i].first, *outputs[j].first))
-        return Status::Invalid(outputs[i].second, "'" + *outputs[i].first + "' is the same file as " +
-                                                      outputs[j].second + "; expected a different path");
+  // Output files, before anything is read: each new or a regular file, none an input, all distinct.
+  if (Status s = check_outputs({{"--out", a.out, true}, {"--lse", a.lse}, {"--dq", a.dq}, {"--dk", a.dk}, {"--dv", a.dv}},
+                               {{"--q", a.q},
+                                {"--k", a.k},
+                                {"--v", a.v},
+                                {"--mask", a.mask},
+                                {"--kv-lens", a.kv_lens},
+                                {"--grad-out", a.grad_out}});
+      !s)
+    return s;
 
-  npy::Array q, k, v, mask, kv_lens;
-  if (Status s = npy::read(a.q, "--q", &q); !s) return s;
+  npy::Array q, k, v, mask, kv_lens, g;
+  if (Status s = npy::read(a.q, "--q", &q, kAttentionDTypes); !s) return s;
   if (Status s = check_qkv(q, "--q", "[B, Hq, Sq, Dk]", nullptr); !s) return s;
-  if (Status s = npy::read(a.k, "--k", &k); !s) return s;
+  if (Status s = npy::read(a.k, "--k", &k, kAttentionDTypes); !s) return s;
   if (Status s = check_qkv(k, "--k", "[B, Hkv, Skv, Dk]", &q); !s) return s;
-  if (Status s = npy::read(a.v, "--v", &v); !s) return s;
+  if (Status s = npy::read(a.v, "--v", &v, kAttentionDTypes); !s) return s;
   if (Status s = check_qkv(v, "--v", "[B, Hkv, Skv, Dv]", &q); !s) return s;
-  if (Status s = read_optional(a.mask, "--mask", &mask, &params.mask); !s) return s;
-  if (Status s = read_optional(a.kv_lens, "--kv-lens", &kv_lens, &params.kv_lens); !s) return s;
+  if (Status s = read_optional(a.mask, "--mask", kMaskDTypes, "rank 1 to 4, broadcastable to [B, Hq, Sq, Skv]", &mask,
+                               &params.mask);
+      !s)
+    return s;
+  if (Status s = read_optional(a.kv_lens, "--kv-lens", kLengthDTypes, "[B]", &kv_lens, &params.kv_lens); !s) return s;
+  if (backward) {
+    if (Status s = npy::read(a.grad_out, "--grad-out", &g, kAttentionDTypes); !s) return s;
+    if (Status s = check_qkv(g, "--grad-out", "[B, Hq, Sq, Dv]", &q); !s) return s;
+  }
 
   TensorView qv, kv, vv;
   if (Status s = view_of(q, "--q", &qv); !s) return s;
@@ -285,9 +299,6 @@ Status run_command(const RunArgs& a, std::ostream& out) {
   if (!a.lse.empty()) files.push_back({a.lse, "--lse", "LSE", DType::f32, lse_shape, lse.get()});
   std::vector<float> dq32, dk32, dv32;
   if (backward) {
-    npy::Array g;
-    if (Status s = npy::read(a.grad_out, "--grad-out", &g); !s) return s;
-    if (Status s = check_qkv(g, "--grad-out", "[B, Hq, Sq, Dv]", &q); !s) return s;
     TensorView gv;
     if (Status s = view_of(g, "--grad-out", &gv); !s) return s;
     std::unique_ptr<unsigned char[]> dq, dk, dv;
@@ -308,15 +319,11 @@ Status run_command(const RunArgs& a, std::ostream& out) {
     files.push_back({a.dk, "--dk", "dK", DType::f32, k.shape, dk32.data()});
     files.push_back({a.dv, "--dv", "dV", DType::f32, v.shape, dv32.data()});
   }
-  // All or nothing: a failed write removes the files already written.
-  for (std::size_t i = 0; i < files.size(); ++i)
-    if (Status s = npy::write(files[i].path, files[i].dtype, files[i].shape, files[i].data); !s) {
-      for (std::size_t j = 0; j < i; ++j) {
-        std::error_code ignored;
-        std::filesystem::remove(files[j].path, ignored);
-      }
-      return Status::Invalid(files[i].option, s.message());
-    }
+  // All or nothing: every file goes to a temporary first; only when all are written are they renamed.
+  FileWriter writer;
+  for (const File& f : files)
+    if (Status s = writer.stage(f.option, f.path, npy::serialize(f.dtype, f.shape, f.data)); !s) return s;
+  if (Status s = writer.commit(); !s) return s;
   for (const File& f : files)
     out << "wrote " << f.what << " " << shape_text(f.shape) << " " << numpy_name(f.dtype) << " to " << f.path << "\n";
   return Status::Ok();
@@ -422,6 +429,106 @@ CLI::App* add_demo(CLI::App& app, DemoArgs& a) {
 
 // ---- the program ---------------------------------------------------------------------------------------
 
+// CLI11 reads numbers with strtoll/strtoull/strtold: it takes hexadecimal and octal ("010" is 8), saturates
+// a too-large integer to the largest one and wraps a negative value of an unsigned option. Every number
+// option of every subcommand is therefore checked first: a decimal integer that fits in 64 bits (and is not
+// negative for an unsigned option), or a finite decimal number.
+void strict_numbers(CLI::App& app) {
+  auto check = [](const std::string& type) {
+    return CLI::Validator(
+        [type](std::string& text) -> std::string {
+          const char* begin = text.data();
+          const char* end = begin + text.size();
+          if (type == "FLOAT") {
+            double x = 0;
+            const auto [ptr, ec] = std::from_chars(begin, end, x);
+            if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(x))
+              return "'" + text + "'; expected a finite decimal number";
+            return {};
+          }
+          const bool sign = type == "INT" && !text.empty() && text[0] == '-';
+          const bool digits = text.size() > (sign ? 1u : 0u) &&
+                              std::all_of(begin + (sign ? 1 : 0), end, [](char c) { return c >= '0' && c <= '9'; });
+          const char* expected = type == "INT" ? "a decimal integer" : "a non-negative decimal integer";
+          if (!digits) return "'" + text + "'; expected " + std::string(expected);
+          if (text.size() > (sign ? 2u : 1u) && begin[sign ? 1 : 0] == '0')  // CLI11 would read it as octal
+            return "'" + text + "' has a leading zero; expected " + std::string(expected) + " without one";
+          std::errc ec;
+          if (type == "INT") {
+            std::int64_t v = 0;
+            ec = std::from_chars(begin, end, v).ec;
+          } else {
+            std::uint64_t v = 0;
+            ec = std::from_chars(begin, end, v).ec;
+          }
+          if (ec != std::errc()) return "'" + text + "' is out of range; expected " + std::string(expected) + " that fits in 64 bits";
+          return {};
+        },
+        "");
+  };
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    for (CLI::Option* opt : sub->get_options()) {
+      const std::string type = opt->get_type_name();
+      if (opt->get_type_size_max() > 0 && (type == "INT" || type == "UINT" || type == "FLOAT")) opt->check(check(type));
+    }
+}
+
+// CLI11's own parse errors, in the program's form "<option>: <what was found>; expected <what>". Errors the
+// subcommands raise (CLI::RuntimeError from tools/subcommand.h) already have that form and pass through.
+std::string parse_error_message(CLI::App& app, int argc, char** argv, const CLI::ParseError& e) {
+  const std::string kind = e.get_name(), m = e.what();
+  auto after = [&](const std::string& prefix) { return m.rfind(prefix, 0) == 0 ? m.substr(prefix.size()) : std::string(); };
+  auto ends_with = [](const std::string& text, const std::string& end) {
+    return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
+  };
+  // What an option's value should look like, from its type name ("INT", "Q.npy", ...).
+  auto value_of = [&](const std::string& name) -> std::string {
+    std::vector<CLI::App*> subs;  // the subcommand named on the command line first, then every other
+    const std::vector<CLI::App*> all = app.get_subcommands([](CLI::App*) { return true; });
+    for (int i = 1; i < argc && subs.empty(); ++i)
+      for (CLI::App* sub : all)
+        if (sub->check_name(argv[i])) subs.push_back(sub);
+    subs.insert(subs.end(), all.begin(), all.end());
+    for (CLI::App* sub : subs)
+      if (const CLI::Option* opt = sub->get_option_no_throw(name)) {
+        const std::string type = opt->get_type_name();
+        if (type == "INT") return "an integer";
+        if (type == "UINT") return "a non-negative integer";
+        if (type == "FLOAT") return "a number";
+        return type.empty() ? "no value, or true or false (it is a flag)" : type;
+      }
+    return "a value (see --help)";
+  };
+  if (kind == "RequiredError" && ends_with(m, " is required"))  // "--q is required"
+    return m.substr(0, m.size() - 12) + ": missing; expected it (a required option)";
+  if (dynamic_cast<const CLI::ExtrasError*>(&e)) {  // (its get_name() is the app's name)  // "The following argument(s) was/were not expected: X Y"
+    std::string extra = after("The following argument was not expected: ");
+    if (extra.empty()) extra = after("The following arguments were not expected: ");
+    if (!extra.empty())
+      return extra + ": " + (extra[0] == '-' ? "unknown option" : "unexpected argument") +
+             "; expected a command and its options (see attn --help and attn COMMAND --help)";
+  }
+  if (kind == "ArgumentMismatch") {
+    const std::size_t colon = m.find(": ");
+    if (colon != std::string::npos) {
+      const std::string option = m.substr(0, colon), rest = m.substr(colon + 2);
+      if (rest.rfind("At Most 1 required but received ", 0) == 0)  // "--dq: At Most 1 required but received 2"
+        return option + ": given " + rest.substr(32) + " times; expected it once";
+      if (ends_with(rest, " missing"))  // "--q: 1 required TEXT missing"
+        return option + ": no value; expected " + value_of(option);
+    }
+  }
+  if (kind == "ConversionError") {
+    const std::string what = after("Could not convert: ");  // "--seq = abc"
+    const std::size_t eq = what.find(" = ");
+    if (eq != std::string::npos) {
+      const std::string option = what.substr(0, eq);
+      return option + ": '" + what.substr(eq + 3) + "' is not valid; expected " + value_of(option);
+    }
+  }
+  return m;
+}
+
 int fail(std::ostream& err, std::string message) {
   for (char& c : message)
     if (c == '\n' || c == '\r') c = ' ';
@@ -457,6 +564,7 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   add_bench_command(app, out);
   add_scaling_experiment_command(app, out);
   app.footer("Run 'attn COMMAND --help' for the options of a command.");  // after: subcommands copy it
+  strict_numbers(app);
 
   try {
     app.parse(argc, argv);
@@ -467,7 +575,7 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
     out << app.help("", CLI::AppFormatMode::All);
     return 0;
   } catch (const CLI::ParseError& e) {
-    return fail(err, e.what());
+    return fail(err, parse_error_message(app, argc, argv, e));
   }
 
   try {

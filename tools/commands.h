@@ -3,7 +3,8 @@
 //
 // Exit status: 0 on success (and for --help), 2 on bad input: an unknown option, a missing or malformed
 // file, a wrong dtype or shape, or any argument the library rejects. An error is reported as exactly
-// one line, "attn: error: <message>", on `err`, and no output file is left behind.
+// one line, "attn: error: <message>", on `err`, and no file is created or changed. Output and input files
+// follow tools/files.h: outputs new or regular files, never an input; inputs regular files.
 #pragma once
 
 #include <cstdint>

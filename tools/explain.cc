@@ -33,7 +33,7 @@ Matrix builtin(std::int64_t rows, std::int64_t cols, std::vector<double> values)
 
 Status load_matrix(const std::string& path, const std::string& option, Matrix* m) {
   npy::Array a;
-  if (Status s = npy::read(path, option, &a); !s) return s;
+  if (Status s = npy::read(path, option, &a, {DType::f32, DType::f16}); !s) return s;
   const auto& sh = a.shape;
   const bool matrix = sh.size() == 2 || (sh.size() == 4 && sh[0] == 1 && sh[1] == 1);
   if (!matrix)

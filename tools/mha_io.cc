@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "files.h"
 #include "npy.h"
 
 namespace attn::tools {
@@ -38,12 +39,12 @@ Status save_mha_weights(const std::string& dir, const MultiHeadAttention& mha) {
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::Invalid("dir", "cannot create '" + dir + "': " + ec.message());
   MultiHeadAttention copy = mha;
-  for (const Entry& e : entries(copy))
-    if (Status s = npy::write((std::filesystem::path(dir) / (std::string(e.name) + ".npy")).string(), DType::f32, e.shape,
-                              e.data->data());
-        !s)
-      return s;
-  return Status::Ok();
+  FileWriter writer;  // all files or none
+  for (const Entry& e : entries(copy)) {
+    const std::string path = (std::filesystem::path(dir) / (std::string(e.name) + ".npy")).string();
+    if (Status s = writer.stage(path, path, npy::serialize(DType::f32, e.shape, e.data->data())); !s) return s;
+  }
+  return writer.commit();
 }
 
 Status load_mha_weights(const std::string& dir, const MhaConfig& config, MultiHeadAttention* mha) {
@@ -52,7 +53,7 @@ Status load_mha_weights(const std::string& dir, const MhaConfig& config, MultiHe
   for (const Entry& e : entries(m)) {
     const std::string path = (std::filesystem::path(dir) / (std::string(e.name) + ".npy")).string();
     npy::Array a;
-    if (Status s = npy::read(path, e.name, &a); !s) return s;
+    if (Status s = npy::read(path, e.name, &a, {DType::f32}); !s) return s;
     if (a.dtype != DType::f32)
       return Status::Invalid(e.name, std::string("dtype ") + numpy_name(a.dtype) + " in " + path + "; expected float32");
     if (a.shape != e.shape)

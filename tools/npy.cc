@@ -7,23 +7,23 @@
 //   | raw element data.
 #include "npy.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
+#include <exception>
 #include <limits>
 #include <string_view>
 #include <system_error>
 #include <utility>
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <unistd.h>  // getpid, fsync
-#define ATTN_NPY_POSIX 1
-#endif
+#include "files.h"
 
 namespace attn::npy {
 
@@ -34,8 +34,6 @@ namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr std::size_t kMagicSize = 6;
-constexpr char kSupported[] =
-    "float32 ('<f4'), float16 ('<f2'), bool ('|b1'), int32 ('<i4') or int64 ('<i8')";
 // No single dimension may reach this; keeps every intermediate product comfortably in range.
 constexpr std::int64_t kMaxDim = std::int64_t{1} << 62;
 
@@ -137,7 +135,9 @@ struct Header {
 // Every step advances `pos_` or stops with an error, so parsing is linear in the header size.
 class HeaderParser {
  public:
-  HeaderParser(std::string_view text, const std::string& what) : text_(text), what_(what) {}
+  // `dtypes` lists the dtypes the caller accepts, for the messages about 'descr'.
+  HeaderParser(std::string_view text, const std::string& what, const std::string& dtypes)
+      : text_(text), what_(what), dtypes_(dtypes) {}
 
   Status parse(Header* out) {
     constexpr char kKeys[] = "a dict with keys 'descr', 'fortran_order' and 'shape'";
@@ -162,10 +162,10 @@ class HeaderParser {
         if (seen_descr) return duplicate(key);
         seen_descr = true;
         if (peek() == '[' || peek() == '{') {
-          return error("structured/record dtypes are not supported", kSupported);
+          return error("structured/record dtypes are not supported", dtypes_);
         }
         if (peek() != '\'' && peek() != '"') {
-          return error("'descr' value " + near() + " is not a quoted string", kSupported);
+          return error("'descr' value " + near() + " is not a quoted string", dtypes_);
         }
         if (Status s = parse_string(&out->descr); !s.ok()) return s;
       } else if (key == "fortran_order") {
@@ -309,6 +309,7 @@ class HeaderParser {
 
   std::string_view text_;
   const std::string& what_;
+  const std::string& dtypes_;
   std::size_t pos_ = 0;
 };
 
@@ -375,6 +376,212 @@ Status check_writable(const std::string& what, DType dtype, const std::vector<st
   return Status::Ok();
 }
 
+// NumPy's name for a descr we do not read ('<f8' -> "float64", '|u1' -> "uint8"), or "" if it is
+// not a plain number type.
+std::string numpy_name_of(std::string_view descr) {
+  if (descr.size() < 3 || std::string_view("<>=|").find(descr[0]) == std::string_view::npos) return "";
+  const std::string_view size = descr.substr(2);
+  if (!std::all_of(size.begin(), size.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      size.size() > 2) {
+    return "";
+  }
+  const int bytes = std::stoi(std::string(size));
+  switch (descr[1]) {
+    case 'f': return "float" + std::to_string(8 * bytes);
+    case 'i': return "int" + std::to_string(8 * bytes);
+    case 'u': return "uint" + std::to_string(8 * bytes);
+    case 'c': return "complex" + std::to_string(8 * bytes);
+    case 'b': return bytes == 1 ? "bool" : "";
+    default: return "";
+  }
+}
+
+const char* name_of(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "float32";
+    case DType::f16: return "float16";
+    case DType::boolean: return "bool";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
+    case DType::bf16: break;
+  }
+  return "bfloat16";
+}
+
+// "float32 ('<f4') or float16 ('<f2')": the accepted dtypes, in a fixed order.
+std::string accepted_text(DTypeSet accepted) {
+  std::vector<std::string> names;
+  for (DType d : {DType::f32, DType::f16, DType::boolean, DType::i32, DType::i64}) {
+    if (accepted.contains(d)) names.push_back(std::string(name_of(d)) + " ('" + descr_of(d) + "')");
+  }
+  std::string s;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i) s += i + 1 == names.size() ? " or " : ", ";
+    s += names[i];
+  }
+  return s;
+}
+
+// The fixed-size start of a file: magic, version, header length.
+struct Preamble {
+  std::size_t prefix = 0;  // bytes before the header text: 10 (version 1.0) or 12 (2.0, 3.0)
+  std::uint64_t header_len = 0;
+};
+
+// Checks the preamble in p[0 .. have), where `have` is min(size, 12) or more, of a file of `size`
+// bytes; the header length must fit in the file.
+Status parse_preamble(const unsigned char* p, std::size_t have, std::uint64_t size,
+                      const std::string& what, Preamble* out) {
+  if (have < kMagicSize + 2 || std::memcmp(p, kMagic, kMagicSize) != 0) {
+    return fail(what, "not a .npy file (bad magic string)",
+                "a file starting with \\x93NUMPY followed by a version");
+  }
+  const int major = p[6], minor = p[7];
+  if ((major != 1 && major != 2 && major != 3) || minor != 0) {
+    return fail(
+        what, "unknown .npy format version " + std::to_string(major) + "." + std::to_string(minor),
+        "version 1.0, 2.0 or 3.0");
+  }
+  // Header length: 2 bytes in 1.0, 4 bytes in 2.0/3.0, little-endian.
+  const std::size_t len_size = major == 1 ? 2 : 4;
+  const std::size_t prefix = kMagicSize + 2 + len_size;
+  if (have < prefix) {
+    return fail(what,
+                "file ends inside the header length field (" + std::to_string(size) + " bytes)",
+                "at least " + std::to_string(prefix) + " bytes");
+  }
+  std::uint64_t header_len = 0;
+  for (std::size_t i = 0; i < len_size; ++i) {
+    header_len |= static_cast<std::uint64_t>(p[8 + i]) << (8 * i);
+  }
+  if (header_len > size - prefix) {
+    return fail(what,
+                "header length " + std::to_string(header_len) + " runs past the end of the file (" +
+                    std::to_string(size - prefix) + " bytes after the length field)",
+                "a header that fits in the file");
+  }
+  out->prefix = prefix;
+  out->header_len = header_len;
+  return Status::Ok();
+}
+
+// What the header says about the data.
+struct Layout {
+  std::size_t data_offset = 0;
+  std::string descr;
+  DType dtype = DType::f32;
+  bool swap = false, fortran_order = false;
+  std::vector<std::int64_t> shape;
+  std::uint64_t nbytes = 0;
+};
+
+// Checks and parses the header text; the dtype must be in `accepted`.
+Status parse_layout(std::string_view text, const Preamble& pre, const std::string& what,
+                    DTypeSet accepted, Layout* out) {
+  // Header text: printable ASCII and whitespace only (3.0 allows UTF-8, but no valid header for
+  // a supported dtype needs it). Checking up front lets error messages quote the header safely.
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if ((c < 0x20 || c > 0x7e) && c != '\n' && c != '\r' && c != '\t') {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", c);
+      return fail(what,
+                  std::string("header contains byte ") + hex + " at offset " +
+                      std::to_string(pre.prefix + i),
+                  "a printable ASCII Python dict literal");
+    }
+  }
+  Header header;
+  if (Status s = HeaderParser(text, what, accepted_text(accepted)).parse(&header); !s.ok()) return s;
+
+  Layout layout;
+  layout.data_offset = pre.prefix + text.size();
+  layout.descr = std::string(header.descr);
+  if (!decode_descr(header.descr, &layout.dtype, &layout.swap)) {
+    const std::string name = numpy_name_of(header.descr);
+    return fail(what,
+                "unsupported dtype " + quoted(header.descr) + (name.empty() ? "" : " (" + name + ")"),
+                accepted_text(accepted));
+  }
+  if (!accepted.contains(layout.dtype)) {
+    return fail(what, std::string("dtype ") + name_of(layout.dtype) + " (" + quoted(header.descr) + ")",
+                accepted_text(accepted));
+  }
+  // Data size: computed without overflow.
+  if (!data_bytes(header.shape, dtype_size(layout.dtype), &layout.nbytes)) {
+    return fail(what, "shape " + shape_text(header.shape) + " is too large to address",
+                "a total size that fits in 64 bits");
+  }
+  layout.fortran_order = header.fortran_order;
+  layout.shape = std::move(header.shape);
+  *out = std::move(layout);
+  return Status::Ok();
+}
+
+// The data must be exactly as large as the header declares.
+Status check_data_size(const Layout& layout, std::uint64_t available, const std::string& what) {
+  if (available == layout.nbytes) return Status::Ok();
+  return fail(what,
+              "data section is " + std::to_string(available) + " bytes (" +
+                  (available < layout.nbytes ? "truncated" : "trailing bytes") + ")",
+              "exactly " + std::to_string(layout.nbytes) + " bytes for shape " +
+                  shape_text(layout.shape) + " of " + layout.descr);
+}
+
+// A buffer of exactly `nbytes` (already checked against the input's size).
+Status allocate(std::uint64_t nbytes, const std::string& what, std::vector<unsigned char>* out) {
+  try {
+    out->resize(static_cast<std::size_t>(nbytes));
+  } catch (const std::exception&) {
+    return fail(what, "data of " + std::to_string(nbytes) + " bytes does not fit in memory",
+                "an array that fits in memory");
+  }
+  return Status::Ok();
+}
+
+// Turns the raw data section into the Array: C order, native byte order, bools as 0/1.
+Status finish(Layout layout, std::vector<unsigned char> raw, const std::string& what, Array* out) {
+  const std::size_t itemsize = dtype_size(layout.dtype);
+  Array result;
+  result.dtype = layout.dtype;
+  result.shape = std::move(layout.shape);
+  if (layout.fortran_order && result.shape.size() > 1 && !raw.empty()) {
+    if (Status s = allocate(raw.size(), what, &result.data); !s.ok()) return s;
+    fortran_to_c(raw.data(), result.data.data(), result.shape, itemsize);
+  } else {
+    result.data = std::move(raw);
+  }
+  if (layout.swap) swap_bytes(result.data.data(), result.data.size() / itemsize, itemsize);
+  if (result.dtype == DType::boolean) {
+    for (unsigned char& b : result.data) b = b != 0;  // any nonzero byte is true
+  }
+  *out = std::move(result);
+  return Status::Ok();
+}
+
+// Closes a descriptor on scope exit.
+struct Fd {
+  int fd;
+  ~Fd() { ::close(fd); }
+};
+
+// Reads up to n bytes, retrying short reads; *got < n only at end of file. Returns 0 or an errno.
+int read_fully(int fd, void* buffer, std::size_t n, std::size_t* got) {
+  auto* p = static_cast<unsigned char*>(buffer);
+  *got = 0;
+  while (*got < n) {
+    const ssize_t r = ::read(fd, p + *got, n - *got);
+    if (r > 0) {
+      *got += static_cast<std::size_t>(r);
+    } else if (r == 0) {
+      break;
+    } else if (errno != EINTR) {
+      return errno;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 std::int64_t Array::numel() const {
@@ -395,135 +602,109 @@ const char* descr_of(DType dtype) {
   return "";
 }
 
-Status parse(const void* bytes, std::size_t size, const std::string& what, Array* out) {
+Status parse(const void* bytes, std::size_t size, const std::string& what, Array* out,
+             DTypeSet accepted) {
   if (out == nullptr) return fail(what, "output array is null", "a destination Array");
   if (size == 0) return fail(what, "file is empty", "a .npy file");
   if (bytes == nullptr) return fail(what, "data pointer is null", "the file's bytes");
   const auto* p = static_cast<const unsigned char*>(bytes);
 
-  // Magic string and version.
-  if (size < kMagicSize + 2 || std::memcmp(p, kMagic, kMagicSize) != 0) {
-    return fail(what, "not a .npy file (bad magic string)",
-                "a file starting with \\x93NUMPY followed by a version");
-  }
-  const int major = p[6], minor = p[7];
-  if ((major != 1 && major != 2 && major != 3) || minor != 0) {
-    return fail(
-        what, "unknown .npy format version " + std::to_string(major) + "." + std::to_string(minor),
-        "version 1.0, 2.0 or 3.0");
-  }
-
-  // Header length: 2 bytes in 1.0, 4 bytes in 2.0/3.0, little-endian.
-  const std::size_t len_size = major == 1 ? 2 : 4;
-  const std::size_t prefix = kMagicSize + 2 + len_size;
-  if (size < prefix) {
-    return fail(what,
-                "file ends inside the header length field (" + std::to_string(size) + " bytes)",
-                "at least " + std::to_string(prefix) + " bytes");
-  }
-  std::uint64_t header_len = 0;
-  for (std::size_t i = 0; i < len_size; ++i) {
-    header_len |= static_cast<std::uint64_t>(p[8 + i]) << (8 * i);
-  }
-  if (header_len > size - prefix) {
-    return fail(what,
-                "header length " + std::to_string(header_len) + " runs past the end of the file (" +
-                    std::to_string(size - prefix) + " bytes after the length field)",
-                "a header that fits in the file");
-  }
-  const std::size_t data_offset = prefix + static_cast<std::size_t>(header_len);
-
-  // Header text: printable ASCII and whitespace only (3.0 allows UTF-8, but no valid header for
-  // a supported dtype needs it). Checking up front lets error messages quote the header safely.
-  const std::string_view text(reinterpret_cast<const char*>(p + prefix),
-                              static_cast<std::size_t>(header_len));
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if ((c < 0x20 || c > 0x7e) && c != '\n' && c != '\r' && c != '\t') {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "0x%02x", c);
-      return fail(
-          what,
-          std::string("header contains byte ") + hex + " at offset " + std::to_string(prefix + i),
-          "a printable ASCII Python dict literal");
-    }
-  }
-
-  Header header;
-  if (Status s = HeaderParser(text, what).parse(&header); !s.ok()) return s;
-
-  DType dtype = DType::f32;
-  bool swap = false;
-  if (!decode_descr(header.descr, &dtype, &swap)) {
-    return fail(what, "unsupported dtype " + quoted(header.descr), kSupported);
-  }
-  const std::size_t itemsize = dtype_size(dtype);
-
-  // Data size: compute without overflow, then require an exact match with the bytes present.
-  std::uint64_t nbytes = 0;
-  if (!data_bytes(header.shape, itemsize, &nbytes)) {
-    return fail(what, "shape " + shape_text(header.shape) + " is too large to address",
-                "a total size that fits in 64 bits");
-  }
-  const std::size_t available = size - data_offset;
-  if (available != nbytes) {
-    return fail(what,
-                "data section is " + std::to_string(available) + " bytes (" +
-                    (available < nbytes ? "truncated" : "trailing bytes") + ")",
-                "exactly " + std::to_string(nbytes) + " bytes for shape " +
-                    shape_text(header.shape) + " of " + std::string(header.descr));
-  }
+  Preamble pre;
+  if (Status s = parse_preamble(p, size, size, what, &pre); !s.ok()) return s;
+  const std::string_view text(reinterpret_cast<const char*>(p + pre.prefix),
+                              static_cast<std::size_t>(pre.header_len));
+  Layout layout;
+  if (Status s = parse_layout(text, pre, what, accepted, &layout); !s.ok()) return s;
+  if (Status s = check_data_size(layout, size - layout.data_offset, what); !s.ok()) return s;
 
   // Only now, with the size bounded by the real input, allocate and convert.
-  Array result;
-  result.dtype = dtype;
-  result.shape = std::move(header.shape);
-  result.data.resize(static_cast<std::size_t>(nbytes));
-  const unsigned char* src = p + data_offset;
-  if (nbytes != 0) {
-    if (header.fortran_order && result.shape.size() > 1) {
-      fortran_to_c(src, result.data.data(), result.shape, itemsize);
-    } else {
-      std::memcpy(result.data.data(), src, static_cast<std::size_t>(nbytes));
-    }
-  }
-  const std::size_t count = static_cast<std::size_t>(nbytes) / itemsize;
-  if (swap) swap_bytes(result.data.data(), count, itemsize);
-  if (dtype == DType::boolean) {
-    for (unsigned char& b : result.data) b = b != 0;  // any nonzero byte is true
-  }
-  *out = std::move(result);
-  return Status::Ok();
+  std::vector<unsigned char> raw;
+  if (Status s = allocate(layout.nbytes, what, &raw); !s.ok()) return s;
+  if (layout.nbytes != 0) std::memcpy(raw.data(), p + layout.data_offset, raw.size());
+  return finish(std::move(layout), std::move(raw), what, out);
 }
 
-Status read(const std::string& path, const std::string& what, Array* out) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    const int err = errno;
+Status read(const std::string& path, const std::string& what, Array* out, DTypeSet accepted) {
+  if (out == nullptr) return fail(what, "output array is null", "a destination Array");
+  auto cannot_open = [&](int err) {
     return fail(what, "cannot open '" + path + "' (" + std::generic_category().message(err) + ")",
                 "an existing, readable .npy file");
-  }
-  // Read in chunks until EOF rather than trusting a size reported up front, so the buffer
-  // never exceeds what is really there (and pipes or special files work too). The size the file
-  // system reports for a regular file only serves as a capacity hint.
-  std::vector<unsigned char> bytes;
-  std::error_code ec;
-  if (const auto hint = std::filesystem::file_size(path, ec); !ec && hint <= bytes.max_size()) {
-    bytes.reserve(static_cast<std::size_t>(hint));
-  }
-  unsigned char chunk[1 << 16];
-  std::size_t n;
-  while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) {
-    bytes.insert(bytes.end(), chunk, chunk + n);
-  }
-  const bool failed = std::ferror(f) != 0;
-  const int err = errno;
-  std::fclose(f);
-  if (failed) {
+  };
+  auto not_regular = [&](mode_t mode) {
+    return fail(what, "'" + path + "' is " + tools::special_file_kind(mode), "a regular .npy file");
+  };
+  // Not even opened unless it is a regular file: opening a FIFO blocks, and a device may react.
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return cannot_open(errno);
+  if (!S_ISREG(st.st_mode)) return not_regular(st.st_mode);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return cannot_open(errno);
+  const Fd closer{fd};
+  // The open descriptor is what gets read: confirm it is (still) a regular file and take its size.
+  if (::fstat(fd, &st) != 0) return cannot_open(errno);
+  if (!S_ISREG(st.st_mode)) return not_regular(st.st_mode);
+  if (st.st_size <= 0) return fail(what, "file is empty", "a .npy file");
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+
+  auto read_error = [&](int err) {
     return fail(what, "cannot read '" + path + "' (" + std::generic_category().message(err) + ")",
                 "a readable .npy file");
+  };
+  auto changed = [&](std::uint64_t at) {
+    return fail(what,
+                "'" + path + "' changed size while being read (" + std::to_string(at) +
+                    " bytes read of the " + std::to_string(size) + " it had)",
+                "a file that is not being written");
+  };
+
+  // 1. Magic, version and header length: at most 12 bytes.
+  unsigned char head[12];
+  const std::size_t head_size = static_cast<std::size_t>(std::min<std::uint64_t>(sizeof head, size));
+  std::size_t got = 0;
+  if (int err = read_fully(fd, head, head_size, &got); err != 0) return read_error(err);
+  if (got != head_size) return changed(got);
+  Preamble pre;
+  if (Status s = parse_preamble(head, head_size, size, what, &pre); !s.ok()) return s;
+
+  // 2. The header: parse_preamble checked that it fits in the file, so this allocation is bounded.
+  std::string text;
+  try {
+    text.resize(static_cast<std::size_t>(pre.header_len));
+  } catch (const std::exception&) {
+    return fail(what, "header of " + std::to_string(pre.header_len) + " bytes does not fit in memory",
+                "a header of a few hundred bytes");
   }
-  return parse(bytes.data(), bytes.size(), what, out);
+  const std::size_t already = head_size - pre.prefix;  // header bytes among the 12 read
+  const std::size_t from_head = std::min(already, text.size());
+  std::memcpy(text.data(), head + pre.prefix, from_head);
+  if (from_head < text.size()) {
+    if (int err = read_fully(fd, text.data() + from_head, text.size() - from_head, &got); err != 0)
+      return read_error(err);
+    if (got != text.size() - from_head) return changed(head_size + got);
+  }
+  Layout layout;
+  if (Status s = parse_layout(text, pre, what, accepted, &layout); !s.ok()) return s;
+
+  // 3. The declared data size against the file's real size, before allocating anything for it.
+  if (Status s = check_data_size(layout, size - layout.data_offset, what); !s.ok()) return s;
+
+  // 4. Exactly that many bytes (some of them possibly among the 12 read first, in a tiny file).
+  std::vector<unsigned char> raw;
+  if (Status s = allocate(layout.nbytes, what, &raw); !s.ok()) return s;
+  std::size_t have = 0;
+  if (already > text.size()) {
+    have = std::min(already - text.size(), raw.size());
+    std::memcpy(raw.data(), head + pre.prefix + text.size(), have);
+  }
+  if (have < raw.size()) {
+    if (int err = read_fully(fd, raw.data() + have, raw.size() - have, &got); err != 0)
+      return read_error(err);
+    if (got != raw.size() - have) return changed(layout.data_offset + have + got);
+  }
+  unsigned char extra;
+  if (int err = read_fully(fd, &extra, 1, &got); err != 0) return read_error(err);
+  if (got != 0) return changed(size + 1);
+  return finish(std::move(layout), std::move(raw), what, out);
 }
 
 std::string serialize(DType dtype, const std::vector<std::int64_t>& shape, const void* data) {
@@ -563,43 +744,7 @@ Status write(const std::string& path, DType dtype, const std::vector<std::int64_
              const void* data) {
   std::uint64_t nbytes = 0;
   if (Status s = check_writable(path, dtype, shape, data, &nbytes); !s.ok()) return s;
-  const std::string bytes = serialize(dtype, shape, data);
-
-  // A unique temporary name next to the destination, so the final rename stays within one
-  // file system and is atomic.
-  static std::atomic<unsigned> counter{0};
-  std::string tmp = path + ".tmp";
-#ifdef ATTN_NPY_POSIX
-  tmp += "." + std::to_string(static_cast<long>(getpid()));
-#endif
-  tmp += "." + std::to_string(counter.fetch_add(1));
-
-  auto io_error = [&](const char* action, int err) {
-    std::remove(tmp.c_str());
-    return fail(path,
-                std::string("cannot ") + action + " '" + tmp + "' (" +
-                    std::generic_category().message(err) + ")",
-                "a writable location");
-  };
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    const int err = errno;
-    return fail(path, "cannot create '" + tmp + "' (" + std::generic_category().message(err) + ")",
-                "a writable directory");
-  }
-  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  ok = ok && std::fflush(f) == 0;
-#ifdef ATTN_NPY_POSIX
-  ok = ok && fsync(fileno(f)) == 0;
-#endif
-  int err = errno;
-  if (std::fclose(f) != 0 && ok) {
-    ok = false;
-    err = errno;
-  }
-  if (!ok) return io_error("write", err);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return io_error("rename", errno);
-  return Status::Ok();
+  return tools::write_file(path, path, serialize(dtype, shape, data));
 }
 
 }  // namespace attn::npy

@@ -2,6 +2,8 @@
 //
 // The reader treats every file as untrusted input: a malformed, truncated or hostile file yields
 // an error Status, never a crash, hang, out-of-bounds read or an allocation larger than the file.
+// Only regular files are read: a directory, FIFO, socket or device node (/dev/zero, /dev/stdin
+// as a terminal or pipe) is refused before anything is read from it.
 //
 // Supported element types (descr in the header):
 //   '<f4' float32 -> DType::f32        '<i4' int32 -> DType::i32
@@ -15,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -36,16 +39,44 @@ struct Array {
   }
 };
 
+// The dtypes an input may have, e.g. DTypeSet{DType::i32, DType::i64} for key lengths. The empty set
+// (the default) accepts every dtype listed above.
+class DTypeSet {
+ public:
+  constexpr DTypeSet() = default;
+  constexpr DTypeSet(std::initializer_list<DType> dtypes) {
+    for (DType d : dtypes) bits_ |= 1u << static_cast<unsigned>(d);
+  }
+  constexpr bool any() const { return bits_ == 0; }
+  constexpr bool contains(DType d) const { return any() || ((bits_ >> static_cast<unsigned>(d)) & 1u) != 0; }
+
+ private:
+  unsigned bits_ = 0;
+};
+
 // The descr a file written with `dtype` carries ("<f4", "<f2", "|b1", "<i4", "<i8"), or "" for a
 // dtype that .npy cannot represent (bf16).
 const char* descr_of(DType dtype);
 
-// Parses a complete in-memory .npy file. `what` names the input in error messages, which read
-// "<what>: <problem>; expected <expectation>". On error *out is left unchanged.
-Status parse(const void* bytes, std::size_t size, const std::string& what, Array* out);
+// Parses a complete in-memory .npy file (what the fuzzer and the tests feed it). `what` names the
+// input in error messages, which read "<what>: <problem>; expected <expectation>"; a dtype outside
+// `accepted` is an error listing the accepted ones. On error *out is left unchanged.
+Status parse(const void* bytes, std::size_t size, const std::string& what, Array* out,
+             DTypeSet accepted = {});
 
-// Reads the whole file at `path`, then parse()s it.
-Status read(const std::string& path, const std::string& what, Array* out);
+// Reads the .npy file at `path` with the same checks as parse(), in an order that never reads or
+// allocates more than the file holds:
+//   1. stat() the path and refuse anything that is not a regular file (a directory, FIFO, socket or
+//      device: "--q: '/dev/zero' is a character device; expected a regular .npy file") without
+//      opening it, then open it (non-blocking, so a FIFO swapped in meanwhile cannot hang the open)
+//      and fstat() the open descriptor to confirm it is still a regular file;
+//   2. read and check the magic string, the version and the header length (which must fit in the
+//      file's size), then read and parse the header (dtype checked against `accepted`);
+//   3. compute the data size the header declares (overflow-checked) and require it to be exactly
+//      the file's size minus the header: a truncated file or trailing bytes are an error before
+//      any data is allocated or read;
+//   4. allocate exactly that and read it (a file that shrinks or grows meanwhile is an error).
+Status read(const std::string& path, const std::string& what, Array* out, DTypeSet accepted = {});
 
 // Returns the bytes of a .npy file holding `data` (C-order, native layout, numel * dtype size
 // bytes; may be null when numel is 0). Returns an empty string if the arguments are invalid
@@ -53,8 +84,10 @@ Status read(const std::string& path, const std::string& what, Array* out);
 // the same conditions as an error Status.
 std::string serialize(DType dtype, const std::vector<std::int64_t>& shape, const void* data);
 
-// Writes serialize()'s bytes to a temporary file in the same directory as `path`, then renames
-// it over `path`, so a failure never leaves a partial file behind.
+// Writes serialize()'s bytes to a new temporary file in the same directory as `path`, then renames
+// it over `path` (tools/files.h: write_file), so a failure never leaves a partial file behind. An
+// existing `path` that is not a regular file (a FIFO, device, directory, socket or symbolic link)
+// is refused, never replaced. Errors are prefixed with `path`.
 Status write(const std::string& path, DType dtype, const std::vector<std::int64_t>& shape,
              const void* data);
 

@@ -1,6 +1,8 @@
 // attn tools: PNG plots. Rasterising is done here; libpng only encodes the finished image.
 #include "plot.h"
 
+#include "files.h"
+
 #include <png.h>
 
 #include <algorithm>
@@ -125,15 +127,31 @@ void Canvas::text_up(int x, int y, const std::string& s, Rgb c, int scale) {
   }
 }
 
+namespace {
+
+// libpng's write callback: appends to the std::string behind io_ptr.
+void append_png_bytes(png_structp png, png_bytep data, png_size_t size) {
+  auto* out = static_cast<std::string*>(png_get_io_ptr(png));
+  try {
+    out->append(reinterpret_cast<const char*>(data), size);
+  } catch (...) {
+    png_error(png, "out of memory");
+  }
+}
+
+void flush_png_bytes(png_structp) {}
+
+}  // namespace
+
+// Encodes the image in memory, then writes it through tools::write_file: a temporary file renamed into
+// place, never replacing anything but a regular file.
 Status Canvas::write_png(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return Status::Invalid("png", "cannot open '" + path + "' for writing; expected a writable path");
+  std::string bytes;
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
   png_infop info = png ? png_create_info_struct(png) : nullptr;
   bool ok = png && info;
   if (ok && setjmp(png_jmpbuf(png)) == 0) {
-    png_init_io(png, f);
+    png_set_write_fn(png, &bytes, append_png_bytes, flush_png_bytes);
     png_set_IHDR(png, info, static_cast<png_uint_32>(width_), static_cast<png_uint_32>(height_), 8, PNG_COLOR_TYPE_RGB,
                  PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
     png_write_info(png, info);
@@ -144,14 +162,8 @@ Status Canvas::write_png(const std::string& path) const {
     ok = false;
   }
   png_destroy_write_struct(png ? &png : nullptr, info ? &info : nullptr);
-  ok = (std::fclose(f) == 0) && ok;
-  std::error_code ec;
-  if (ok) std::filesystem::rename(tmp, path, ec);
-  if (!ok || ec) {
-    std::filesystem::remove(tmp, ec);
-    return Status::Invalid("png", "writing '" + path + "' failed; expected a writable path");
-  }
-  return Status::Ok();
+  if (!ok) return Status::Invalid("png", "encoding the image for '" + path + "' failed; expected a drawable image");
+  return tools::write_file("png", path, bytes);
 }
 
 std::vector<double> nice_ticks(double lo, double hi, int target) {
