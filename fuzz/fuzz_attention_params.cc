@@ -46,17 +46,6 @@ constexpr std::int64_t kI64Max = std::numeric_limits<std::int64_t>::max();
 constexpr std::int64_t kI64Min = std::numeric_limits<std::int64_t>::min();
 constexpr unsigned char kSentinel = 0xA5;
 
-// ATTN_FUZZ_SKIP_PENDING=1 (what `make fuzz` sets unless told otherwise) steers around the library bugs of
-// fuzz/pending/fuzz_attention_params/ (reported, not fixed yet), so that a fuzzing run finds others instead of
-// those again and again. Remove each steering once its bug is fixed.
-bool skip_pending() {
-  static const bool skip = [] {
-    const char* v = std::getenv("ATTN_FUZZ_SKIP_PENDING");
-    return v != nullptr && *v != '\0' && std::string(v) != "0";
-  }();
-  return skip;
-}
-
 [[noreturn]] void fail(const std::string& what) {
   std::fprintf(stderr, "fuzz_attention_params: %s\n", what.c_str());
   std::abort();
@@ -226,7 +215,6 @@ class Problem {
                                             std::int64_t{1} << 61};
       std::int64_t& stride = t->strides[in_.byte() % 4];
       stride = in_.pick(absurd);
-      if (stride == kI64Min && skip_pending()) stride = kI64Max;  // pending: check_view negates it (overflow)
     }
   }
 
@@ -342,10 +330,6 @@ Params choose_params(Input& in, bool* moderate_scale) {
     static const std::int64_t sides[] = {-1, 0, 1, 2, 3, 5, 8, -2, -100, kI64Max, kI64Min};
     p.window.left = in.pick(sides);
     p.window.right = in.pick(sides);
-    if (skip_pending()) {  // pending: diag - left and diag + right + 1 overflow for sides near 2^63
-      if (p.window.left == kI64Max) p.window.left = std::int64_t{1} << 40;
-      if (p.window.right == kI64Max) p.window.right = std::int64_t{1} << 40;
-    }
   }
   p.window.align = static_cast<attn::Align>(in.one_in(16) ? in.range(2, 255) : in.range(0, 1));
   static const int threads[] = {0, 1, 2, 1, 1, -1, 4097, std::numeric_limits<int>::max(), std::numeric_limits<int>::min()};
@@ -440,9 +424,9 @@ void compare(const TensorView& got, const TensorView& want, double tol, const ch
   }
 }
 
-// True if no two indices of the view address the same element. The library refuses an output with a zero
-// stride but accepts other self-overlapping strides (e.g. [8, -6, 8, 8] on [3, 3, 3, 3]); writes through such
-// a view race and their result depends on the order, so the differential check skips them.
+// True if no two indices of the view address the same element. The library refuses outputs whose elements
+// could share an address (check_output_strides); the differential check asserts that only injective outputs
+// are ever accepted.
 bool injective(const TensorView& t) {
   std::int64_t n = 1;
   for (int d = 0; d < t.rank; ++d) n *= t.shape[d];
@@ -512,9 +496,11 @@ void fuzz_attention(Input& in) {
   if (verbose()) std::fprintf(stderr, "  -> %s\n", s.ok() ? "ok" : s.message().c_str());
   check_error(s, "attention");
   check_untouched(pr, s, {&out, lse ? &*lse : nullptr}, "attention");
+  if (s.ok() && (!injective(out) || (lse && !injective(*lse))))
+    fail("attention accepted an output with two elements at one address");
 
   // Differential: a successful flash call on ordinary values agrees with the fp64 reference.
-  if (s.ok() && !exotic && p.backend != attn::Backend::reference && injective(out) && (!lse || injective(*lse))) {
+  if (s.ok() && !exotic && p.backend != attn::Backend::reference) {
     Params ref = p;
     ref.backend = attn::Backend::reference;
     const TensorView out2 = pr.clone_output(out);
@@ -555,8 +541,9 @@ void fuzz_paged(Input& in) {
   const Status s = attn::attention_paged(q, kp, vp, table, lens, out, p, lse);
   check_error(s, "attention_paged");
   check_untouched(pr, s, {&out, lse ? &*lse : nullptr}, "attention_paged");
-  if (s.ok() && moderate && !special && p.backend != attn::Backend::reference && injective(out) &&
-      (!lse || injective(*lse))) {
+  if (s.ok() && (!injective(out) || (lse && !injective(*lse))))
+    fail("attention_paged accepted an output with two elements at one address");
+  if (s.ok() && moderate && !special && p.backend != attn::Backend::reference) {
     Params ref = p;
     ref.backend = attn::Backend::reference;
     const TensorView out2 = pr.clone_output(out);
@@ -612,11 +599,6 @@ void fuzz_merge(Input& in) {
   TensorView lse = pr.view(DType::f32, {B, H, S}, Role::output);
   const bool in_place = in.one_in(4);
   if (in_place) out = oa, lse = la;  // documented as allowed
-  // Pending: merge_attention multiplies negative sizes in TensorView::numel() before checking them, and
-  // does not check strides at all (a view that cannot address memory is read and written out of bounds).
-  if (skip_pending())
-    for (const TensorView* t : std::initializer_list<const TensorView*>{&oa, &la, &ob, &lb, &out, &lse})
-      if (!reach_of(*t).addressable) return;
   const Status s = attn::merge_attention(oa, la, ob, lb, out, lse);
   check_error(s, "merge_attention");
   if (!in_place) check_untouched(pr, s, {&out, &lse}, "merge_attention");

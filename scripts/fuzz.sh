@@ -28,9 +28,6 @@ cmake --build "$build" -j "$jobs" --target $targets
 
 symbolizer="$(dirname "$(readlink -f "$cxx")")/llvm-symbolizer"
 [ -x "$symbolizer" ] && export ASAN_SYMBOLIZER_PATH="$symbolizer"
-# Known library bugs waiting in fuzz/pending/ are steered around, so a run looks for new ones;
-# ATTN_FUZZ_SKIP_PENDING=0 makes it hit them again (e.g. to check a fix).
-export ATTN_FUZZ_SKIP_PENDING=${ATTN_FUZZ_SKIP_PENDING:-1}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:symbolize=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 failed=()

@@ -26,6 +26,12 @@ struct Window {
   bool enabled() const { return left >= 0 || right >= 0; }
 };
 
+// Limits the kernels are built for (calls beyond them are refused with a Status naming the parameter):
+// head dims Dk, Dv (per-thread scratch grows with them) and every other size (batch, heads, sequence lengths,
+// page size, pages).
+inline constexpr std::int64_t kMaxHeadDim = 16384;
+inline constexpr std::int64_t kMaxExtent = (std::int64_t{1} << 31) - 1;
+
 enum class Backend : std::uint8_t {
   automatic,  // the fastest available implementation (today: flash)
   reference,  // materialises the scores, accumulates in fp64: the oracle, slow

@@ -6,7 +6,7 @@
 
 namespace attn {
 
-enum class StatusCode { ok, invalid_argument, unsupported };
+enum class StatusCode { ok, invalid_argument, unsupported, out_of_memory };
 
 class Status {
  public:
@@ -18,6 +18,10 @@ class Status {
   }
   static Status Unsupported(const std::string& param, const std::string& message) {
     return Status(StatusCode::unsupported, param, param + ": " + message);
+  }
+  // A call that is valid but needs more memory than could be allocated (nothing was written).
+  static Status OutOfMemory(const std::string& param, const std::string& message) {
+    return Status(StatusCode::out_of_memory, param, param + ": " + message);
   }
 
   bool ok() const { return code_ == StatusCode::ok; }

@@ -1,6 +1,9 @@
 // The backward entry point: validate everything, choose the implementation once, run it.
 #include "attn/backward.h"
 
+#include <new>
+#include <string>
+
 #include "core/backward_problem.h"
 #include "cpu/kernels.h"
 #include "reference/reference.h"
@@ -11,17 +14,34 @@ Status attention_backward(const TensorView& q, const TensorView& k, const Tensor
                           const TensorView& lse, const TensorView& grad_out, const TensorView& grad_q,
                           const TensorView& grad_k, const TensorView& grad_v, const Params& params) {
   core::BackwardProblem bp;
-  if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, &bp); !s)
-    return s;
+  try {
+    if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, &bp); !s)
+      return s;
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
+  }
   if (bp.fwd.backend == Backend::reference) {
-    reference::store_grads(bp.fwd, reference::attention_backward<double>(bp.fwd, bp.dout), bp.dq, bp.dk, bp.dv);
+    if (Status s = reference::check_size(bp.fwd, /*backward=*/true); !s) return s;
+    try {
+      reference::store_grads(bp.fwd, reference::attention_backward<double>(bp.fwd, bp.dout), bp.dq, bp.dk, bp.dv);
+    } catch (const std::bad_alloc&) {
+      return Status::OutOfMemory("backend", "the reference backend could not allocate its fp64 buffers; expected "
+                                            "a smaller problem (or the flash backend)");
+    }
     return Status::Ok();
   }
   const cpu::BackwardFn kernel = cpu::select_backward(bp.fwd);
   if (!kernel)
     return Status::Unsupported("q", std::string("no backward kernel for q dtype ") + dtype_name(bp.fwd.q.dtype) +
                                         " with k/v dtype " + dtype_name(bp.fwd.k.dtype));
-  kernel(bp, cpu::resolve_threads(bp.fwd.threads));
+  // The kernel allocates its statistics, partial sums and scratch before any thread starts and writes nothing
+  // until they are there.
+  try {
+    kernel(bp, cpu::resolve_threads(bp.fwd.threads));
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory("q", "the backward's row statistics, dQ partial sums and per-thread scratch could "
+                                    "not be allocated");
+  }
   return Status::Ok();
 }
 

@@ -4,20 +4,25 @@
 
 #include "attn/sdpa.h"
 #include "core/online_softmax.h"
+#include "core/views.h"
 
 namespace attn {
 namespace {
 
+// A view of rank `rank`, f32, with out_a's dims (`like`; its first `rank` dims).
 Status check(const char* name, const TensorView& t, int rank, const TensorView& like) {
-  if (t.rank != rank) return Status::Invalid(name, "expected rank " + std::to_string(rank) + ", got rank " + std::to_string(t.rank));
+  if (Status s = core::check_view(name, t, rank); !s) return s;
   if (t.dtype != DType::f32) return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32");
   for (int d = 0; d < rank; ++d) {
     if (t.shape[d] != like.shape[d])
       return Status::Invalid(name, "dimension " + std::to_string(d) + " is " + std::to_string(t.shape[d]) +
                                        "; expected " + std::to_string(like.shape[d]) + " (as out_a)");
   }
-  if (t.numel() > 0 && !t.data) return Status::Invalid(name, "data is null; expected a buffer");
   return Status::Ok();
+}
+
+bool same_view(const TensorView& a, const TensorView& b) {
+  return a.data == b.data && a.rank == b.rank && a.shape == b.shape && a.strides == b.strides;
 }
 
 std::int64_t off(const TensorView& t, std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d = 0) {
@@ -29,13 +34,38 @@ std::int64_t off(const TensorView& t, std::int64_t a, std::int64_t b, std::int64
 Status merge_attention(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
                        const TensorView& lse_b, const TensorView& out, const TensorView& lse) {
   if (Status s = check("out_a", out_a, 4, out_a); !s) return s;
-  for (int d = 0; d < 4; ++d)
-    if (out_a.shape[d] < 0) return Status::Invalid("out_a", "negative dimension; expected sizes >= 0");
+  if (out_a.shape[3] > kMaxHeadDim)
+    return Status::Invalid("out_a", "head dim " + std::to_string(out_a.shape[3]) + "; expected at most " +
+                                        std::to_string(kMaxHeadDim) + " (attn::kMaxHeadDim)");
   if (Status s = check("out_b", out_b, 4, out_a); !s) return s;
   if (Status s = check("out", out, 4, out_a); !s) return s;
   if (Status s = check("lse_a", lse_a, 3, out_a); !s) return s;
   if (Status s = check("lse_b", lse_b, 3, out_a); !s) return s;
   if (Status s = check("lse", lse, 3, out_a); !s) return s;
+  if (Status s = core::check_output_strides("out", out); !s) return s;
+  if (Status s = core::check_output_strides("lse", lse); !s) return s;
+  // Outputs: each either exactly one of its inputs (a merge in place; every row is read before it is written)
+  // or memory apart from every input and from the other output.
+  const struct {
+    const char* name;
+    const TensorView& t;
+  } inputs[] = {{"out_a", out_a}, {"lse_a", lse_a}, {"out_b", out_b}, {"lse_b", lse_b}};
+  const struct {
+    const char* name;
+    const TensorView& t;
+    const TensorView& in_place_a;
+    const TensorView& in_place_b;
+  } outputs[] = {{"out", out, out_a, out_b}, {"lse", lse, lse_a, lse_b}};
+  for (const auto& o : outputs) {
+    if (same_view(o.t, o.in_place_a) || same_view(o.t, o.in_place_b)) continue;
+    for (const auto& i : inputs)
+      if (core::overlaps(core::extent_of(o.t), core::extent_of(i.t)))
+        return Status::Invalid(o.name, std::string("memory overlaps input ") + i.name +
+                                           "; expected a separate buffer, or exactly the view of " + i.name +
+                                           " (to merge in place)");
+  }
+  if (core::overlaps(core::extent_of(out), core::extent_of(lse)))
+    return Status::Invalid("lse", "memory overlaps out; expected a separate buffer");
   const auto* oa = static_cast<const float*>(out_a.data);
   const auto* ob = static_cast<const float*>(out_b.data);
   const auto* la = static_cast<const float*>(lse_a.data);

@@ -1,6 +1,9 @@
 // The entry point: validate everything, choose the implementation once, run it.
 #include "attn/sdpa.h"
 
+#include <new>
+#include <string>
+
 #include "core/problem.h"
 #include "cpu/kernels.h"
 #include "reference/reference.h"
@@ -11,14 +14,27 @@ namespace {
 
 Status run(const core::Problem& p) {
   if (p.backend == Backend::reference) {
-    reference::store(p, reference::attention<double>(p));
+    if (Status s = reference::check_size(p, /*backward=*/false); !s) return s;
+    try {
+      reference::store(p, reference::attention<double>(p));
+    } catch (const std::bad_alloc&) {
+      return Status::OutOfMemory("backend", "the reference backend could not allocate its fp64 buffers; expected "
+                                            "a smaller problem (or the flash backend)");
+    }
     return Status::Ok();
   }
   const cpu::Choice kernel = cpu::select_flash(p);
   if (!kernel.fn)
     return Status::Unsupported("q", std::string("no flash kernel for q/out dtype ") + dtype_name(p.q.dtype) +
                                         " with k/v dtype " + dtype_name(p.k.dtype));
-  kernel.fn(p, cpu::resolve_threads(p.threads));
+  // Kernels allocate their scratch before any thread starts and write nothing until it is there, so a failed
+  // allocation leaves the outputs untouched.
+  try {
+    kernel.fn(p, cpu::resolve_threads(p.threads));
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory("q", "the kernel's scratch (" + std::to_string(cpu::flash_workspace_bytes(p.Dk, p.Dv)) +
+                                        " bytes per thread, plus split-KV partial results) could not be allocated");
+  }
   return Status::Ok();
 }
 
@@ -27,7 +43,11 @@ Status run(const core::Problem& p) {
 Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                  const Params& params, const std::optional<TensorView>& lse) {
   core::Problem p;
-  if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
+  try {
+    if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
+  }
   return run(p);
 }
 
@@ -35,7 +55,12 @@ Status attention_paged(const TensorView& q, const TensorView& k_pages, const Ten
                        const TensorView& page_table, const TensorView& seq_lens, const TensorView& out,
                        const Params& params, const std::optional<TensorView>& lse) {
   core::Problem p;
-  if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens, out, params, lse, &p); !s) return s;
+  try {
+    if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens, out, params, lse, &p); !s)
+      return s;
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
+  }
   return run(p);
 }
 

@@ -1,4 +1,5 @@
 // Argument validation for attention(): every check happens here, before any output is touched.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -7,6 +8,7 @@
 
 #include "core/backward_problem.h"
 #include "core/problem.h"
+#include "core/views.h"
 
 namespace attn {
 
@@ -44,10 +46,10 @@ TensorView TensorView::contiguous(const void* data, DType dtype, const std::int6
   t.dtype = dtype;
   t.rank = rank;
   for (int i = 0; i < rank && i < 4; ++i) t.shape[i] = shape[i];
-  std::int64_t stride = 1;
+  std::int64_t stride = 1;  // saturates instead of overflowing: such a shape fails validation anyway
   for (int d = std::min(t.rank, 4) - 1; d >= 0; --d) {
     t.strides[d] = stride;
-    stride *= t.shape[d];
+    if (__builtin_mul_overflow(stride, t.shape[d], &stride)) stride = std::numeric_limits<std::int64_t>::max();
   }
   return t;
 }
@@ -65,7 +67,10 @@ TensorView TensorView::bshd(const void* data, DType dtype, std::int64_t batch, s
 
 std::int64_t TensorView::numel() const {
   std::int64_t n = 1;
-  for (int d = 0; d < rank && d < 4; ++d) n *= shape[d];
+  for (int d = 0; d < rank && d < 4; ++d) {
+    if (shape[d] < 0) return -1;
+    if (__builtin_mul_overflow(n, shape[d], &n)) return -1;
+  }
   return n;
 }
 
@@ -76,6 +81,14 @@ std::string shape_str(const TensorView& t) {
   std::ostringstream s;
   s << "[";
   for (int d = 0; d < t.rank && d < 4; ++d) s << (d ? ", " : "") << t.shape[d];
+  s << "]";
+  return s.str();
+}
+
+std::string strides_str(const TensorView& t) {
+  std::ostringstream s;
+  s << "[";
+  for (int d = 0; d < t.rank && d < 4; ++d) s << (d ? ", " : "") << t.strides[d];
   s << "]";
   return s.str();
 }
@@ -95,14 +108,13 @@ std::string dims_str(std::initializer_list<std::int64_t> dims) {
 bool known_dtype(DType d) { return static_cast<unsigned>(d) <= static_cast<unsigned>(DType::i64); }
 bool float_dtype(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
-// Byte range [lo, hi) a view can touch; empty (lo == hi) when it has no elements.
-struct Extent {
-  std::uintptr_t lo = 0, hi = 0;
-};
+}  // namespace
 
+// Byte range [lo, hi) a view can touch; empty (lo == hi) when it has no elements. For views that passed
+// check_view.
 Extent extent_of(const TensorView& t) {
   Extent e;
-  if (t.numel() == 0) return e;
+  if (t.numel() <= 0) return e;
   std::int64_t min_off = 0, max_off = 0;
   for (int d = 0; d < t.rank; ++d) {
     const std::int64_t span = (t.shape[d] - 1) * t.strides[d];
@@ -117,8 +129,6 @@ Extent extent_of(const TensorView& t) {
 
 bool overlaps(const Extent& a, const Extent& b) { return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
 
-// Structural checks common to every view: a known dtype, the expected rank, non-negative sizes,
-// element offsets that fit in 64 bits, and data present when there are elements.
 Status check_view(const std::string& name, const TensorView& t, int expected_rank) {
   if (t.rank != expected_rank)
     return Status::Invalid(name, "expected rank " + std::to_string(expected_rank) + ", got rank " +
@@ -132,7 +142,8 @@ Status check_view(const std::string& name, const TensorView& t, int expected_ran
                                        "; expected a size >= 0");
     if (__builtin_mul_overflow(numel, t.shape[d], &numel))
       return Status::Invalid(name, "shape " + shape_str(t) + " has more than 2^63 elements");
-    reach += static_cast<__int128>(t.shape[d]) * (t.strides[d] < 0 ? -t.strides[d] : t.strides[d]);
+    const __int128 stride = t.strides[d];  // widened first: -INT64_MIN does not fit in 64 bits
+    reach += static_cast<__int128>(t.shape[d]) * (stride < 0 ? -stride : stride);
   }
   if (reach > (static_cast<__int128>(1) << 60))
     return Status::Invalid(name, "strides reach beyond 2^60 elements; expected a view of addressable memory");
@@ -141,15 +152,32 @@ Status check_view(const std::string& name, const TensorView& t, int expected_ran
   return Status::Ok();
 }
 
-// An output may not write one element through two indices.
 Status check_output_strides(const std::string& name, const TensorView& t) {
   if (t.numel() == 0) return Status::Ok();
   for (int d = 0; d < t.rank; ++d)
     if (t.shape[d] > 1 && t.strides[d] == 0)
       return Status::Invalid(name, "stride of dimension " + std::to_string(d) +
                                        " is 0; expected a non-zero stride for an output");
+  // Every element its own address: ordered by |stride|, each dimension's stride passes the span of the ones
+  // below it (sufficient, and what every layout made by slicing, transposing or padding a tensor satisfies).
+  std::pair<std::int64_t, std::int64_t> dims[4];  // (|stride|, size) of the dimensions of size > 1
+  int n = 0;
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] > 1) dims[n++] = {t.strides[d] < 0 ? -t.strides[d] : t.strides[d], t.shape[d]};
+  for (int i = 1; i < n; ++i)  // insertion sort of at most four
+    for (int j = i; j > 0 && dims[j] < dims[j - 1]; --j) std::swap(dims[j], dims[j - 1]);
+  __int128 span = 0;  // the largest offset the dimensions below reach
+  for (int i = 0; i < n; ++i) {
+    if (dims[i].first <= span)
+      return Status::Invalid(name, "strides " + strides_str(t) + " give elements of shape " + shape_str(t) +
+                                       " overlapping addresses; expected strides under which every element has "
+                                       "its own address (an output)");
+    span += static_cast<__int128>(dims[i].first) * (dims[i].second - 1);
+  }
   return Status::Ok();
 }
+
+namespace {
 
 Strided strided4(const TensorView& t) {
   Strided s;
@@ -295,9 +323,26 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
                                       std::to_string(p.Hkv) + ", " + std::to_string(k.shape[2]) + ", Dv] to match " +
                                       kname + " " + shape_str(k));
   if (p.Dv < 1) return Status::Invalid(vname, "shape " + shape_str(v) + " has Dv = 0; expected Dv >= 1");
+  // Sizes the kernels are built for (their scratch grows with the head dims, their indices with the rest).
+  if (p.Dk > kMaxHeadDim)
+    return Status::Invalid("q", "head dim Dk = " + std::to_string(p.Dk) + "; expected at most " +
+                                    std::to_string(kMaxHeadDim) + " (attn::kMaxHeadDim)");
+  if (p.Dv > kMaxHeadDim)
+    return Status::Invalid(vname, "head dim Dv = " + std::to_string(p.Dv) + "; expected at most " +
+                                      std::to_string(kMaxHeadDim) + " (attn::kMaxHeadDim)");
+  for (const auto& [name, t] : qkvo)
+    for (int d = 0; d < 3; ++d)
+      if (t.shape[d] > kMaxExtent)
+        return Status::Invalid(name, "dimension " + std::to_string(d) + " is " + std::to_string(t.shape[d]) +
+                                         "; expected at most " + std::to_string(kMaxExtent) + " (attn::kMaxExtent)");
   if (paged) {
     if (k.shape[2] < 1) return Status::Invalid("k_pages", "page size 0; expected page_size >= 1");
     if (Status s = check_view("page_table", paged->page_table, 2); !s) return s;
+    if (paged->page_table.shape[1] > kMaxExtent ||
+        paged->page_table.shape[1] * k.shape[2] > kMaxExtent)  // (both factors below 2^31: no overflow)
+      return Status::Invalid("page_table", "max_pages = " + std::to_string(paged->page_table.shape[1]) +
+                                               " pages of " + std::to_string(k.shape[2]) + " keys; expected at most " +
+                                               std::to_string(kMaxExtent) + " keys per sequence (attn::kMaxExtent)");
     p.Skv = paged->page_table.shape[1] * k.shape[2];  // max_pages · page_size
   }
   if (out.shape != std::array<std::int64_t, 4>{p.B, p.Hq, p.Sq, p.Dv})
@@ -341,6 +386,10 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
   if (static_cast<unsigned>(w.align) > static_cast<unsigned>(Align::bottom_right))
     return Status::Invalid("window.align", "unknown value; expected top_left or bottom_right");
   p.window = w;
+  // A side beyond Sq + Skv reaches every key: clamped, so that diag ± side never overflows.
+  const std::int64_t reach_all = p.Sq + p.Skv;
+  if (p.window.left > reach_all) p.window.left = reach_all;
+  if (p.window.right > reach_all) p.window.right = reach_all;
 
   // Key lengths.
   p.kv_len.assign(static_cast<std::size_t>(p.B), p.Skv);

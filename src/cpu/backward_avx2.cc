@@ -1,5 +1,6 @@
 // The backward kernel compiled for AVX2 + FMA + F16C.
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>

@@ -651,11 +651,19 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
                  std::vector<float>(static_cast<std::size_t>(q_items)),
                  std::vector<float>(static_cast<std::size_t>(tiles)),
                  std::vector<float>(static_cast<std::size_t>(tiles))};
+  // Per-thread workspaces before any thread starts (an allocation failure must not throw inside a region).
+  const int team = static_cast<int>(std::clamp<std::int64_t>(std::max(tiles + q_items, plan.items), 1,
+                                                             std::max(threads, 1)));
+  std::vector<Workspace> wss;
+  std::vector<std::vector<char>> writtens(static_cast<std::size_t>(team),
+                                          std::vector<char>(static_cast<std::size_t>(p.group * qblocks)));
+  wss.reserve(static_cast<std::size_t>(team));
+  for (int t = 0; t < team; ++t) wss.emplace_back(p.Dk, p.Dv);
   // Sweep 0: the largest row norm of every query and dO block, and of every key and value tile (keys below the
   // batch's key length only).
-#pragma omp parallel num_threads(threads) if (tiles + q_items > 1)
+#pragma omp parallel num_threads(team) if (team > 1)
   {
-    Workspace ws(p.Dk, p.Dv);
+    Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];
     const float* rows_at;
     std::int64_t ld;
 #pragma omp for schedule(static) nowait
@@ -682,10 +690,10 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
   const bool in_place = plan.chunks == 1 && std::is_same_v<QT, float> && bp.dq.stride[3] == 1 && p.Dk == dkp;
   const std::int64_t part_len = in_place ? 0 : p.B * p.Hq * p.Sq * dkp;
   std::vector<float> dq_part(static_cast<std::size_t>(plan.chunks * part_len));
-#pragma omp parallel num_threads(threads) if (plan.items + q_items > 1)
+#pragma omp parallel num_threads(team) if (team > 1)
   {
-    Workspace ws(p.Dk, p.Dv);
-    std::vector<char> written(static_cast<std::size_t>(p.group * qblocks));
+    Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];
+    std::vector<char>& written = writtens[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic)
     for (std::int64_t it = 0; it < q_items; ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);

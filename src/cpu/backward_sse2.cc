@@ -1,5 +1,6 @@
 // The backward kernel compiled for the x86-64 baseline (SSE2).
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>

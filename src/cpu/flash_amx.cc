@@ -19,6 +19,7 @@
 // Built with its own compiler target (AVX-512 + BF16 + AMX); chosen by select_flash() only when the CPU has
 // AMX-BF16 and Linux has granted tile data to the process (cpu::request_amx()).
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -189,6 +190,10 @@ struct Workspace {
   std::vector<core::RowState> state;
   std::vector<std::int64_t> head, row;
   std::vector<core::KeyRange> range;
+  struct Block {
+    std::int64_t lo, hi, all_lo, all_hi;
+  };
+  std::vector<Block> blk;  // per row block of an item: the union and intersection of its rows' key ranges
   Workspace(std::int64_t dk, std::int64_t dv, std::int64_t max_rows)
       : dkp(round_up(dk, 32)),
         dvp(round_up(dv, 32)),
@@ -204,7 +209,8 @@ struct Workspace {
         state(max_rows),
         head(max_rows),
         row(max_rows),
-        range(max_rows) {}
+        range(max_rows),
+        blk(static_cast<std::size_t>(max_rows / RB + 1)) {}
 };
 
 // A dense mask's row: s = scale·s + mask (formed in double, rounded once), and -inf for keys the row may not
@@ -401,12 +407,9 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
 
   // Each row block's union and intersection of key ranges: tiles outside the union are skipped, and keys
   // inside the intersection need no per-element masking.
-  struct Block {
-    std::int64_t lo, hi, all_lo, all_hi;
-  };
-  std::vector<Block> blk(static_cast<std::size_t>(blocks));
+  std::vector<Workspace::Block>& blk = ws.blk;
   for (std::int64_t k = 0; k < blocks; ++k) {
-    Block& bl = blk[k];
+    Workspace::Block& bl = blk[static_cast<std::size_t>(k)];
     bl = {p.Skv, 0, 0, p.Skv};
     for (std::int64_t r = k * RB; r < std::min(rows, (k + 1) * RB); ++r) {
       const core::KeyRange rg = ws.range[r];
@@ -424,7 +427,7 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
     pack_v(ws.rows, dvp, ws.vp.data());  // V tile, VNNI (ws.rows keeps pointing at its rows)
     int v_finite = -1;                   // whether the V tile is all finite, once some block needs to know
     for (std::int64_t k = 0; k < blocks; ++k) {
-      const Block& bl = blk[k];
+      const Workspace::Block& bl = blk[static_cast<std::size_t>(k)];
       if (bl.hi <= j0 || bl.lo >= j0 + cols) continue;  // hidden tile
       // The block's keys in this tile, in whole 32-key steps: [k0, k1).
       const std::int64_t k0 = std::max<std::int64_t>(0, bl.lo - j0) / 32 * 32;
@@ -480,7 +483,12 @@ template <class DenseMask, int ExpDegree>
 void amx_forward(const core::Problem& p, int threads) {
   if (p.B == 0 || p.Sq == 0) return;  // nothing to write
   const Plan plan(p);
-#pragma omp parallel num_threads(threads) if (plan.items > 1)
+  // Per-thread workspaces before any thread starts (an allocation failure must not throw inside the region).
+  const int team = static_cast<int>(std::clamp<std::int64_t>(plan.items, 1, std::max(threads, 1)));
+  std::vector<Workspace> wss;
+  wss.reserve(static_cast<std::size_t>(team));
+  for (int t = 0; t < team; ++t) wss.emplace_back(p.Dk, p.Dv, plan.max_rows);
+#pragma omp parallel num_threads(team) if (team > 1)
   {
     // Flush-to-zero and denormals-are-zero while the kernel runs: masked scores give exp2 results that
     // underflow, and each underflowing vector would otherwise take a microcode assist (measured 20x slower
@@ -488,7 +496,7 @@ void amx_forward(const core::Problem& p, int threads) {
     const unsigned int mxcsr = _mm_getcsr();
     _mm_setcsr(mxcsr | 0x8040);
     tile_config();
-    Workspace ws(p.Dk, p.Dv, plan.max_rows);
+    Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic)
     for (std::int64_t it = 0; it < plan.items; ++it) run_item<DenseMask, ExpDegree>(p, plan, it, ws);
     tile_release();

@@ -1,5 +1,6 @@
 // The flash kernel compiled for AVX-512 (F, BW, VL, DQ).
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>

@@ -3,6 +3,7 @@
 // measured 7-14% slower than widening to fp32 FMAs on D1/D2 (decode waits on memory, not on multiplies),
 // so the level differs from avx512 only in what the compiler may use (branch exp/bf16-pairs-decode).
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>

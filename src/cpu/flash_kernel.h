@@ -577,13 +577,25 @@ void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, st
 // All blocks of all heads, spread over threads; with split-KV, the partial states of a block's key
 // splits are merged in a fixed order with core::merge. Nothing depends on the thread count or the
 // schedule, so results are bitwise identical on any number of threads.
+// Per-thread workspaces for a team of at most `threads` threads and `tasks` tasks, allocated before any thread
+// starts (an allocation failure is a std::bad_alloc the entry point turns into a Status, never a throw inside a
+// parallel region, which would end the process). Returns the team size.
+inline int make_workspaces(const core::Problem& p, int threads, std::int64_t tasks, std::vector<Workspace>* wss) {
+  const int team = static_cast<int>(std::clamp<std::int64_t>(tasks, 1, std::max(threads, 1)));
+  wss->reserve(static_cast<std::size_t>(team));
+  for (int t = 0; t < team; ++t) wss->emplace_back(p.Dk, p.Dv);
+  return team;
+}
+
 template <class QT, class KVT, class DenseMask>
 void flash_forward(const core::Problem& p, int threads) {
   const Plan plan(p);
+  std::vector<Workspace> wss;
   if (plan.splits == 1) {
-#pragma omp parallel num_threads(threads) if (plan.items > 1)
+    const int team = make_workspaces(p, threads, plan.items, &wss);
+#pragma omp parallel num_threads(team) if (team > 1)
     {
-      Workspace ws(p.Dk, p.Dv);
+      Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic)
       for (std::int64_t it = 0; it < plan.items; ++it) {
         const Lanes lanes = plan.lanes(p, it);
@@ -596,9 +608,10 @@ void flash_forward(const core::Problem& p, int threads) {
   // Split-KV: partial (m, l, o[Dv]) per (item, split, lane), then one merge per item.
   const std::int64_t stride = p.Dv + 2, per_item = plan.splits * BR * stride;
   std::vector<float> partial(static_cast<std::size_t>(plan.items * per_item));
-#pragma omp parallel num_threads(threads)
+  const int team = make_workspaces(p, threads, plan.items * plan.splits, &wss);
+#pragma omp parallel num_threads(team) if (team > 1)
   {
-    Workspace ws(p.Dk, p.Dv);
+    Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic)
     for (std::int64_t task = 0; task < plan.items * plan.splits; ++task) {
       const std::int64_t it = task / plan.splits, sp = task % plan.splits;
@@ -616,7 +629,7 @@ void flash_forward(const core::Problem& p, int threads) {
     for (std::int64_t it = 0; it < plan.items; ++it) {
       const Lanes lanes = plan.lanes(p, it);
       float* base = partial.data() + it * per_item;
-      std::vector<float> m(BR), l(BR);
+      float m[BR], l[BR];
       const float c_log2 = core::score_log2_factor<DenseMask>(p);
       for (std::int64_t r = 0; r < lanes.n; ++r) {
         core::RowState acc;
@@ -630,7 +643,7 @@ void flash_forward(const core::Problem& p, int threads) {
         }
         m[r] = acc.m, l[r] = acc.l;
       }
-      store_lanes<QT, DenseMask>(p, lanes, base + 2, 1, stride, m.data(), l.data());  // merged rows sit in split 0's slots
+      store_lanes<QT, DenseMask>(p, lanes, base + 2, 1, stride, m, l);  // merged rows sit in split 0's slots
     }
   }
 }

@@ -1,6 +1,8 @@
 #include "reference/reference.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
 #include <cmath>
 #include <limits>
 
@@ -41,6 +43,22 @@ double bias(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t
 }
 
 }  // namespace
+
+Status check_size(const core::Problem& p, bool backward) {
+  const double B = static_cast<double>(p.B), Hq = static_cast<double>(p.Hq), Hkv = static_cast<double>(p.Hkv);
+  const double Sq = static_cast<double>(p.Sq), Skv = static_cast<double>(p.Skv);
+  const double Dk = static_cast<double>(p.Dk), Dv = static_cast<double>(p.Dv);
+  // out and lse; one row's scores; with the backward also every head's probabilities, dQ, dK, dV and one
+  // head's dS and live flags (fp64, 8 bytes each; flags 1).
+  double bytes = 8 * (B * Hq * Sq * (Dv + 1) + Skv) + Skv;
+  if (backward) bytes += 8 * (B * Hq * Sq * Skv + B * Hq * Sq * Dk + 2 * B * Hkv * Skv * (Dk + Dv) + Sq * Skv) + Sq * Skv;
+  if (bytes <= kMaxBytes) return Status::Ok();
+  char need[64];
+  std::snprintf(need, sizeof need, "%.3g GiB", bytes / (1 << 30));
+  return Status::Invalid("backend", std::string("the reference backend would need ") + need +
+                                        " of fp64 buffers for this problem; expected at most 4 GiB (use the flash "
+                                        "backend)");
+}
 
 bool allowed(const core::Problem& p, std::int64_t b, std::int64_t i, std::int64_t j) {
   const std::int64_t len = p.kv_len[static_cast<std::size_t>(b)];

@@ -20,6 +20,11 @@ struct Result {
   double score_terms = 0;
 };
 
+// The reference materialises scores in fp64: refuses (before allocating) a problem whose buffers would pass
+// kMaxBytes, saying how much it would need.
+inline constexpr double kMaxBytes = 4.0 * (1 << 30);
+Status check_size(const core::Problem& p, bool backward);
+
 // True when key j may be seen by query i of batch b (causal, window, key length; not the dense mask).
 bool allowed(const core::Problem& p, std::int64_t b, std::int64_t i, std::int64_t j);
 

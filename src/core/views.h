@@ -1,0 +1,27 @@
+// Checks of strided views shared by every entry point's validation (core/validate.cc, core/merge.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "attn/status.h"
+#include "attn/tensor.h"
+
+namespace attn::core {
+
+// Structural checks common to every view: the expected rank, a known dtype, sizes >= 0, an element count that
+// fits in 64 bits, strides whose reach stays below 2^60 elements, and data present when there are elements.
+Status check_view(const std::string& name, const TensorView& t, int expected_rank);
+
+// An output may not write one element through two indices: no zero stride on a dimension of size > 1, and no
+// two elements at one address.
+Status check_output_strides(const std::string& name, const TensorView& t);
+
+// The byte range [lo, hi) a view (that passed check_view) can touch; empty (lo == hi) when it has no elements.
+struct Extent {
+  std::uintptr_t lo = 0, hi = 0;
+};
+Extent extent_of(const TensorView& t);
+bool overlaps(const Extent& a, const Extent& b);
+
+}  // namespace attn::core
