@@ -31,6 +31,9 @@ struct Window {
 // page size, pages).
 inline constexpr std::int64_t kMaxHeadDim = 16384;
 inline constexpr std::int64_t kMaxExtent = (std::int64_t{1} << 31) - 1;
+// The scale's range: normal fp32 numbers, with room for the factor log2(e) the kernels fold into it.
+inline constexpr double kMinScale = 0x1p-126;  // 1.18e-38
+inline constexpr double kMaxScale = 0x1p+127;  // 1.70e+38
 
 enum class Backend : std::uint8_t {
   automatic,  // the fastest available implementation (today: flash)
@@ -39,7 +42,7 @@ enum class Backend : std::uint8_t {
 };
 
 struct Params {
-  // Multiplies Q Kᵀ; default 1/sqrt(Dk). Must be finite and > 0.
+  // Multiplies Q Kᵀ; default 1/sqrt(Dk). Must be in [kMinScale, kMaxScale] (normal fp32 numbers).
   std::optional<double> scale;
   // Causal mask: key j is allowed for query i when j <= diag(i) (see Align).
   Causal causal = Causal::none;

@@ -374,6 +374,14 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
     v << p.scale;
     return Status::Invalid("scale", "is " + v.str() + "; expected a finite value > 0");
   }
+  // The kernels compute in fp32 and fold the scale into their exponents (scale·log2 e): it must be a normal
+  // fp32 number with room for that factor.
+  if (p.scale < kMinScale || p.scale > kMaxScale) {
+    std::ostringstream v;
+    v << "is " << p.scale << "; expected a value in [" << kMinScale << ", " << kMaxScale
+      << "] (a normal fp32 number: the kernels compute in fp32)";
+    return Status::Invalid("scale", v.str());
+  }
 
   // Causal mask and window.
   if (static_cast<unsigned>(params.causal) > static_cast<unsigned>(Causal::bottom_right))
