@@ -221,17 +221,20 @@ inline std::vector<bool> covered_bytes(const Tensor& t) {
   return mask;
 }
 
-// Every instruction-set level this machine supports, forced in turn through ATTN_ISA.
+// Every instruction-set level this machine supports, lowest first (each forced in turn by ForceIsa).
 inline std::vector<cpu::Isa> supported_isas() {
   std::vector<cpu::Isa> out;
-  for (cpu::Isa isa : {cpu::Isa::sse2, cpu::Isa::avx2, cpu::Isa::avx512, cpu::Isa::avx512bf16, cpu::Isa::amx})
-    if (static_cast<int>(isa) <= static_cast<int>(cpu::best_isa())) out.push_back(isa);
+  for (int i = 0; i < cpu::kIsaCount; ++i)
+    if (cpu::isa_supported(static_cast<cpu::Isa>(i))) out.push_back(static_cast<cpu::Isa>(i));
   return out;
 }
 
+// Forces a level for the scope (the library's programmatic override; no environment variable).
 struct ForceIsa {
-  explicit ForceIsa(cpu::Isa isa) { setenv("ATTN_ISA", cpu::isa_name(isa), 1); }
-  ~ForceIsa() { unsetenv("ATTN_ISA"); }
+  explicit ForceIsa(cpu::Isa isa) { cpu::set_isa_override(isa); }
+  ~ForceIsa() { cpu::set_isa_override(std::nullopt); }
+  ForceIsa(const ForceIsa&) = delete;
+  ForceIsa& operator=(const ForceIsa&) = delete;
 };
 
 }  // namespace attn::test

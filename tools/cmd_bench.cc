@@ -36,8 +36,7 @@
 #include "bench_ceilings.h"
 #include "commands.h"
 #include "core/convert.h"
-#include "cpu/cpu_features.h"
-#include "cpu/kernels.h"
+#include "attn/info.h"
 #include "json_writer.h"
 #include "subcommand.h"
 
@@ -449,12 +448,18 @@ struct Result {
   bool output_finite = false;
 };
 
+// The largest cache level known (L3, else L2, else L1d; 0 when unknown).
+std::int64_t last_level_cache_bytes() {
+  const CpuInfo c = cpu_info();
+  return c.l3_bytes ? c.l3_bytes : c.l2_bytes ? c.l2_bytes : c.l1d_bytes;
+}
+
 // How many K/V sets a run rotates through so that each run reads K/V from DRAM, not from the last-level
 // cache: decode-like shapes (Sq <= 16) whose K/V would fit get enough sets to cover twice the LLC.
 int choose_kv_sets(const Shape& s, std::int64_t set_bytes, int requested, std::int64_t other_bytes) {
   if (requested > 0) return requested;
   if (s.Sq > 16) return 1;
-  const std::int64_t llc = cpu::cpu_features().last_level_cache_bytes();
+  const std::int64_t llc = last_level_cache_bytes();
   if (llc <= 0 || set_bytes <= 0) return 1;
   std::int64_t sets = std::min<std::int64_t>((2 * llc + set_bytes - 1) / set_bytes, 1024);
   if (const std::int64_t avail = available_memory_bytes(); avail > 0)
@@ -560,12 +565,12 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     const double compute = amx ? ceil->amx_bf16_gflops : ceil->fma_gflops;
     // Memory-bound: below the ridge point, and the data really come from DRAM (rotated K/V sets, or more
     // than the last-level cache); a small prefill below the ridge runs from cache, against compute.
-    const bool from_dram = sets > 1 || bytes > static_cast<double>(cpu::cpu_features().last_level_cache_bytes());
+    const bool from_dram = sets > 1 || bytes > static_cast<double>(last_level_cache_bytes());
     const bool memory_bound = flops / bytes < compute / ceil->read_gbps && from_dram;
     bound = memory_bound ? "memory" : amx ? "compute (AMX bf16)" : "compute (fp32 FMA)";
     frac_bound = memory_bound ? frac_read : amx ? frac_amx : frac_fma;
   }
-  const std::string isa = setup.backend == Backend::reference ? "reference" : cpu::isa_name(cpu::active_isa());
+  const std::string isa = setup.backend == Backend::reference ? "reference" : attn::active_isa();
   const std::string label = a.label.empty() ? s.name : a.label;
 
   if (a.json) {
@@ -654,7 +659,7 @@ Status bench(const BenchArgs& a, std::ostream& out) {
     if (Status s = parse_dtype(a.kv_dtype, "--kv-dtype", &setup.kv_dtype); !s) return s;
   if (a.threads < 0 || a.threads > 4096)
     return Status::Invalid("--threads", std::to_string(a.threads) + "; expected 0 (the default) or 1 to 4096");
-  setup.threads = cpu::resolve_threads(a.threads);
+  setup.threads = attn::resolve_threads(a.threads);
   if (a.reps < 0) return Status::Invalid("--reps", std::to_string(a.reps) + "; expected >= 1, or 0 for automatic");
   if (a.kv_sets < 0 || a.kv_sets > 4096)
     return Status::Invalid("--kv-sets", std::to_string(a.kv_sets) + "; expected 1 to 4096, or 0 for automatic");

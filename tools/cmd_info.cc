@@ -13,8 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/cpu_features.h"
-#include "cpu/kernels.h"
+#include "attn/info.h"
 #include "json_writer.h"
 #include "subcommand.h"
 
@@ -42,51 +41,31 @@ const char* env_or(const char* name, const char* fallback) {
   return v ? v : fallback;
 }
 
-// The CPUID flags this project cares about, in a fixed order.
-std::vector<std::pair<const char*, bool>> flags(const cpu::CpuFeatures& f) {
-  return {{"sse2", f.sse2},
-          {"avx", f.avx},
-          {"avx2", f.avx2},
-          {"fma", f.fma},
-          {"f16c", f.f16c},
-          {"avx512f", f.avx512f},
-          {"avx512bw", f.avx512bw},
-          {"avx512vl", f.avx512vl},
-          {"avx512dq", f.avx512dq},
-          {"avx512_bf16", f.avx512_bf16},
-          {"avx512_fp16", f.avx512_fp16},
-          {"amx_tile", f.amx_tile},
-          {"amx_bf16", f.amx_bf16},
-          {"amx_int8", f.amx_int8}};
-}
-
 struct InfoArgs {
   bool json = false;
 };
 
 Status info(const InfoArgs& a, std::ostream& out) {
-  const cpu::CpuFeatures& f = cpu::cpu_features();
-  // Asked before the request below, so it shows what the process had on its own.
-  const cpu::AmxPermission before = cpu::amx_permission();
-  const bool try_amx = f.amx_tile && f.os_amx;
-  const cpu::AmxRequest request = try_amx ? cpu::request_amx() : cpu::AmxRequest{false, 0};
-  const cpu::Isa best = cpu::best_isa(), active = cpu::active_isa();
+  const CpuInfo f = cpu_info();  // (asks Linux for AMX tile data when the CPU and OS have AMX)
+  const std::string best = best_isa(), active = active_isa();
   const char* isa_env = std::getenv("ATTN_ISA");
-  const int threads = cpu::resolve_threads(0);
+  const int threads = resolve_threads(0);
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  std::string levels;
+  for (const std::string& l : isa_levels()) levels += (levels.empty() ? "" : " < ") + l;
 
   if (a.json) {
     JsonObject cpu_flags;
-    for (const auto& [name, has] : flags(f)) cpu_flags.add(name, has);
+    for (const auto& [name, has] : f.cpuid) cpu_flags.add(name, has);
     JsonObject o;
     o.add("vendor", f.vendor).add("brand", f.brand).add("cpuid", cpu_flags);
     o.add("osxsave", f.osxsave).add("xcr0", hex(f.xcr0));
     o.add("os_avx", f.os_avx).add("os_avx512", f.os_avx512).add("os_amx", f.os_amx);
-    o.add("amx_kernel_supports", before.kernel_supports).add("amx_permitted_before_request", before.permitted);
-    if (try_amx) o.add("amx_request_ok", request.ok);
+    o.add("amx_kernel_supports", f.amx_offered).add("amx_permitted_before_request", f.amx_permitted_before);
+    if (f.amx_granted) o.add("amx_request_ok", *f.amx_granted);
     else o.add_null("amx_request_ok");
     o.add("l1d_bytes", f.l1d_bytes).add("l2_bytes", f.l2_bytes).add("l3_bytes", f.l3_bytes);
-    o.add("best_isa", cpu::isa_name(best)).add("active_isa", cpu::isa_name(active));
+    o.add("best_isa", best).add("active_isa", active);
     if (isa_env) o.add("ATTN_ISA", isa_env);
     else o.add_null("ATTN_ISA");
     o.add("threads", threads)
@@ -100,7 +79,7 @@ Status info(const InfoArgs& a, std::ostream& out) {
   out << "  caches: L1d " << size_text(f.l1d_bytes) << ", L2 " << size_text(f.l2_bytes) << ", L3 "
       << size_text(f.l3_bytes) << "\n";
   std::string has, lacks;
-  for (const auto& [name, present] : flags(f)) (present ? has : lacks) += std::string(" ") + name;
+  for (const auto& [name, present] : f.cpuid) (present ? has : lacks) += " " + name;
   out << "  CPUID has:  " << (has.empty() ? " (none)" : has) << "\n";
   out << "  CPUID lacks:" << (lacks.empty() ? " (none)" : lacks) << "\n";
 
@@ -109,21 +88,21 @@ Status info(const InfoArgs& a, std::ostream& out) {
   out << "  AVX-512 state (opmask, ZMM; bits 5-7):       " << (f.os_avx512 ? "enabled" : "not enabled") << "\n";
   out << "  AMX state (XTILECFG, XTILEDATA; bits 17-18): " << (f.os_amx ? "enabled" : "not enabled") << "\n";
   out << "  AMX tile data for this process (Linux arch_prctl): ";
-  if (!before.kernel_supports) {
+  if (!f.amx_offered) {
     out << "the kernel does not offer it (ARCH_GET_XCOMP_SUPP)\n";
   } else {
-    out << (before.permitted ? "already permitted" : "not permitted until requested");
-    if (try_amx)
+    out << (f.amx_permitted_before ? "already permitted" : "not permitted until requested");
+    if (f.amx_granted)
       out << "; ARCH_REQ_XCOMP_PERM(XTILEDATA = 18) "
-          << (request.ok ? "granted" : std::string("refused: ") + std::strerror(request.error));
+          << (*f.amx_granted ? "granted" : std::string("refused: ") + std::strerror(f.amx_error));
     out << "\n";
   }
 
   out << "\nattn kernels:\n";
-  out << "  best level for this CPU and OS: " << cpu::isa_name(best) << "   (levels: sse2 < avx2 < avx512 < avx512bf16 < amx)\n";
-  out << "  level in use:                   " << cpu::isa_name(active);
-  if (isa_env) out << "   (ATTN_ISA=" << isa_env << "; it can only lower the level, and an unknown value is ignored)\n";
-  else out << "   (set ATTN_ISA=sse2|avx2|avx512|avx512bf16|amx to force a lower level; scalar = sse2)\n";
+  out << "  best level for this CPU and OS: " << best << "   (levels: " << levels << ")\n";
+  out << "  level in use:                   " << active;
+  if (isa_env) out << "   (ATTN_ISA=" << isa_env << "; it can only lower the level; an unknown value is reported and ignored)\n";
+  else out << "   (set ATTN_ISA=<level> to force a lower level; scalar = sse2)\n";
   out << "  threads per call:               " << threads
       << "   (ATTN_NUM_THREADS=" << env_or("ATTN_NUM_THREADS", "unset") << ", OpenMP default " << omp_get_max_threads()
       << ", " << online << " CPUs online; Params::threads or "

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/kernels.h"
+#include "attn/info.h"
 #include "explain.h"
 
 namespace attn::tools {
@@ -102,14 +102,14 @@ void print_shape(std::ostream& out, const Shape& sh, int threads) {
       << ", Dk = Dv = " << sh.D << ", causal (bottom-right).\n"
       << "Inputs: float32, uniform in [-1, 1] from a fixed seed (" << kSeed << "). Flash: " << threads
       << " threads, "
-      << (cpu::active_isa() == cpu::Isa::amx ? "avx512bf16 kernel (level amx: AMX serves bf16 prefill, fp32 runs on AVX-512)"
-                                             : std::string(cpu::isa_name(cpu::active_isa())) + " kernel")
+      << (attn::active_isa() == "amx" ? "avx512bf16 kernel (level amx: AMX serves bf16 prefill, fp32 runs on AVX-512)"
+                                      : attn::active_isa() + " kernel")
       << ".\n\n";
 }
 
-void print_memory(std::ostream& out, const Shape& sh, int threads) {
+void print_memory(std::ostream& out, const Shape& sh, int threads, const KernelInfo& flash) {
   const double head = double(sh.S) * double(sh.S) * 8;
-  const double per_thread = double(cpu::flash_workspace_bytes(sh.D, sh.D));
+  const double per_thread = double(flash.workspace_bytes) / std::max(flash.threads, 1);
   out << "\nMemory beyond inputs and outputs:\n"
       << "  reference: the fp64 score matrix Sq·Skv·8 bytes = " << bytes_text(head)
       << " per head; it materialises one head at a time (all B·Hq = " << sh.B * sh.Hq << " heads at once would be "
@@ -126,7 +126,7 @@ Status demo(const DemoOptions& options, std::ostream& out) {
   if (Status s = explain(ExplainOptions{}, out); !s) return s;
 
   const Shape sh = options.small ? kSmall : kRealistic;
-  const int threads = cpu::resolve_threads(options.threads);
+  const int threads = attn::resolve_threads(options.threads);
   out << "\n=== Part 2: a realistic shape, reference vs flash ===\n\n";
   print_shape(out, sh, threads);
 
@@ -166,7 +166,18 @@ Status demo(const DemoOptions& options, std::ostream& out) {
       << "  flash (median of " << kFlashRuns << " runs):               " << seconds_text(flash_time) << "  (" << std::fixed
       << std::setprecision(1) << flops / flash_time * 1e-9 << " GFLOP/s, " << ratio_text(ref_time / flash_time)
       << " faster)\n";
-  print_memory(out, sh, threads);
+  {
+    KernelInfo info;
+    std::vector<float> o(static_cast<std::size_t>(sh.B * sh.Hq * sh.S * sh.D)), l(static_cast<std::size_t>(sh.B * sh.Hq * sh.S));
+    if (Status s = describe_attention(TensorView::contiguous(q.data(), DType::f32, {sh.B, sh.Hq, sh.S, sh.D}),
+                                      TensorView::contiguous(k.data(), DType::f32, {sh.B, sh.Hkv, sh.S, sh.D}),
+                                      TensorView::contiguous(v.data(), DType::f32, {sh.B, sh.Hkv, sh.S, sh.D}),
+                                      TensorView::contiguous(o.data(), DType::f32, {sh.B, sh.Hq, sh.S, sh.D}), params,
+                                      TensorView::contiguous(l.data(), DType::f32, {sh.B, sh.Hq, sh.S}), &info);
+        !s)
+      return s;
+    print_memory(out, sh, threads, info);
+  }
   if (!agree)
     return Status::Invalid("demo", "flash and reference disagree beyond the tolerance (max |dO| = " + sci(o_err) +
                                        ", max |dLSE| = " + sci(lse_err) + ")");

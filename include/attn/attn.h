@@ -2,6 +2,7 @@
 #pragma once
 
 #include "attn/backward.h"
+#include "attn/info.h"
 #include "attn/sdpa.h"
 #include "attn/status.h"
 #include "attn/tensor.h"

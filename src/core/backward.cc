@@ -30,17 +30,19 @@ Status attention_backward(const TensorView& q, const TensorView& k, const Tensor
     }
     return Status::Ok();
   }
-  const cpu::BackwardFn kernel = cpu::select_backward(bp.fwd);
-  if (!kernel)
+  const int threads = cpu::resolve_threads(bp.fwd.threads);
+  const cpu::BackwardChoice kernel = cpu::select_backward(bp.fwd, threads);
+  if (!kernel.fn)
     return Status::Unsupported("q", std::string("no backward kernel for q dtype ") + dtype_name(bp.fwd.q.dtype) +
                                         " with k/v dtype " + dtype_name(bp.fwd.k.dtype));
   // The kernel allocates its statistics, partial sums and scratch before any thread starts and writes nothing
   // until they are there.
   try {
-    kernel(bp, cpu::resolve_threads(bp.fwd.threads));
+    kernel.fn(bp, threads);
   } catch (const std::bad_alloc&) {
-    return Status::OutOfMemory("q", "the backward's row statistics, dQ partial sums and per-thread scratch could "
-                                    "not be allocated");
+    return Status::OutOfMemory("q", "the backward's row statistics, dQ partial sums and per-thread scratch (" +
+                                        std::to_string(kernel.workspace_bytes) + " bytes at " + std::to_string(threads) +
+                                        " threads) could not be allocated");
   }
   return Status::Ok();
 }

@@ -23,17 +23,18 @@ Status run(const core::Problem& p) {
     }
     return Status::Ok();
   }
-  const cpu::Choice kernel = cpu::select_flash(p);
+  const int threads = cpu::resolve_threads(p.threads);
+  const cpu::Choice kernel = cpu::select_flash(p, threads);
   if (!kernel.fn)
     return Status::Unsupported("q", std::string("no flash kernel for q/out dtype ") + dtype_name(p.q.dtype) +
                                         " with k/v dtype " + dtype_name(p.k.dtype));
   // Kernels allocate their scratch before any thread starts and write nothing until it is there, so a failed
   // allocation leaves the outputs untouched.
   try {
-    kernel.fn(p, cpu::resolve_threads(p.threads));
+    kernel.fn(p, threads);
   } catch (const std::bad_alloc&) {
-    return Status::OutOfMemory("q", "the kernel's scratch (" + std::to_string(cpu::flash_workspace_bytes(p.Dk, p.Dv)) +
-                                        " bytes per thread, plus split-KV partial results) could not be allocated");
+    return Status::OutOfMemory("q", "the kernel's scratch (" + std::to_string(kernel.workspace_bytes) +
+                                        " bytes at " + std::to_string(threads) + " threads) could not be allocated");
   }
   return Status::Ok();
 }

@@ -35,26 +35,15 @@
 // exponential is exp2v (vec.h). Tile sizes, micro-kernel shapes (4x4 and 8x2 vectors, 6x4), and a variant
 // loading each query block once per 4 key blocks were measured here: none moved the time beyond the noise.
 //
-// Included by one translation unit per instruction set (src/cpu/backward_<isa>.cc) inside its
-// `#pragma GCC target` region with ATTN_VEC_<ISA> defined, like flash_kernel.h.
+// Compiled once per instruction-set level by the unit generated from src/cpu/isa_unit.cc.in, after
+// cpu/flash_kernel.h and like it (cpu/isa_prelude.h first, this body inside the target region). This body
+// includes nothing itself.
 #ifndef ATTN_ISA_NS
 #error "define ATTN_ISA_NS (the per-ISA namespace) before including backward_kernel.h"
 #endif
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <type_traits>
-#include <vector>
-
-#include "core/backward_problem.h"
-#include "core/convert.h"
-#include "core/mask.h"
-#include "core/online_softmax.h"
-#include "core/problem.h"
-#include "cpu/aligned.h"
-#include "cpu/kernels.h"
-#include "cpu/pick.h"
+#ifndef ATTN_ISA_PRELUDE
+#error "include cpu/isa_prelude.h before the target region, then backward_kernel.h inside it"
+#endif
 
 namespace attn::cpu::ATTN_ISA_NS::bwd {
 
@@ -729,6 +718,23 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
       store_rows<QT>(bp.dq, b, h, i0, rows, p.Dk, sum, dkp, 1.0f);
     }
   }
+}
+
+// The bytes a call allocates at `threads` threads: the team's scratch, the per-row statistics and norms, and
+// the dQ partial sums (flash_backward).
+inline std::int64_t workspace_bytes(const core::Problem& p, int threads) {
+  const Plan plan(p);
+  const std::int64_t dkp = padded(p.Dk), dvp = padded(p.Dv);
+  const std::int64_t kblocks = (p.Skv + BC - 1) / BC, tiles = p.B * p.Hkv * kblocks;
+  const std::int64_t qblocks = (p.Sq + BR - 1) / BR, q_items = p.B * p.Hq * qblocks;
+  const std::int64_t team = std::clamp<std::int64_t>(std::max(tiles + q_items, plan.items), 1, std::max(threads, 1));
+  const bool in_place = plan.chunks == 1 && p.q.dtype == DType::f32 && p.Dk == dkp;  // (the dq stride aside)
+  const std::int64_t rows = p.B * p.Hq * p.Sq;
+  const std::int64_t per_thread =
+      4 * (BR * dkp + BR * dvp + 2 * BR * BC + p.Dk * BC + p.Dv * BC + BC * dkp + BC * dkp + BC * dvp) +
+      8 * BR * BC + static_cast<std::int64_t>(sizeof(Workspace)) + p.group * qblocks;
+  return team * per_thread + rows * (8 + 8 + 4) + 4 * 2 * (q_items + tiles) +
+         (in_place ? 0 : 4 * plan.chunks * rows * dkp);
 }
 
 // The backward kernel of this instruction set for the given dtypes and dense-mask kind, or null (cpu/pick.h).

@@ -1,101 +1,140 @@
-// Kernel selection, decided once per call at the entry point.
+// Kernel selection: one table of levels {name, usable here, kernels}, built once from cpu/isa_list.h, and the
+// one decision per call (select_flash, select_backward).
 #include <omp.h>
 
+#include <array>
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
 
 namespace attn::cpu {
+namespace {
+
+struct Level {
+  const char* name;
+  bool usable;          // the CPU has it and the OS enables it
+  KernelSet kernels;    // amx: its vector kernels are the last vector level's
+};
+
+// The table, built once: the vector levels of cpu/isa_list.h, then amx.
+const std::array<Level, kIsaCount>& levels() {
+  static const std::array<Level, kIsaCount> table = [] {
+    const CpuFeatures& f = cpu_features();
+    std::array<Level, kIsaCount> t{};
+    int i = 0;
+#define ATTN_ISA_ROW(name, target, vec, usable_expr) t[i++] = {#name, static_cast<bool>(usable_expr), name::kernels()};
+    ATTN_VECTOR_ISAS(ATTN_ISA_ROW)
+#undef ATTN_ISA_ROW
+    // AMX also needs Linux's per-process grant of tile data (asked here, once).
+    const Level& below = t[static_cast<int>(Isa::amx) - 1];
+    t[i] = {"amx", below.usable && f.amx_bf16_usable() && request_amx().ok, below.kernels};
+    return t;
+  }();
+  return table;
+}
+
+// The environment's ATTN_ISA, read once: the level it names (nullopt when unset or unusable, reported once).
+std::optional<Isa> env_isa() {
+  static const std::optional<Isa> level = []() -> std::optional<Isa> {
+    const char* env = std::getenv("ATTN_ISA");
+    if (!env || !*env) return std::nullopt;
+    if (!std::strcmp(env, "scalar") || !std::strcmp(env, "baseline")) return Isa::sse2;
+    for (int i = 0; i < kIsaCount; ++i)
+      if (!std::strcmp(env, levels()[i].name)) {
+        if (levels()[i].usable) return static_cast<Isa>(i);
+        std::fprintf(stderr, "attn: ATTN_ISA=%s is not supported by this CPU and OS; using %s\n", env,
+                     isa_name(best_isa()));
+        return std::nullopt;
+      }
+    std::string known;
+    for (int i = 0; i < kIsaCount; ++i) known += std::string(i ? ", " : "") + levels()[i].name;
+    std::fprintf(stderr, "attn: ATTN_ISA=%s is not a level (%s, or scalar = sse2); using %s\n", env, known.c_str(),
+                 isa_name(best_isa()));
+    return std::nullopt;
+  }();
+  return level;
+}
+
+std::atomic<int> override_level{-1};
+
+}  // namespace
 
 const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::sse2: return "sse2";
-    case Isa::avx2: return "avx2";
-    case Isa::avx512: return "avx512";
-    case Isa::avx512bf16: return "avx512bf16";
-    case Isa::amx: return "amx";
-  }
-  return "unknown";
+  const int i = static_cast<int>(isa);
+  return i >= 0 && i < kIsaCount ? levels()[i].name : "unknown";
+}
+
+bool isa_supported(Isa isa) {
+  const int i = static_cast<int>(isa);
+  return i >= 0 && i < kIsaCount && levels()[i].usable;
 }
 
 Isa best_isa() {
-  // __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0).
   static const Isa best = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
-      // AMX also needs the tile state enabled in XCR0 and Linux's per-process grant of tile data.
-      const CpuFeatures& f = cpu_features();
-      if (!f.avx512_bf16) return Isa::avx512;
-      if (f.amx_bf16_usable() && request_amx().ok) return Isa::amx;
-      return Isa::avx512bf16;
-    }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-      return Isa::avx2;
-    return Isa::sse2;
+    int b = 0;
+    for (int i = 0; i < kIsaCount; ++i)
+      if (levels()[i].usable) b = i;
+    return static_cast<Isa>(b);
   }();
   return best;
 }
 
+void set_isa_override(std::optional<Isa> isa) { override_level.store(isa && isa_supported(*isa) ? static_cast<int>(*isa) : -1); }
+
 Isa active_isa() {
-  Isa isa = best_isa();
-  if (const char* env = std::getenv("ATTN_ISA")) {
-    for (Isa level : {Isa::sse2, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
-      if (std::strcmp(env, isa_name(level)) == 0 && static_cast<int>(level) < static_cast<int>(isa)) isa = level;
-    if (std::strcmp(env, "scalar") == 0 || std::strcmp(env, "baseline") == 0) isa = Isa::sse2;
-  }
-  return isa;
+  const int forced = override_level.load();
+  if (forced >= 0) return static_cast<Isa>(forced);
+  if (const std::optional<Isa> env = env_isa()) return *env;
+  return best_isa();
 }
 
-Choice select_flash(const core::Problem& p) {
+Choice select_flash(const core::Problem& p, int threads) {
   Choice c;
   c.isa = active_isa();
   // AMX pays for its packing only with enough query rows per KV head (prefill); decode-sized problems are
   // bound by memory and stay on the vector kernels.
   if (c.isa == Isa::amx) {
     if (p.Sq * p.group >= 64)
-      if ((c.fn = amx::flash_kernel(p))) return c;
-    c.isa = Isa::avx512bf16;
+      if ((c.fn = amx::flash_kernel(p))) {
+        c.workspace_bytes = amx::flash_workspace(p, threads);
+        return c;
+      }
+    c.isa = static_cast<Isa>(static_cast<int>(Isa::amx) - 1);
   }
-  switch (c.isa) {
-    case Isa::amx:
-    case Isa::avx512bf16: c.fn = avx512bf16::flash_kernel(p.q.dtype, p.k.dtype, p.mask_kind); break;
-    case Isa::avx512: c.fn = avx512::flash_kernel(p.q.dtype, p.k.dtype, p.mask_kind); break;
-    case Isa::avx2: c.fn = avx2::flash_kernel(p.q.dtype, p.k.dtype, p.mask_kind); break;
-    case Isa::sse2: c.fn = sse2::flash_kernel(p.q.dtype, p.k.dtype, p.mask_kind); break;
-  }
+  const KernelSet& k = levels()[static_cast<int>(c.isa)].kernels;
+  c.fn = k.flash(p.q.dtype, p.k.dtype, p.mask_kind);
+  c.workspace_bytes = c.fn ? k.flash_workspace(p, threads) : 0;
   return c;
 }
 
-BackwardFn select_backward(const core::Problem& p) {
-  switch (active_isa()) {
-    case Isa::amx:
-    case Isa::avx512bf16:
-    case Isa::avx512: return avx512::backward_kernel(p.q.dtype, p.k.dtype, p.mask_kind);
-    case Isa::avx2: return avx2::backward_kernel(p.q.dtype, p.k.dtype, p.mask_kind);
-    case Isa::sse2: return sse2::backward_kernel(p.q.dtype, p.k.dtype, p.mask_kind);
-  }
-  return nullptr;
+BackwardChoice select_backward(const core::Problem& p, int threads) {
+  BackwardChoice c;
+  c.isa = active_isa();
+  if (c.isa == Isa::amx) c.isa = static_cast<Isa>(static_cast<int>(Isa::amx) - 1);  // no AMX backward
+  const KernelSet& k = levels()[static_cast<int>(c.isa)].kernels;
+  c.fn = k.backward(p.q.dtype, p.k.dtype, p.mask_kind);
+  c.workspace_bytes = c.fn ? k.backward_workspace(p, threads) : 0;
+  return c;
 }
 
 int resolve_threads(int requested) {
   if (requested > 0) return requested;
-  if (const char* env = std::getenv("ATTN_NUM_THREADS")) {
+  static const int env = [] {
+    const char* s = std::getenv("ATTN_NUM_THREADS");
+    if (!s || !*s) return 0;
     char* end = nullptr;
-    const long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && n > 0 && n <= 4096) return static_cast<int>(n);
-  }
-  return omp_get_max_threads();
-}
-
-std::int64_t flash_workspace_bytes(std::int64_t dk, std::int64_t dv) {
-  const std::int64_t w = active_isa() >= Isa::avx512 ? 16 : active_isa() == Isa::avx2 ? 8 : 4;
-  const std::int64_t br = 4 * w, bc = 64;
-  // Q (Qᵀ or rows), K and V tiles, Sᵀ, O (Oᵀ or rows), m, l, α per lane, and the tile's row pointers.
-  return 4 * (dk * br + bc * dk + bc * dv + bc * br + dv * br + 3 * br) + 2 * bc * 8;
+    const long n = std::strtol(s, &end, 10);
+    if (end != s && *end == '\0' && n > 0 && n <= 4096) return static_cast<int>(n);
+    std::fprintf(stderr, "attn: ATTN_NUM_THREADS=%s is not a thread count in 1..4096; using OpenMP's default\n", s);
+    return 0;
+  }();
+  return env > 0 ? env : omp_get_max_threads();
 }
 
 }  // namespace attn::cpu

@@ -34,6 +34,7 @@
 #include "cpu/aligned.h"
 #include "cpu/amx_tiles.h"
 #include "cpu/kernels.h"
+#include "cpu/pick.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
@@ -211,6 +212,14 @@ struct Workspace {
         row(max_rows),
         range(max_rows),
         blk(static_cast<std::size_t>(max_rows / RB + 1)) {}
+  static std::int64_t bytes(std::int64_t dk, std::int64_t dv, std::int64_t max_rows) {
+    const std::int64_t dkp = round_up(dk, 32), dvp = round_up(dv, 32);
+    return 2 * (max_rows * dkp + 2 * BC * dkp + 2 * BC * dvp + RB * BC + std::max(dkp, dvp)) +
+           4 * (max_rows * dvp + RB * BC) +
+           static_cast<std::int64_t>(max_rows * (sizeof(core::RowState) + 2 * sizeof(std::int64_t) +
+                                                 sizeof(core::KeyRange)) +
+                                     (max_rows / RB + 1) * sizeof(Block) + sizeof(Workspace));
+  }
 };
 
 // A dense mask's row: s = scale·s + mask (formed in double, rounded once), and -inf for keys the row may not
@@ -504,24 +513,30 @@ void amx_forward(const core::Problem& p, int threads) {
   }
 }
 
-template <class DenseMask>
-FlashFn pick_exp(const core::Problem& p) {
-  return p.lse ? &amx_forward<DenseMask, 5> : &amx_forward<DenseMask, 3>;
-}
+// The instantiations cpu/pick.h chooses from (bf16 only): the exp2 polynomial is degree 5 when the call asks for
+// the LSE (its sum must be fp32-exact), degree 3 otherwise (see exp2_fast).
+template <class QT, class KVT, class DenseMask>
+struct Degree5 {
+  static constexpr FlashFn fn = &amx_forward<DenseMask, 5>;
+};
+template <class QT, class KVT, class DenseMask>
+struct Degree3 {
+  static constexpr FlashFn fn = &amx_forward<DenseMask, 3>;
+};
 
 }  // namespace
 
 FlashFn flash_kernel(const core::Problem& p) {
   if (p.q.dtype != DType::bf16 || p.k.dtype != DType::bf16) return nullptr;
-  switch (p.mask_kind) {
-    case core::MaskKind::none:
-      return pick_exp<core::NoDenseMask>(p);
-    case core::MaskKind::additive:
-      return pick_exp<core::AdditiveMask>(p);
-    case core::MaskKind::keep:
-      return pick_exp<core::KeepMask>(p);
-  }
-  return nullptr;
+  return p.lse ? pick_for_mask<FlashFn, Degree5, core::bf16, core::bf16>(p.mask_kind)
+               : pick_for_mask<FlashFn, Degree3, core::bf16, core::bf16>(p.mask_kind);
+}
+
+std::int64_t flash_workspace(const core::Problem& p, int threads) {
+  if (p.B == 0 || p.Sq == 0) return 0;
+  const Plan plan(p);
+  const std::int64_t team = std::clamp<std::int64_t>(plan.items, 1, std::max(threads, 1));
+  return team * Workspace::bytes(p.Dk, p.Dv, plan.max_rows);
 }
 
 }  // namespace attn::cpu::ATTN_AMX_NS

@@ -6,28 +6,17 @@
 // row-wise softmax (max, exp, sum, rescale) is plain vertical vector arithmetic, and K and V are read
 // as broadcast scalars straight from their rows (no transposes, no packing for fp32 inputs).
 //
-// Included by one translation unit per instruction set (src/cpu/flash_<isa>.cc). That unit includes
-// its dependencies first, then this header inside `#pragma GCC target(...)`, with ATTN_ISA_NS naming
-// a namespace of its own: kernel symbols never collide across instruction sets, and the library and
-// std code they call stay compiled for the baseline (the scheme of google/highway).
+// Compiled once per instruction-set level by the unit CMake generates from src/cpu/isa_unit.cc.in, which
+// includes cpu/isa_prelude.h (everything this body uses) first, then this header inside its
+// `#pragma GCC target` region, with ATTN_ISA_NS naming a namespace of its own: kernel symbols never collide
+// across instruction sets, and the library and std code they call stay compiled for the baseline (the scheme
+// of google/highway). This body includes nothing itself.
 #ifndef ATTN_ISA_NS
 #error "define ATTN_ISA_NS (the per-ISA namespace) before including flash_kernel.h"
 #endif
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <utility>
-#include <vector>
-
-#include "core/convert.h"
-#include "core/mask.h"
-#include "core/online_softmax.h"
-#include "core/problem.h"
-#include "cpu/aligned.h"
-#include "cpu/kernels.h"
-#include "cpu/pick.h"
+#ifndef ATTN_ISA_PRELUDE
+#error "include cpu/isa_prelude.h before the target region, then flash_kernel.h inside it"
+#endif
 
 namespace attn::cpu::ATTN_ISA_NS {
 
@@ -83,7 +72,7 @@ void tile_rows(const core::Problem& p, const core::Strided& t, std::int64_t b, s
   }
 }
 
-// Per-thread scratch, all fp32: Q as Qᵀ [Dk][BR] (lane-major blocks) or rows [BR][Dk] (row-major blocks),
+// Per-thread scratch, all fp32 (bytes(): what one costs): Q as Qᵀ [Dk][BR] (lane-major blocks) or rows [BR][Dk] (row-major blocks),
 // converted K and V tiles [BC][D], Sᵀ/Pᵀ [BC][BR], O as Oᵀ [Dv][BR] or rows [BR][Dv], the state of each
 // lane (m, l, and the last tile's rescale factor α), and the row pointers of the current K and V tiles.
 struct Workspace {
@@ -92,6 +81,10 @@ struct Workspace {
   const float* vrows[BC];
   Workspace(std::int64_t dk, std::int64_t dv)
       : q(dk * BR), k(BC * dk), v(BC * dv), st(BC * BR), o(dv * BR), m(BR), l(BR), alpha(BR) {}
+  static std::int64_t bytes(std::int64_t dk, std::int64_t dv) {
+    return static_cast<std::int64_t>(sizeof(float)) * (dk * BR + BC * dk + BC * dv + BC * BR + dv * BR + 3 * BR) +
+           static_cast<std::int64_t>(sizeof(Workspace));
+  }
 };
 
 // Sᵀ[c][·] = Σ_d K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and QV·W query lanes.
@@ -646,6 +639,16 @@ void flash_forward(const core::Problem& p, int threads) {
       store_lanes<QT, DenseMask>(p, lanes, base + 2, 1, stride, m, l);  // merged rows sit in split 0's slots
     }
   }
+}
+
+// The bytes a call allocates at `threads` threads: the team's scratch (make_workspaces) and, with split-KV, the
+// partial results.
+inline std::int64_t flash_workspace_bytes(const core::Problem& p, int threads) {
+  const Plan plan(p);
+  const std::int64_t tasks = plan.items * plan.splits;
+  const std::int64_t team = std::clamp<std::int64_t>(tasks, 1, std::max(threads, 1));
+  const std::int64_t partial = plan.splits > 1 ? plan.items * plan.splits * BR * (p.Dv + 2) : 0;
+  return team * Workspace::bytes(p.Dk, p.Dv) + static_cast<std::int64_t>(sizeof(float)) * partial;
 }
 
 // The kernel of this instruction set for the given dtypes and dense-mask kind, or null (cpu/pick.h).

@@ -1,13 +1,18 @@
-// What the CPU kernels offer the entry point. Each instruction set's translation unit exports one
-// function that answers "which kernel runs these dtypes and this mask?" (null = none), and
-// select_flash() is the one place that decides, per call, which instruction set to use.
+// What the CPU kernels offer the entry points, and the one place that chooses among them (dispatch.cc).
+//
+// The levels are cpu/isa_list.h's (each compiled from src/cpu/isa_unit.cc.in), then amx. Each level's unit
+// exports a KernelSet: "which kernel runs these dtypes and this mask?" (null = none) and how much scratch it
+// takes. select_flash() / select_backward() decide once per call, from the level in use (best_isa(), lowered by
+// set_isa_override or ATTN_ISA), and say which kernel and how much memory; the same answer serves "supported?"
+// (a null fn) and "which kernel?".
 #pragma once
 
 #include <cstdint>
-#include <string>
+#include <optional>
 
 #include "attn/tensor.h"
 #include "core/problem.h"
+#include "cpu/isa_list.h"
 
 namespace attn::core {
 struct BackwardProblem;
@@ -16,62 +21,60 @@ struct BackwardProblem;
 namespace attn::cpu {
 
 using FlashFn = void (*)(const core::Problem& problem, int threads);
+using BackwardFn = void (*)(const core::BackwardProblem& problem, int threads);
 
-// Instruction-set levels, lowest first.
-// avx512bf16 = AVX-512 with AVX512-BF16 (the vector kernels compiled with it).
-// amx = avx512bf16 with AMX-BF16 (tile data granted by the OS): bf16 prefill runs on the tile unit,
-// everything else on the avx512bf16 kernels.
-enum class Isa : int { sse2, avx2, avx512, avx512bf16, amx };
+// Instruction-set levels, lowest first: cpu/isa_list.h's vector levels, then amx (avx512bf16 with AMX-BF16 and
+// the OS's grant of tile data: bf16 prefill on the tile unit, everything else on avx512bf16's kernels).
+#define ATTN_ISA_ENUM(name, target, vec, usable) name,
+enum class Isa : int { ATTN_VECTOR_ISAS(ATTN_ISA_ENUM) amx };
+#undef ATTN_ISA_ENUM
+inline constexpr int kIsaCount = static_cast<int>(Isa::amx) + 1;
 const char* isa_name(Isa isa);
 
-namespace sse2 {
-FlashFn flash_kernel(DType q, DType kv, core::MaskKind mask);
-}
-namespace avx2 {
-FlashFn flash_kernel(DType q, DType kv, core::MaskKind mask);
-}
-namespace avx512 {
-FlashFn flash_kernel(DType q, DType kv, core::MaskKind mask);
-}
-namespace avx512bf16 {
-FlashFn flash_kernel(DType q, DType kv, core::MaskKind mask);
-}
+// What one level's unit exports: the kernel for these dtypes and dense-mask kind (null: none), and the bytes a
+// call of its kernel allocates (per-thread scratch for `threads` threads and whatever is shared).
+struct KernelSet {
+  FlashFn (*flash)(DType q, DType kv, core::MaskKind mask);
+  BackwardFn (*backward)(DType q, DType kv, core::MaskKind mask);
+  std::int64_t (*flash_workspace)(const core::Problem& problem, int threads);
+  std::int64_t (*backward_workspace)(const core::Problem& problem, int threads);
+};
+#define ATTN_ISA_DECLARE(name, target, vec, usable) \
+  namespace name {                                  \
+  KernelSet kernels();                              \
+  }
+ATTN_VECTOR_ISAS(ATTN_ISA_DECLARE)
+#undef ATTN_ISA_DECLARE
 namespace amx {
-// The AMX kernel for this problem, or null (it takes bf16 Q, K and V).
-FlashFn flash_kernel(const core::Problem& problem);
-}
+FlashFn flash_kernel(const core::Problem& problem);  // null unless the AMX kernel takes this problem (bf16 q, k, v)
+std::int64_t flash_workspace(const core::Problem& problem, int threads);
+}  // namespace amx
 
-// The best level this CPU and OS support.
+// The best level this CPU and OS support (detected once).
 Isa best_isa();
-// The level calls use: best_isa(), lowered by the ATTN_ISA environment variable
-// (sse2 | avx2 | avx512 | avx512bf16 | amx; a level above what the machine supports is clamped to best_isa()).
+bool isa_supported(Isa isa);
+// The level calls use: the override if set, else best_isa() lowered by the environment variable ATTN_ISA
+// (read once; an unknown value or a level above best_isa() is reported once on stderr and ignored).
 Isa active_isa();
+// Overrides the level for this process (nullopt: back to the default); `isa` must be supported.
+void set_isa_override(std::optional<Isa> isa);
 
-// Chooses the kernel for a validated problem; the only place a kernel is selected.
+// The kernel for a validated problem: the only place one is selected.
 struct Choice {
   FlashFn fn = nullptr;
-  Isa isa = Isa::sse2;
+  Isa isa = Isa::sse2;            // the level whose kernel runs (amx: the tile kernel; else a vector level)
+  std::int64_t workspace_bytes = 0;  // what the call allocates, at `threads` threads
 };
-Choice select_flash(const core::Problem& problem);
+Choice select_flash(const core::Problem& problem, int threads);
+struct BackwardChoice {
+  BackwardFn fn = nullptr;
+  Isa isa = Isa::sse2;
+  std::int64_t workspace_bytes = 0;
+};
+BackwardChoice select_backward(const core::Problem& problem, int threads);
 
-// The thread count a call will use: params.threads, else ATTN_NUM_THREADS, else OpenMP's default.
+// The thread count a call will use: params.threads, else ATTN_NUM_THREADS (read once; an invalid value is
+// reported once on stderr and ignored), else OpenMP's default.
 int resolve_threads(int requested);
-
-// Bytes of scratch one thread of the flash kernel holds (its whole working set beyond inputs/outputs),
-// at the active instruction set's tile shape.
-std::int64_t flash_workspace_bytes(std::int64_t dk, std::int64_t dv);
-
-// The backward kernels (backward_kernel.h), one per instruction set like the forward's, chosen the same way.
-using BackwardFn = void (*)(const core::BackwardProblem& problem, int threads);
-namespace sse2 {
-BackwardFn backward_kernel(DType q, DType kv, core::MaskKind mask);
-}
-namespace avx2 {
-BackwardFn backward_kernel(DType q, DType kv, core::MaskKind mask);
-}
-namespace avx512 {
-BackwardFn backward_kernel(DType q, DType kv, core::MaskKind mask);
-}
-BackwardFn select_backward(const core::Problem& problem);
 
 }  // namespace attn::cpu

@@ -44,7 +44,7 @@ double bias(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t
 
 }  // namespace
 
-Status check_size(const core::Problem& p, bool backward) {
+std::int64_t bytes_needed(const core::Problem& p, bool backward) {
   const double B = static_cast<double>(p.B), Hq = static_cast<double>(p.Hq), Hkv = static_cast<double>(p.Hkv);
   const double Sq = static_cast<double>(p.Sq), Skv = static_cast<double>(p.Skv);
   const double Dk = static_cast<double>(p.Dk), Dv = static_cast<double>(p.Dv);
@@ -52,6 +52,11 @@ Status check_size(const core::Problem& p, bool backward) {
   // head's dS and live flags (fp64, 8 bytes each; flags 1).
   double bytes = 8 * (B * Hq * Sq * (Dv + 1) + Skv) + Skv;
   if (backward) bytes += 8 * (B * Hq * Sq * Skv + B * Hq * Sq * Dk + 2 * B * Hkv * Skv * (Dk + Dv) + Sq * Skv) + Sq * Skv;
+  return bytes < 9e18 ? static_cast<std::int64_t>(bytes) : std::numeric_limits<std::int64_t>::max();
+}
+
+Status check_size(const core::Problem& p, bool backward) {
+  const double bytes = static_cast<double>(bytes_needed(p, backward));
   if (bytes <= kMaxBytes) return Status::Ok();
   char need[64];
   std::snprintf(need, sizeof need, "%.3g GiB", bytes / (1 << 30));

@@ -24,6 +24,8 @@ struct Result {
 // kMaxBytes, saying how much it would need.
 inline constexpr double kMaxBytes = 4.0 * (1 << 30);
 Status check_size(const core::Problem& p, bool backward);
+// The bytes its buffers take for this problem (what check_size compares with kMaxBytes).
+std::int64_t bytes_needed(const core::Problem& p, bool backward);
 
 // True when key j may be seen by query i of batch b (causal, window, key length; not the dense mask).
 bool allowed(const core::Problem& p, std::int64_t b, std::int64_t i, std::int64_t j);

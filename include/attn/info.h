@@ -1,0 +1,62 @@
+// attn: what the library sees and would run here: the CPU, the instruction-set levels, the kernel a call would
+// take and the memory it would allocate. For tools, benchmarks and users; no private header is needed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/sdpa.h"
+#include "attn/status.h"
+#include "attn/tensor.h"
+
+namespace attn {
+
+// The instruction-set levels of the CPU kernels, lowest first: "sse2", "avx2", "avx512", "avx512bf16", "amx".
+std::vector<std::string> isa_levels();
+bool isa_supported(const std::string& level);  // by this CPU and OS
+std::string best_isa();                        // the best level this CPU and OS support
+// The level calls use now: best_isa(), lowered by set_isa() or else by the environment variable ATTN_ISA.
+std::string active_isa();
+// Lowers the level calls use in this process ("" goes back to the default). An unknown level, or one this
+// machine does not support, is an error that changes nothing.
+Status set_isa(const std::string& level);
+// The thread count a call with Params::threads = requested uses (0: ATTN_NUM_THREADS, else OpenMP's default).
+int resolve_threads(int requested = 0);
+
+// What a call would run.
+struct KernelInfo {
+  std::string backend;            // "flash" or "reference"
+  std::string isa;                // the level whose kernel runs ("amx" only for the tile kernel); "" for reference
+  std::string kernel;             // "vector", "amx" (bf16 prefill on the tile unit) or "reference"
+  int threads = 0;
+  std::int64_t workspace_bytes = 0;  // what the call allocates beyond its inputs and outputs
+};
+// For attention() / attention_backward() with these arguments: the same validation (an invalid call gives the
+// same error), nothing computed or written.
+Status describe_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                          const Params& params, const std::optional<TensorView>& lse, KernelInfo* info);
+Status describe_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const TensorView& lse, const TensorView& grad_out,
+                                   const TensorView& grad_q, const TensorView& grad_k, const TensorView& grad_v,
+                                   const Params& params, KernelInfo* info);
+
+// The CPU as attn sees it (`attn info`).
+struct CpuInfo {
+  std::string vendor, brand;
+  std::vector<std::pair<std::string, bool>> cpuid;  // the CPUID flags attn cares about, in a fixed order
+  bool osxsave = false;
+  std::uint64_t xcr0 = 0;
+  bool os_avx = false, os_avx512 = false, os_amx = false;  // what the OS enables (XCR0)
+  // Linux's per-process AMX tile-data permission: offered by the kernel, held before attn asked, and the answer
+  // attn got when it asked (requested only when the CPU and OS have AMX).
+  bool amx_offered = false, amx_permitted_before = false;
+  std::optional<bool> amx_granted;
+  int amx_error = 0;  // errno of a refused request
+  std::int64_t l1d_bytes = 0, l2_bytes = 0, l3_bytes = 0;  // 0 = unknown
+};
+CpuInfo cpu_info();
+
+}  // namespace attn

@@ -1,0 +1,122 @@
+// attn/info.h over the private dispatch (cpu/kernels.h) and CPU detection (cpu/cpu_features.h).
+#include "attn/info.h"
+
+#include "attn/backward.h"
+#include "core/backward_problem.h"
+#include "core/problem.h"
+#include "cpu/cpu_features.h"
+#include "cpu/kernels.h"
+#include "reference/reference.h"
+
+namespace attn {
+
+std::vector<std::string> isa_levels() {
+  std::vector<std::string> out;
+  for (int i = 0; i < cpu::kIsaCount; ++i) out.emplace_back(cpu::isa_name(static_cast<cpu::Isa>(i)));
+  return out;
+}
+
+namespace {
+std::optional<cpu::Isa> level_of(const std::string& name) {
+  for (int i = 0; i < cpu::kIsaCount; ++i)
+    if (name == cpu::isa_name(static_cast<cpu::Isa>(i))) return static_cast<cpu::Isa>(i);
+  return std::nullopt;
+}
+}  // namespace
+
+bool isa_supported(const std::string& level) {
+  const std::optional<cpu::Isa> isa = level_of(level);
+  return isa && cpu::isa_supported(*isa);
+}
+std::string best_isa() { return cpu::isa_name(cpu::best_isa()); }
+std::string active_isa() { return cpu::isa_name(cpu::active_isa()); }
+
+Status set_isa(const std::string& level) {
+  if (level.empty()) {
+    cpu::set_isa_override(std::nullopt);
+    return Status::Ok();
+  }
+  const std::optional<cpu::Isa> isa = level_of(level);
+  if (!isa) {
+    std::string known;
+    for (const std::string& l : isa_levels()) known += (known.empty() ? "" : ", ") + l;
+    return Status::Invalid("level", "'" + level + "' is not a level; expected one of " + known + " (or \"\")");
+  }
+  if (!cpu::isa_supported(*isa))
+    return Status::Unsupported("level", "'" + level + "' is not supported by this CPU and OS; expected at most " +
+                                            best_isa());
+  cpu::set_isa_override(isa);
+  return Status::Ok();
+}
+
+int resolve_threads(int requested) { return cpu::resolve_threads(requested); }
+
+Status describe_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                          const Params& params, const std::optional<TensorView>& lse, KernelInfo* info) {
+  core::Problem p;
+  if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
+  KernelInfo r;
+  r.threads = cpu::resolve_threads(p.threads);
+  if (p.backend == Backend::reference) {
+    r.backend = r.kernel = "reference";
+    r.threads = 1;
+    r.workspace_bytes = reference::bytes_needed(p, /*backward=*/false);
+  } else {
+    const cpu::Choice c = cpu::select_flash(p, r.threads);
+    if (!c.fn) return Status::Unsupported("q", "no flash kernel for these dtypes");
+    r.backend = "flash";
+    r.isa = cpu::isa_name(c.isa);
+    r.kernel = c.isa == cpu::Isa::amx ? "amx" : "vector";
+    r.workspace_bytes = c.workspace_bytes;
+  }
+  *info = r;
+  return Status::Ok();
+}
+
+Status describe_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const TensorView& lse, const TensorView& grad_out,
+                                   const TensorView& grad_q, const TensorView& grad_k, const TensorView& grad_v,
+                                   const Params& params, KernelInfo* info) {
+  core::BackwardProblem bp;
+  if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, &bp); !s)
+    return s;
+  KernelInfo r;
+  r.threads = cpu::resolve_threads(bp.fwd.threads);
+  if (bp.fwd.backend == Backend::reference) {
+    r.backend = r.kernel = "reference";
+    r.threads = 1;
+    r.workspace_bytes = reference::bytes_needed(bp.fwd, /*backward=*/true);
+  } else {
+    const cpu::BackwardChoice c = cpu::select_backward(bp.fwd, r.threads);
+    if (!c.fn) return Status::Unsupported("q", "no backward kernel for these dtypes");
+    r.backend = "flash";
+    r.isa = cpu::isa_name(c.isa);
+    r.kernel = "vector";
+    r.workspace_bytes = c.workspace_bytes;
+  }
+  *info = r;
+  return Status::Ok();
+}
+
+CpuInfo cpu_info() {
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  CpuInfo c;
+  c.vendor = f.vendor, c.brand = f.brand;
+  c.cpuid = {{"sse2", f.sse2},         {"avx", f.avx},           {"avx2", f.avx2},         {"fma", f.fma},
+             {"f16c", f.f16c},         {"avx512f", f.avx512f},   {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl},
+             {"avx512dq", f.avx512dq}, {"avx512_bf16", f.avx512_bf16}, {"avx512_fp16", f.avx512_fp16},
+             {"amx_tile", f.amx_tile}, {"amx_bf16", f.amx_bf16}, {"amx_int8", f.amx_int8}};
+  c.osxsave = f.osxsave, c.xcr0 = f.xcr0;
+  c.os_avx = f.os_avx, c.os_avx512 = f.os_avx512, c.os_amx = f.os_amx;
+  const cpu::AmxPermission before = cpu::amx_permission();  // (what the process had before any request below)
+  c.amx_offered = before.kernel_supports, c.amx_permitted_before = before.permitted;
+  if (f.amx_tile && f.os_amx) {
+    const cpu::AmxRequest request = cpu::request_amx();
+    c.amx_granted = request.ok;
+    c.amx_error = request.error;
+  }
+  c.l1d_bytes = f.l1d_bytes, c.l2_bytes = f.l2_bytes, c.l3_bytes = f.l3_bytes;
+  return c;
+}
+
+}  // namespace attn
