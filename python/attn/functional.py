@@ -224,22 +224,22 @@ def _mask(attn_mask, kind, like, max_rank):
 
 
 # The integer dtypes index-like arguments are converted to, with their ranges.
-_INT_TARGETS = {"int64": (np.int64, -2**63, 2**63 - 1, "-2**63 <= value < 2**63"),
-                "int32": (np.int32, -2**31, 2**31 - 1, "-2**31 <= value < 2**31")}
+_INT_TARGETS = {"int64": (np.int64, -2**63, 2**63 - 1), "int32": (np.int32, -2**31, 2**31 - 1)}
 
 
 def _element(name, index):
     return name + "".join(f"[{i}]" for i in index)
 
 
-def _ints(name, x, kind, like, target, rank, shape_doc, what):
+def _ints(name, x, kind, like, target, rank, shape_doc, expected):
     """An index-like argument (kv_lens, seq_lens: target 'int64'; page_table: 'int32') as an integer array
     the binding reads. x is an array of `kind` with any integer dtype, or a (nested) list or tuple of ints.
     int32/int64 arrays of the target's width or narrower that the C++ library takes (int32 and int64 for
     lengths, int32 for page tables) go as they are; other integer dtypes are converted after a range check:
     a value outside the target's range is a ValueError naming the element and showing its value. bool and
-    float dtypes are TypeErrors. `rank` is the rank x must have (shape_doc describes it)."""
-    np_target, low, high, range_doc = _INT_TARGETS[target]
+    float dtypes are TypeErrors. `rank` is the rank x must have (shape_doc describes it); `expected` says
+    what a value should be, for the message of one out of the target's range."""
+    np_target, low, high = _INT_TARGETS[target]
     keep = ("int32", "int64") if target == "int64" else ("int32",)
     if isinstance(x, (list, tuple)):
         shape, values = _nested_ints(name, x)
@@ -247,14 +247,13 @@ def _ints(name, x, kind, like, target, rank, shape_doc, what):
         for i, n in enumerate(values):
             if not low <= n <= high:
                 index = np.unravel_index(i, shape) if shape else ()
-                raise ValueError(f"{name}: {_element(name, index)} = {n} is out of range; expected {what} "
-                                 f"({range_doc}, {target})")
+                raise ValueError(f"{name}: {_element(name, index)} = {n} is out of range; expected {expected}")
         return np.array(values, dtype=np_target).reshape(shape)
     _array(name, x, kind, like, index=True)
     _rank_of_shape(name, tuple(x.shape), rank, shape_doc)
     if isinstance(x, np.ndarray):
-        return _numpy_ints(name, x, np_target, low, high, keep, target, range_doc, what)
-    return _torch_ints(name, x, low, high, keep, target, range_doc, what)
+        return _numpy_ints(name, x, np_target, low, high, keep, expected)
+    return _torch_ints(name, x, low, high, keep, target, expected)
 
 
 def _rank_of_shape(name, shape, rank, shape_doc):
@@ -299,7 +298,7 @@ def _nested_ints(name, x):
     return tuple(shape), values
 
 
-def _numpy_ints(name, x, np_target, low, high, keep, target, range_doc, what):
+def _numpy_ints(name, x, np_target, low, high, keep, expected):
     dtype = x.dtype
     if dtype.kind not in "iu":
         raise TypeError(f"{name}: dtype {_dtype_name(x)}; expected integers (any int or uint dtype)")
@@ -311,12 +310,11 @@ def _numpy_ints(name, x, np_target, low, high, keep, target, range_doc, what):
         bad = (x < lo) | (x > hi)
         if bad.any():
             index = np.unravel_index(int(np.argmax(bad)), x.shape)
-            raise ValueError(f"{name}: {_element(name, index)} = {int(x[index])} is out of range; expected {what} "
-                             f"({range_doc}, {target})")
+            raise ValueError(f"{name}: {_element(name, index)} = {int(x[index])} is out of range; expected {expected}")
     return x.astype(np_target)
 
 
-def _torch_ints(name, x, low, high, keep, target, range_doc, what):
+def _torch_ints(name, x, low, high, keep, target, expected):
     torch = _torch()
     dtype = _dtype_name(x)
     if dtype in keep:
@@ -336,8 +334,7 @@ def _torch_ints(name, x, low, high, keep, target, range_doc, what):
         value = int(wide[index])
         if uint64 and value < 0:
             value += 2**64
-        raise ValueError(f"{name}: {_element(name, index)} = {value} is out of range; expected {what} "
-                         f"({range_doc}, {target})")
+        raise ValueError(f"{name}: {_element(name, index)} = {value} is out of range; expected {expected}")
     return wide if target == "int64" else wide.to(torch.int32)
 
 
@@ -345,7 +342,7 @@ def _lengths(name, lens, kind, like):
     """kv_lens / seq_lens: [B] key lengths of any integer dtype (or a list or tuple of ints), as int32/int64."""
     if lens is None:
         return None
-    return _ints(name, lens, kind, like, "int64", 1, "[B]", "a length")
+    return _ints(name, lens, kind, like, "int64", 1, "[B]", "0 <= length < 2**63 (an int64)")
 
 
 def _scale(scale):

@@ -55,7 +55,7 @@ def _ids(ids, kind):
     """PagedKVCache.attend's sequence ids: a list, tuple or range of ints, or a 1-D integer array of q's kind."""
     if isinstance(ids, range):
         ids = list(ids)
-    return [int(i) for i in _ints("ids", ids, kind, "q", "int64", 1, "[B]", "a sequence id").tolist()]
+    return [int(i) for i in _ints("ids", ids, kind, "q", "int64", 1, "[B]", "a sequence id (an int64)").tolist()]
 
 
 class MultiHeadAttention:
@@ -273,7 +273,8 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
     is_causal = _flag("is_causal", is_causal)
     return_lse = _flag("return_lse", return_lse)
     mask = _mask(attn_mask, kind, "query", 4)
-    table = _ints("page_table", page_table, kind, "query", "int32", 2, "[B, max_pages]", "a page index")
+    table = _ints("page_table", page_table, kind, "query", "int32", 2, "[B, max_pages]",
+                  "a page index that fits in int32 (-2**31 <= index < 2**31)")
     lens = _lengths("seq_lens", seq_lens, kind, "query")
     causal, left, right, align = _diagonals(is_causal, causal_alignment, window)
     scale = _scale(scale)
