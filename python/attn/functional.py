@@ -133,8 +133,8 @@ def _flag(name, value):
     raise TypeError(f"{name}: got {type(value).__name__} {value!r}; expected True or False")
 
 
-def _int(name, value, low=None):
-    """An int argument (Python or NumPy int, not bool) that fits in int64, optionally >= low."""
+def _int(name, value):
+    """An int argument (Python or NumPy int, not bool) that fits in int64."""
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name}: got bool {value!r}; expected an int")
     try:
@@ -143,8 +143,6 @@ def _int(name, value, low=None):
         raise TypeError(f"{name}: got {type(value).__name__} {value!r}; expected an int") from None
     if not -2**63 <= n < 2**63:
         raise ValueError(f"{name}: {n} is out of range; expected an int64 (-2**63 <= {name} < 2**63)")
-    if low is not None and n < low:
-        raise ValueError(f"{name}: {n}; expected >= {low}")
     return n
 
 
@@ -231,6 +229,12 @@ def _element(name, index):
     return name + "".join(f"[{i}]" for i in index)
 
 
+def _a(obj):
+    """'a float', 'an int', ... for the type of obj."""
+    kind = type(obj).__name__
+    return ("an " if kind[:1].lower() in "aeiou" else "a ") + kind
+
+
 def _ints(name, x, kind, like, target, rank, shape_doc, expected):
     """An index-like argument (kv_lens, seq_lens: target 'int64'; page_table: 'int32') as an integer array
     the binding reads. x is an array of `kind` with any integer dtype, or a (nested) list or tuple of ints.
@@ -276,21 +280,21 @@ def _nested_ints(name, x):
         depth = len(index)
         if depth == len(shape):
             if isinstance(obj, (list, tuple)):
-                raise ValueError(f"{name}: {_element(name, index)} is a {type(obj).__name__} where "
+                raise ValueError(f"{name}: {_element(name, index)} is {_a(obj)} where "
                                  f"{_element(name, (0,) * depth)} is an int; expected a rectangular nesting of ints")
             if isinstance(obj, (bool, np.bool_)):
                 raise TypeError(f"{name}: {_element(name, index)} is a bool ({obj!r}); expected an int")
             try:
                 values.append(operator.index(obj))
             except TypeError:
-                raise TypeError(f"{name}: {_element(name, index)} is a {type(obj).__name__} ({obj!r}); "
+                raise TypeError(f"{name}: {_element(name, index)} is {_a(obj)} ({obj!r}); "
                                 "expected an int") from None
             return
         if not isinstance(obj, (list, tuple)) or len(obj) != shape[depth]:
             found = (f"has {len(obj)} entries" if isinstance(obj, (list, tuple))
-                     else f"is a {type(obj).__name__}")
+                     else f"is {_a(obj)}")
             raise ValueError(f"{name}: {_element(name, index)} {found} where {_element(name, (0,) * depth)} has "
-                             f"{shape[depth]}; expected a rectangular nesting of ints (a ragged list)")
+                             f"{shape[depth]} entries; expected a rectangular nesting of ints (a ragged list)")
         for i, e in enumerate(obj):
             walk(e, index + (i,))
 
@@ -521,8 +525,8 @@ def merge_attention(out_a, lse_a, out_b, lse_b):
     """Combines two attention results over disjoint key sets of the same queries (split-KV, cascade,
     distributed attention) into the result over both: returns (out, lse), as if the keys had been
     attended together. out_* [B, H, S, Dv] and lse_* [B, H, S] float32, as returned by
-    scaled_dot_product_attention(..., return_lse=True) (or [H, S, Dv] and [H, S]); NumPy or torch.
-    A side with lse = -inf contributes nothing.
+    scaled_dot_product_attention(..., return_lse=True) (or [H, S, Dv] and [H, S]); all four of out_a's
+    kind (NumPy arrays or dense CPU torch tensors). A side with lse = -inf contributes nothing.
     """
     kind = _array("out_a", out_a)
     args = (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b))

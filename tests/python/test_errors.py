@@ -227,8 +227,8 @@ def paged_reference(q, k_pages, v_pages, table, lens, **kwargs):
     (lambda: paged(PQ, KP, VP, [[6, 0, 2.0], [1, 4, -1]], LENS), TypeError,
      "page_table: page_table[0][2] is a float (2.0); expected an int"),
     (lambda: paged(PQ, KP, VP, [[6, 0, 2], [1, 4]], LENS), ValueError,
-     "page_table: page_table[1] has 2 entries where page_table[0] has 3; expected a rectangular nesting of ints"),
-    (lambda: paged(PQ, KP, VP, [[6, 0, 2], 1], LENS), ValueError, "page_table: page_table[1] is a int where"),
+     "page_table: page_table[1] has 2 entries where page_table[0] has 3 entries; expected a rectangular nesting"),
+    (lambda: paged(PQ, KP, VP, [[6, 0, 2], 1], LENS), ValueError, "page_table: page_table[1] is an int where page_table[0] has 3 entries"),
     (lambda: paged(PQ, KP, VP, TABLE, LENS.astype(np.float64)), TypeError, "seq_lens: dtype float64; expected integers"),
     # integer ranges: page indices must fit in int32, lengths in int64
     (lambda: paged(PQ, KP, VP, np.array([[6, 0, 2**33], [1, 4, -1]]), LENS), ValueError,
