@@ -51,6 +51,22 @@ def _optional_dim(name, value, default):
     return n
 
 
+def _exact_parameter_count(d_model, heads, kv_heads, head_dim, v_head_dim, bias):
+    """The parameter count in Python's unbounded ints, with the C++ library's defaults (0 = default), or None
+    where the library will refuse the arguments itself. The library counts in int64, which sizes past 2**63
+    would wrap: those are caught here."""
+    if d_model < 1 or heads < 1:
+        return None
+    kv_heads = kv_heads or heads
+    if head_dim == 0:
+        if d_model % heads:
+            return None
+        head_dim = d_model // heads
+    v_head_dim = v_head_dim or head_dim
+    qkv_width = heads * head_dim + kv_heads * head_dim + kv_heads * v_head_dim
+    return d_model * qkv_width + heads * v_head_dim * d_model + (qkv_width + d_model if bias else 0)
+
+
 def _ids(ids, kind):
     """PagedKVCache.attend's sequence ids: a list, tuple or range of ints, or a 1-D integer array of q's kind."""
     if isinstance(ids, range):
@@ -79,6 +95,10 @@ class MultiHeadAttention:
                 raise TypeError(f"seed: got {type(seed).__name__} {seed!r}; expected an int") from None
             if not 0 <= seed < 2**64:
                 raise ValueError(f"seed: {seed} is out of range; expected 0 <= seed < 2**64")
+        count = _exact_parameter_count(*args)
+        if count is not None and count > 2**63 - 1:
+            raise MemoryError(f"d_model: the module would have {count} parameters, more than can be addressed; "
+                              "expected a module whose weights fit in memory")
         self._m = _call(_attn.MultiHeadAttention, *args, names={})
         self.d_model, self.heads, self.kv_heads, self.head_dim, self.v_head_dim, self.bias = self._m.config
         if seed is not None:
@@ -299,9 +319,13 @@ def attention_cost(seq, d_model, heads, kv_heads=None, head_dim=None, v_head_dim
 
 def parameter_count(d_model, heads, kv_heads=None, head_dim=None, v_head_dim=None, bias=False):
     """Weights of one attention layer: d·h·(3·d_k + d_v) for MHA without bias (512, 8 heads -> 1,048,576)."""
-    return _call(_attn.parameter_count, _int("d_model", d_model), _int("heads", heads),
-                 _optional_dim("kv_heads", kv_heads, "heads"), _optional_dim("head_dim", head_dim, "d_model // heads"),
-                 _optional_dim("v_head_dim", v_head_dim, "head_dim"), _flag("bias", bias), names={})
+    args = (_int("d_model", d_model), _int("heads", heads), _optional_dim("kv_heads", kv_heads, "heads"),
+            _optional_dim("head_dim", head_dim, "d_model // heads"), _optional_dim("v_head_dim", v_head_dim, "head_dim"),
+            _flag("bias", bias))
+    exact = _exact_parameter_count(*args)
+    if exact is not None and exact > 2**63 - 1:  # the library counts in int64
+        raise ValueError(f"d_model: the layer has {exact} parameters; expected at most 2**63 - 1 (an int64)")
+    return _call(_attn.parameter_count, *args, names={})
 
 
 _KV_DTYPES = ("f32", "f16", "bf16", "fp8")
