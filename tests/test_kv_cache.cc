@@ -313,6 +313,163 @@ TEST(PagedKVCache, ErrorsLeaveTheCacheUnchanged) {
   EXPECT_NE(s.message().find("expected 1"), std::string::npos) << s.message();
 }
 
+// ---- attend's errors name the caller's arguments and the cache, never attention_paged's ----------------
+
+// True when every float of `data` is still NaN (nothing was written).
+bool untouched(const std::vector<float>& data) {
+  return std::all_of(data.begin(), data.end(), [](float x) { return std::isnan(x); });
+}
+
+// The message names none of attention_paged's parameters, which are the cache's, not the caller's.
+void expect_no_paged_names(const Status& s) {
+  for (const char* name : {"k_pages", "v_pages", "page_table", "seq_lens"})
+    EXPECT_EQ(s.message().find(name), std::string::npos) << s.message();
+}
+
+struct Expected {
+  const char* what;
+  Status status;
+  const char* message;  // the whole message, or its start when it ends in "..."
+};
+
+void expect_errors(const std::vector<Expected>& cases, const std::vector<float>& out, const std::vector<float>& lse) {
+  for (const Expected& e : cases) {
+    SCOPED_TRACE(e.what);
+    EXPECT_EQ(e.status.code(), StatusCode::invalid_argument) << e.status.message();
+    const std::string want = e.message;
+    if (want.size() > 3 && want.compare(want.size() - 3, 3, "...") == 0)
+      EXPECT_EQ(e.status.message().rfind(want.substr(0, want.size() - 3), 0), 0u) << e.status.message();
+    else
+      EXPECT_EQ(e.status.message(), want);
+    expect_no_paged_names(e.status);
+    EXPECT_TRUE(untouched(out)) << "out written on error";
+    EXPECT_TRUE(untouched(lse)) << "lse written on error";
+  }
+}
+
+TEST(KVCache, AttendChecksQOutLseAgainstTheCache) {
+  std::mt19937_64 rng(21);
+  Tensor k(DType::f32, 1, 2, 5, 8), v(DType::f32, 1, 2, 5, 6);
+  k.randomize(rng), v.randomize(rng);
+  KVCache cache;
+  ASSERT_TRUE(KVCache::create(2, 8, 6, 16, &cache).ok());
+  ASSERT_TRUE(cache.append(k.view, v.view).ok());
+  std::vector<float> q(2 * 4 * 3 * 8, 0.5f), out(2 * 4 * 3 * 8, kNaN), lse(2 * 4 * 3, kNaN);
+  const auto view = [](std::vector<float>& d, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(d.data(), DType::f32, shape);
+  };
+  const TensorView q1 = view(q, {1, 4, 3, 8}), o1 = view(out, {1, 4, 3, 6}), l1 = view(lse, {1, 4, 3});
+  Params with_lens = decode_params();
+  std::int64_t lens[1] = {5};
+  with_lens.kv_lens = TensorView::contiguous(lens, DType::i64, {1});
+  expect_errors(
+      {{"rank", cache.attend(view(q, {4, 3, 8}), o1), "q: rank 3; expected rank 4 [B, Hq, T, Dk]"},
+       {"batch", cache.attend(view(q, {2, 4, 3, 8}), o1), "q: batch 2; expected 1 (one sequence)"},
+       {"head dim", cache.attend(view(q, {1, 4, 3, 7}), o1), "q: head dim 7; expected Dk = 8 (the cache's head_dim)"},
+       {"heads", cache.attend(view(q, {1, 3, 3, 8}), o1),
+        "q: heads 3; expected a positive multiple of Hkv = 2 (the cache's kv_heads)"},
+       {"no heads", cache.attend(view(q, {1, 0, 3, 8}), o1), "q: heads 0; expected a positive multiple of Hkv = 2..."},
+       {"out rank", cache.attend(q1, view(out, {4, 3, 6})), "out: rank 3; expected rank 4 [1, 4, 3, 6] ([B, Hq, T, Dv])"},
+       {"out dv", cache.attend(q1, view(out, {1, 4, 3, 8})),
+        "out: shape [1, 4, 3, 8]; expected [1, 4, 3, 6] ([B, Hq, T, Dv], Dv = 6 the cache's v_head_dim)"},
+       {"out tokens", cache.attend(q1, view(out, {1, 4, 2, 6})), "out: shape [1, 4, 2, 6]; expected [1, 4, 3, 6]..."},
+       {"lse rank", cache.attend(q1, o1, decode_params(), view(lse, {4, 3})),
+        "lse: rank 2; expected rank 3 [1, 4, 3] ([B, Hq, T])"},
+       {"lse shape", cache.attend(q1, o1, decode_params(), view(lse, {1, 2, 3})),
+        "lse: shape [1, 2, 3]; expected [1, 4, 3] ([B, Hq, T])"},
+       {"kv_lens", cache.attend(q1, o1, with_lens), "kv_lens: is set; expected it empty (the cache knows each..."}},
+      out, lse);
+
+  // Errors attention_paged finds in what the cache checks do not: named as the caller knows them.
+  TensorView into_cache = o1;  // out over the cache's own keys
+  into_cache.data = cache.keys().data;
+  Status s = cache.attend(q1, into_cache);
+  EXPECT_EQ(s.message(), "out: memory overlaps input cache; expected a separate buffer");
+  Params bad_scale = decode_params();
+  bad_scale.scale = -1.0;
+  s = cache.attend(q1, o1, bad_scale);
+  EXPECT_EQ(s.message().rfind("scale: is -1", 0), 0u) << s.message();
+  TensorView qi = q1;
+  qi.dtype = DType::i32;
+  s = cache.attend(qi, o1);
+  EXPECT_EQ(s.message().rfind("q: dtype i32; expected f32, bf16 or f16", 0), 0u) << s.message();
+  EXPECT_TRUE(untouched(out) && untouched(lse));
+  ASSERT_TRUE(cache.attend(q1, o1, decode_params(), l1).ok());
+  EXPECT_FALSE(untouched(out));
+}
+
+TEST(PagedKVCache, AttendChecksQOutLseAgainstTheCache) {
+  std::mt19937_64 rng(22);
+  Tensor k(DType::f32, 1, 2, 5, 8), v(DType::f32, 1, 2, 5, 6);
+  k.randomize(rng), v.randomize(rng);
+  PagedKVCache cache;
+  ASSERT_TRUE(PagedKVCache::create(2, 8, 6, 2, 8, &cache).ok());
+  const std::int64_t a = cache.add_sequence(), b = cache.add_sequence();
+  ASSERT_TRUE(cache.append(a, k.view, v.view).ok());
+  ASSERT_TRUE(cache.append(b, tokens(k.view, 0, 3), tokens(v.view, 0, 3)).ok());
+  std::vector<float> q(2 * 4 * 1 * 8, 0.5f), out(2 * 4 * 1 * 8, kNaN), lse(2 * 4, kNaN);
+  const auto view = [](std::vector<float>& d, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(d.data(), DType::f32, shape);
+  };
+  const TensorView q2 = view(q, {2, 4, 1, 8}), o2 = view(out, {2, 4, 1, 6});
+  Params with_lens = decode_params();
+  std::int64_t lens[2] = {5, 3};
+  with_lens.kv_lens = TensorView::contiguous(lens, DType::i64, {2});
+  expect_errors(
+      {{"rank", cache.attend({a, b}, view(q, {8, 1, 8}), o2), "q: rank 3; expected rank 4 [B, Hq, T, Dk]"},
+       {"batch", cache.attend({a}, q2, o2), "q: batch 2; expected 1 (one row per sequence id)"},
+       {"head dim", cache.attend({a, b}, view(q, {2, 4, 1, 4}), o2),
+        "q: head dim 4; expected Dk = 8 (the cache's head_dim)"},
+       {"heads", cache.attend({a, b}, view(q, {2, 1, 1, 8}), o2),
+        "q: heads 1; expected a positive multiple of Hkv = 2 (the cache's kv_heads)"},
+       {"out", cache.attend({a, b}, q2, view(out, {2, 4, 1, 8})),
+        "out: shape [2, 4, 1, 8]; expected [2, 4, 1, 6] ([B, Hq, T, Dv], Dv = 6 the cache's v_head_dim)"},
+       {"lse", cache.attend({a, b}, q2, o2, decode_params(), view(lse, {2, 4, 2})),
+        "lse: shape [2, 4, 2]; expected [2, 4, 1] ([B, Hq, T])"},
+       {"kv_lens", cache.attend({a, b}, q2, o2, with_lens), "kv_lens: is set; expected it empty..."}},
+      out, lse);
+  TensorView into_pool = o2;  // out over the pool's values
+  into_pool.data = cache.v_pages().data;
+  Status s = cache.attend({a, b}, q2, into_pool);
+  EXPECT_EQ(s.message(), "out: memory overlaps input cache; expected a separate buffer");
+  TensorView lse_in_pool = view(lse, {2, 4, 1});
+  lse_in_pool.data = cache.k_pages().data;
+  s = cache.attend({a, b}, q2, o2, decode_params(), lse_in_pool);
+  EXPECT_EQ(s.message(), "lse: memory overlaps input cache; expected a separate buffer");
+  EXPECT_TRUE(untouched(out) && untouched(lse));
+  ASSERT_TRUE(cache.attend({a, b}, q2, o2, decode_params(), view(lse, {2, 4, 1})).ok());
+  EXPECT_FALSE(untouched(out));
+}
+
+TEST(KVCache, CreateRefusesWhatAttendCannotReadAndReportsSizesPastMemory) {
+  KVCache cache;
+  Status s = KVCache::create(2, 8, 8, kMaxExtent + 1, &cache);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_EQ(s.message(), "capacity: 2147483648; expected at most 2147483647 (attn::kMaxExtent)");
+  s = KVCache::create(2, kMaxHeadDim + 1, 8, 4, &cache);
+  EXPECT_EQ(s.message(), "head_dim: 16385; expected at most 16384 (attn::kMaxHeadDim)");
+  s = KVCache::create(2, 8, kMaxHeadDim + 1, 4, &cache);
+  EXPECT_EQ(s.param(), "v_head_dim");
+  s = KVCache::create(kMaxExtent + 1, 8, 8, 4, &cache);
+  EXPECT_EQ(s.param(), "kv_heads");
+  // 2^31 heads x 2^31 tokens x 2^14 dims: more bytes than 64 bits count, refused without allocating.
+  s = KVCache::create(kMaxExtent, kMaxHeadDim, kMaxHeadDim, kMaxExtent, &cache);
+  EXPECT_EQ(s.code(), StatusCode::out_of_memory) << s.message();
+  EXPECT_EQ(s.message().rfind("capacity: the cache would need ", 0), 0u) << s.message();
+  EXPECT_EQ(cache.capacity(), 0) << "a failed create leaves the cache as it was";
+
+  PagedKVCache pool;
+  s = PagedKVCache::create(2, 8, 8, kMaxExtent + 1, 4, &pool);
+  EXPECT_EQ(s.message(), "page_size: 2147483648; expected at most 2147483647 (attn::kMaxExtent)");
+  s = PagedKVCache::create(kMaxExtent, 8, 8, kMaxExtent, kMaxExtent, &pool);
+  EXPECT_EQ(s.code(), StatusCode::out_of_memory) << s.message();
+  EXPECT_EQ(s.param(), "num_pages");
+  s = PagedKVCache::create(kMaxExtent, kMaxHeadDim, kMaxHeadDim, 1 << 20, 1, &pool);  // slots fit, bytes do not
+  EXPECT_EQ(s.code(), StatusCode::out_of_memory) << s.message();
+  EXPECT_EQ(s.message().rfind("num_pages: the cache would need ", 0), 0u) << s.message();
+  EXPECT_EQ(pool.num_pages(), 0);
+}
+
 // attention_paged itself rejects a page table entry outside the pool.
 TEST(PagedKVCache, BadPageTableEntryIsAnError) {
   PagedKVCache cache;

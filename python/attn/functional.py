@@ -3,8 +3,9 @@
 Each function checks what only Python knows (which kind of array came in, PyTorch's rules that the C++
 library does not have), allocates the outputs as that same kind, and hands every array to the C++
 library by pointer and strides (attn._attn). The library checks everything else; its errors arrive as
-ValueError (bad values or shapes) or TypeError (bad types), with the C++ message, in which the
-library's short names q, k, v and mask are replaced by this function's parameter names.
+ValueError (bad values or shapes), TypeError (bad types) or MemoryError (an allocation failed), with the
+C++ message, in which the library's short names q, k, v and mask are replaced by this function's
+parameter names.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ _PY_NAMES = {"q": "query", "k": "key", "v": "value", "mask": "attn_mask"}
 
 
 # ---- arrays: which kind, which dtype, how to allocate ----------------------------------------------
+#
+# The rule on kinds, for every function of the package: every array argument is of the kind of the first
+# one (query, x, q, out_a): all NumPy arrays or all torch tensors. Index-like arguments (kv_lens, seq_lens,
+# page_table, ids) may also be Python lists or tuples of ints (converted).
 
 
 def _torch():
@@ -30,35 +35,115 @@ def _torch():
     return sys.modules.get("torch")
 
 
-def _kind(name, x):
-    """'numpy' or 'torch'; anything else is a TypeError naming the parameter."""
-    if isinstance(x, np.ndarray):
-        return "numpy"
+def _is_tensor(x):
     torch = _torch()
-    if torch is not None and isinstance(x, torch.Tensor):
-        return "torch"
-    raise TypeError(f"{name}: got {type(x).__module__}.{type(x).__qualname__}; "
-                    "expected a numpy.ndarray or a torch.Tensor")
-
-
-def _dtype_name(x):
-    """'float32', 'bfloat16', 'bool', ... for a NumPy array (ml_dtypes included) or a torch tensor."""
-    name = str(x.dtype)
-    return name[len("torch."):] if name.startswith("torch.") else name
-
-
-def _same_kind(name, x, kind, like):
-    if _kind(name, x) != kind:
-        raise TypeError(f"{name}: a {_kind_label(_kind(name, x))}; expected a {_kind_label(kind)} like {like}")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _kind_label(kind):
     return "numpy.ndarray" if kind == "numpy" else "torch.Tensor"
 
 
+def _type_label(x):
+    return f"{type(x).__module__}.{type(x).__qualname__}"
+
+
+def _array(name, x, kind=None, like=None, index=False):
+    """Checks that x is an array attn can read and returns its kind, 'numpy' or 'torch'. With kind given
+    (the kind of parameter `like`), x must be of that kind. NumPy arrays must have whole-element strides
+    and aligned data; torch tensors must be dense (strided), on the CPU. index=True only changes the
+    message: such arguments may also be lists or tuples (see _ints)."""
+    if isinstance(x, np.ndarray):
+        found = "numpy"
+    elif _is_tensor(x):
+        found = "torch"
+    else:
+        if kind is None:
+            expected = "a numpy.ndarray or a torch.Tensor"
+        else:
+            expected = f"a {_kind_label(kind)} like {like}"
+        if index:
+            expected += ", or a list or tuple of ints"
+        raise TypeError(f"{name}: got {_type_label(x)}; expected {expected}")
+    if kind is not None and found != kind:
+        alternative = ", or a list or tuple of ints" if index else ""
+        raise TypeError(f"{name}: a {_kind_label(found)}; expected a {_kind_label(kind)} like {like}{alternative}")
+    if found == "torch":
+        _check_torch(name, x)
+    else:
+        _check_numpy(name, x)
+    return found
+
+
 def _check_torch(name, x):
+    torch = _torch()
+    if getattr(x, "is_nested", False):
+        raise TypeError(f"{name}: a nested tensor; expected a dense (strided) tensor")
+    if x.layout != torch.strided:
+        layout = str(x.layout)
+        what = "a sparse tensor" if "sparse" in layout else "a tensor of layout"
+        raise TypeError(f"{name}: {what} ({layout}); expected a dense (strided) tensor")
     if x.device.type != "cpu":
         raise TypeError(f"{name}: on device {x.device}; expected a CPU tensor")
+
+
+def _check_numpy(name, x):
+    size = x.dtype.itemsize
+    if size > 1 and x.size > 1:
+        for d, (n, stride) in enumerate(zip(x.shape, x.strides)):
+            if n > 1 and stride % size:
+                raise ValueError(f"{name}: stride of dimension {d} is {stride} bytes, not a multiple of the "
+                                 f"element size ({size} bytes); expected strides of whole elements")
+    if size > 1 and x.size > 0 and not x.flags.aligned:
+        raise ValueError(f"{name}: data not aligned to its {size}-byte elements; expected an aligned array "
+                         "(numpy.ascontiguousarray makes one)")
+
+
+def _dtype_name(x):
+    """'float32', 'bfloat16', 'bool', ... for a NumPy array (ml_dtypes included) or a torch tensor; a NumPy
+    dtype in non-native byte order keeps its byte-order character ('>f4'), so that it matches no name."""
+    name = str(x.dtype)
+    return name[len("torch."):] if name.startswith("torch.") else name
+
+
+def _float_dtype(name, x, like=None, like_dtype=None):
+    """The dtype name of a float array argument: float32, bfloat16 or float16 (like_dtype: exactly that)."""
+    dtype = _dtype_name(x)
+    if like_dtype is not None:
+        if dtype != like_dtype:
+            raise TypeError(f"{name}: dtype {dtype}; expected the dtype of {like} ({like_dtype})")
+    elif dtype not in _FLOATS:
+        if isinstance(x, np.ndarray) and not x.dtype.isnative:
+            raise TypeError(f"{name}: dtype {dtype} ({x.dtype.name} in non-native byte order); expected float32, "
+                            "bfloat16 or float16 in the machine's byte order")
+        raise TypeError(f"{name}: dtype {dtype}; expected float32, bfloat16 or float16")
+    return dtype
+
+
+def _rank(name, x, ranks, expected):
+    """x.ndim must be in ranks; `expected` describes them ("4 ([B, H, S, D])")."""
+    if x.ndim not in ranks:
+        raise ValueError(f"{name}: rank {x.ndim} (shape {list(x.shape)}); expected {expected}")
+
+
+def _flag(name, value):
+    """A bool argument: True or False (NumPy's bool_ too); anything else is a TypeError."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name}: got {type(value).__name__} {value!r}; expected True or False")
+
+
+def _int(name, value):
+    """An int argument (Python or NumPy int, not bool) that fits in int64."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: got bool {value!r}; expected an int")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: got {type(value).__name__} {value!r}; expected an int") from None
+    if not -2**63 <= n < 2**63:
+        raise ValueError(f"{name}: {n} is out of range; expected an int64 (-2**63 <= {name} < 2**63)")
+    return n
 
 
 def _wants_grad(*xs):
@@ -96,15 +181,183 @@ def _lead1(x):
     return x[None]
 
 
-def _call(fn, *args):
-    """Runs a binding function, renaming the C++ parameter at the head of its error message."""
+def _call(fn, *args, names=None):
+    """Runs a binding function, renaming the C++ parameter at the head of its error message (names: C++
+    name -> Python name; default those of scaled_dot_product_attention)."""
+    names = _PY_NAMES if names is None else names
     try:
         return fn(*args)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, MemoryError) as e:
         head, sep, rest = str(e).partition(": ")
-        if sep and head in _PY_NAMES:
-            raise type(e)(f"{_PY_NAMES[head]}: {rest}") from None
+        if sep and head in names:
+            raise type(e)(f"{names[head]}: {rest}") from None
         raise
+
+
+# ---- masks and integer arguments --------------------------------------------------------------------
+
+
+def _mask(attn_mask, kind, like, max_rank):
+    """attn_mask as the binding reads it: bool as is, float32 as is, other float dtypes as a float32 copy."""
+    if attn_mask is None:
+        return None
+    _array("attn_mask", attn_mask, kind, like)
+    if kind == "torch" and _wants_grad(attn_mask):
+        raise ValueError("attn_mask: requires grad; expected a mask without grad "
+                         "(attn differentiates query, key and value only)")
+    mdtype = _dtype_name(attn_mask)
+    if isinstance(attn_mask, np.ndarray) and attn_mask.dtype.kind == "f" and not attn_mask.dtype.isnative:
+        mdtype = attn_mask.dtype.name
+        mask = attn_mask.astype(np.float32)  # to the machine's byte order
+    elif mdtype == "bool" or mdtype == "float32":
+        mask = attn_mask
+    elif mdtype in ("float16", "bfloat16", "float64"):
+        mask = _as_float32(kind, attn_mask)
+    else:
+        raise TypeError(f"attn_mask: dtype {mdtype}; expected bool (True = keep) or a float dtype (added)")
+    if mask.ndim < 1 or mask.ndim > max_rank:
+        raise ValueError(f"attn_mask: rank {mask.ndim} (shape {list(mask.shape)}); "
+                         f"expected 1 to {max_rank} (the rank of {like} at most)")
+    return _for_binding(mask)
+
+
+# The integer dtypes index-like arguments are converted to, with their ranges.
+_INT_TARGETS = {"int64": (np.int64, -2**63, 2**63 - 1), "int32": (np.int32, -2**31, 2**31 - 1)}
+
+
+def _element(name, index):
+    return name + "".join(f"[{i}]" for i in index)
+
+
+def _a(obj):
+    """'a float', 'an int', ... for the type of obj."""
+    kind = type(obj).__name__
+    return ("an " if kind[:1].lower() in "aeiou" else "a ") + kind
+
+
+def _ints(name, x, kind, like, target, rank, shape_doc, expected):
+    """An index-like argument (kv_lens, seq_lens: target 'int64'; page_table: 'int32') as an integer array
+    the binding reads. x is an array of `kind` with any integer dtype, or a (nested) list or tuple of ints.
+    int32/int64 arrays of the target's width or narrower that the C++ library takes (int32 and int64 for
+    lengths, int32 for page tables) go as they are; other integer dtypes are converted after a range check:
+    a value outside the target's range is a ValueError naming the element and showing its value. bool and
+    float dtypes are TypeErrors. `rank` is the rank x must have (shape_doc describes it); `expected` says
+    what a value should be, for the message of one out of the target's range."""
+    np_target, low, high = _INT_TARGETS[target]
+    keep = ("int32", "int64") if target == "int64" else ("int32",)
+    if isinstance(x, (list, tuple)):
+        shape, values = _nested_ints(name, x)
+        _rank_of_shape(name, shape, rank, shape_doc)
+        for i, n in enumerate(values):
+            if not low <= n <= high:
+                index = np.unravel_index(i, shape) if shape else ()
+                raise ValueError(f"{name}: {_element(name, index)} = {n} is out of range; expected {expected}")
+        return np.array(values, dtype=np_target).reshape(shape)
+    _array(name, x, kind, like, index=True)
+    _rank_of_shape(name, tuple(x.shape), rank, shape_doc)
+    if isinstance(x, np.ndarray):
+        return _numpy_ints(name, x, np_target, low, high, keep, expected)
+    return _torch_ints(name, x, low, high, keep, target, expected)
+
+
+def _rank_of_shape(name, shape, rank, shape_doc):
+    if len(shape) != rank:
+        raise ValueError(f"{name}: rank {len(shape)} (shape {list(shape)}); expected {rank} ({shape_doc})")
+
+
+def _nested_ints(name, x):
+    """(shape, flat list of Python ints) of a rectangular nested list/tuple of ints."""
+    shape = []
+    probe = x
+    while isinstance(probe, (list, tuple)):
+        shape.append(len(probe))
+        if not probe:
+            break
+        probe = probe[0]
+    values = []
+
+    def walk(obj, index):
+        depth = len(index)
+        if depth == len(shape):
+            if isinstance(obj, (list, tuple)):
+                raise ValueError(f"{name}: {_element(name, index)} is {_a(obj)} where "
+                                 f"{_element(name, (0,) * depth)} is an int; expected a rectangular nesting of ints")
+            if isinstance(obj, (bool, np.bool_)):
+                raise TypeError(f"{name}: {_element(name, index)} is a bool ({obj!r}); expected an int")
+            try:
+                values.append(operator.index(obj))
+            except TypeError:
+                raise TypeError(f"{name}: {_element(name, index)} is {_a(obj)} ({obj!r}); "
+                                "expected an int") from None
+            return
+        if not isinstance(obj, (list, tuple)) or len(obj) != shape[depth]:
+            found = (f"has {len(obj)} entries" if isinstance(obj, (list, tuple))
+                     else f"is {_a(obj)}")
+            raise ValueError(f"{name}: {_element(name, index)} {found} where {_element(name, (0,) * depth)} has "
+                             f"{shape[depth]} entries; expected a rectangular nesting of ints (a ragged list)")
+        for i, e in enumerate(obj):
+            walk(e, index + (i,))
+
+    walk(x, ())
+    return tuple(shape), values
+
+
+def _numpy_ints(name, x, np_target, low, high, keep, expected):
+    dtype = x.dtype
+    if dtype.kind not in "iu":
+        raise TypeError(f"{name}: dtype {_dtype_name(x)}; expected integers (any int or uint dtype)")
+    if dtype.isnative and dtype.name in keep:
+        return x
+    info = np.iinfo(dtype)
+    if info.min < low or info.max > high:
+        lo, hi = dtype.type(max(info.min, low)), dtype.type(min(info.max, high))
+        bad = (x < lo) | (x > hi)
+        if bad.any():
+            index = np.unravel_index(int(np.argmax(bad)), x.shape)
+            raise ValueError(f"{name}: {_element(name, index)} = {int(x[index])} is out of range; expected {expected}")
+    return x.astype(np_target)
+
+
+def _torch_ints(name, x, low, high, keep, target, expected):
+    torch = _torch()
+    dtype = _dtype_name(x)
+    if dtype in keep:
+        return x
+    unsigned = {getattr(torch, f"uint{b}", None) for b in (16, 32, 64)} - {None}
+    if x.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8) and x.dtype not in unsigned:
+        raise TypeError(f"{name}: dtype {dtype}; expected integers (any int or uint dtype)")
+    wide = x.detach()
+    uint64 = dtype == "uint64"
+    # int64 holds every value of every integer dtype but uint64, whose bits it holds (values >= 2**63 negative).
+    wide = wide.view(torch.int64) if uint64 else wide.to(torch.int64)
+    bad = (wide < low) | (wide > high)
+    if uint64:
+        bad = bad | (wide < 0)
+    if bool(bad.any()):
+        index = tuple(int(i) for i in bad.nonzero()[0])
+        value = int(wide[index])
+        if uint64 and value < 0:
+            value += 2**64
+        raise ValueError(f"{name}: {_element(name, index)} = {value} is out of range; expected {expected}")
+    return wide if target == "int64" else wide.to(torch.int32)
+
+
+def _lengths(name, lens, kind, like):
+    """kv_lens / seq_lens: [B] key lengths of any integer dtype (or a list or tuple of ints), as int32/int64."""
+    if lens is None:
+        return None
+    return _ints(name, lens, kind, like, "int64", 1, "[B]", "0 <= length < 2**63 (an int64)")
+
+
+def _scale(scale):
+    if scale is None:
+        return None
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating, np.integer)):
+        raise TypeError(f"scale: got {type(scale).__name__}; expected a float")
+    try:
+        return float(scale)
+    except OverflowError:
+        raise ValueError(f"scale: {scale} is out of range; expected a finite value > 0") from None
 
 
 # ---- scaled dot-product attention ------------------------------------------------------------------
@@ -117,10 +370,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     signature and semantics where the names match.
 
     query [B, Hq, Sq, Dk], key [B, Hkv, Skv, Dk], value [B, Hkv, Skv, Dv] (or all three without the
-    batch dimension: [H, S, D]), float32, bfloat16 or float16, all the same dtype; NumPy arrays
-    (bfloat16 through ml_dtypes) or CPU torch tensors, all the same kind. Any strides: nothing is
-    copied. Returns out [B, Hq, Sq, Dv] of query's kind and dtype, and with return_lse=True the pair
+    batch dimension: [H, S, D]), float32, bfloat16 or float16, all the same dtype. Any strides: nothing
+    is copied. Returns out [B, Hq, Sq, Dv] of query's kind and dtype, and with return_lse=True the pair
     (out, lse), lse float32 [B, Hq, Sq]: the natural log of each row's softmax denominator.
+
+    Kinds: every array argument is of query's kind, all NumPy arrays (bfloat16 through ml_dtypes) or all
+    dense CPU torch tensors; kv_lens may also be a list or tuple of ints.
 
     attn_mask   broadcastable to [B, Hq, Sq, Skv]; bool: True = take part, False = masked out;
                 float (any float dtype, used as float32): added to the scaled scores (finite or -inf).
@@ -133,64 +388,45 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 Without it Hq != Hkv is an error, as in PyTorch.
     causal_alignment  None or 'top_left' (the default) or 'bottom_right': the diagonal that is_causal
                 and window are measured from (for batch b, Skv is kv_lens[b] when given).
-    kv_lens     [B] integer key lengths: keys j >= kv_lens[b] are padding and ignored.
+    kv_lens     [B] key lengths: keys j >= kv_lens[b] are padding and ignored. Any integer dtype
+                (int8 ... int64, uint8 ... uint64; int32 and int64 are read as they are, the others
+                converted to int64 after a range check) or a list or tuple of ints; bool and float
+                dtypes are refused (TypeError).
     window      (left, right) local attention: key j allowed when diag(i) - left <= j <= diag(i) + right;
-                -1 or None on a side means unbounded.
+                -1 or None on a side means unbounded; each side -1 or 0 <= side < 2**63.
     return_lse  also return the log-sum-exp (for merge_attention).
 
     A row with no allowed key gets out = 0 and lse = -inf (PyTorch's math path gives NaN or 0).
+
+    Errors: ValueError (values, shapes), TypeError (types, dtypes, kinds) or MemoryError (the library
+    could not allocate its scratch), each message starting with the parameter's name; nothing is
+    computed or returned then.
     """
-    kind = _kind("query", query)
-    _same_kind("key", key, kind, "query")
-    _same_kind("value", value, kind, "query")
-    qdtype = _dtype_name(query)
-    if qdtype not in _FLOATS:
-        raise TypeError(f"query: dtype {qdtype}; expected float32, bfloat16 or float16")
+    kind = _array("query", query)
+    _array("key", key, kind, "query")
+    _array("value", value, kind, "query")
+    qdtype = _float_dtype("query", query)
+    _float_dtype("key", key, "query", qdtype)
+    _float_dtype("value", value, "query", qdtype)
+    _rank("query", query, (3, 4), "4 ([B, H, S, D]) or 3 ([H, S, D])")
     for name, x in (("key", key), ("value", value)):
-        if _dtype_name(x) != qdtype:
-            raise TypeError(f"{name}: dtype {_dtype_name(x)}; expected the dtype of query ({qdtype})")
-    if query.ndim not in (3, 4):
-        raise ValueError(f"query: rank {query.ndim} (shape {list(query.shape)}); "
-                         "expected 4 ([B, H, S, D]) or 3 ([H, S, D])")
-    for name, x in (("key", key), ("value", value)):
-        if x.ndim != query.ndim:
-            raise ValueError(f"{name}: rank {x.ndim} (shape {list(x.shape)}); expected rank {query.ndim} like query")
+        _rank(name, x, (query.ndim,), f"rank {query.ndim} like query")
+    is_causal = _flag("is_causal", is_causal)
+    enable_gqa = _flag("enable_gqa", enable_gqa)
+    return_lse = _flag("return_lse", return_lse)
+    if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, (int, float, np.integer, np.floating)):
+        raise TypeError(f"dropout_p: got {type(dropout_p).__name__}; expected 0.0")
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p: {dropout_p!r}; expected 0.0 (attn computes attention without dropout)")
     hq, hkv = query.shape[-3], key.shape[-3]
     if hq != hkv and not enable_gqa:
         raise ValueError(f"key: {hkv} heads but query has {hq}; expected the same number of heads "
                          "(or enable_gqa=True for grouped-query attention)")
-    if kind == "torch":
-        for name, x in (("query", query), ("key", key), ("value", value)):
-            _check_torch(name, x)
 
-    mask = None
-    if attn_mask is not None:
-        _same_kind("attn_mask", attn_mask, kind, "query")
-        if kind == "torch":
-            _check_torch("attn_mask", attn_mask)
-            if _wants_grad(attn_mask):
-                raise ValueError("attn_mask: requires grad; expected a mask without grad "
-                                 "(attn differentiates query, key and value only)")
-        mdtype = _dtype_name(attn_mask)
-        if mdtype == "bool" or mdtype == "float32":
-            mask = attn_mask
-        elif mdtype in ("float16", "bfloat16", "float64"):
-            mask = _as_float32(kind, attn_mask)
-        else:
-            raise TypeError(f"attn_mask: dtype {mdtype}; expected bool (True = keep) or a float dtype (added)")
-        if mask.ndim > query.ndim:
-            raise ValueError(f"attn_mask: rank {mask.ndim} (shape {list(mask.shape)}); "
-                             f"expected at most the rank of query ({query.ndim})")
-        mask = _for_binding(mask)
-
-    lens = None if kv_lens is None else _key_lengths(kv_lens)
+    mask = _mask(attn_mask, kind, "query", query.ndim)
+    lens = _lengths("kv_lens", kv_lens, kind, "query")
     causal, left, right, align = _diagonals(is_causal, causal_alignment, window)
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
-            raise TypeError(f"scale: got {type(scale).__name__}; expected a float")
-        scale = float(scale)
+    scale = _scale(scale)
 
     batched = query.ndim == 4
     q, k, v = (x if batched else _lead1(x) for x in (query, key, value))
@@ -248,23 +484,6 @@ def _autograd_function():
     return _AUTOGRAD
 
 
-def _key_lengths(kv_lens):
-    """kv_lens as an int32/int64 array (NumPy or torch, passed as is) or a NumPy int64 copy of a sequence."""
-    torch = _torch()
-    if torch is not None and isinstance(kv_lens, torch.Tensor):
-        if kv_lens.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"kv_lens: dtype {_dtype_name(kv_lens)}; expected int32 or int64")
-        if kv_lens.device.type != "cpu":
-            raise TypeError(f"kv_lens: on device {kv_lens.device}; expected a CPU tensor")
-        return kv_lens
-    lens = np.asarray(kv_lens)
-    if lens.dtype.kind not in "iu":
-        raise TypeError(f"kv_lens: dtype {lens.dtype}; expected integers (int32 or int64)")
-    if lens.dtype not in (np.int32, np.int64):
-        lens = lens.astype(np.int64)
-    return lens
-
-
 def _diagonals(is_causal, causal_alignment, window):
     """(causal, window_left, window_right, window_align) for the binding."""
     if causal_alignment is None:
@@ -276,12 +495,27 @@ def _diagonals(is_causal, causal_alignment, window):
     causal = align if is_causal else "none"
     left = right = -1
     if window is not None:
-        try:
-            left, right = (-1 if w is None else operator.index(w) for w in window)
-        except (TypeError, ValueError):
-            raise TypeError(f"window: {window!r}; expected a pair of ints (left, right), -1 or None = unbounded") \
-                from None
+        sides = None
+        if isinstance(window, (tuple, list)) and len(window) == 2 or (
+                isinstance(window, np.ndarray) and window.shape == (2,)):
+            try:
+                sides = [-1 if w is None else _window_side(w) for w in window]
+            except TypeError:
+                sides = None
+        if sides is None:
+            raise TypeError(f"window: {window!r}; expected a pair of ints (left, right), -1 or None = unbounded")
+        for side, w in zip(("left", "right"), sides):
+            if not -1 <= w < 2**63:
+                raise ValueError(f"window: {side} = {w} is out of range; expected -1 (unbounded) or "
+                                 f"0 <= {side} < 2**63")
+        left, right = sides
     return causal, left, right, align
+
+
+def _window_side(w):
+    if isinstance(w, (bool, np.bool_)):
+        raise TypeError("bool")
+    return operator.index(w)
 
 
 # ---- merging partial results -----------------------------------------------------------------------
@@ -291,19 +525,16 @@ def merge_attention(out_a, lse_a, out_b, lse_b):
     """Combines two attention results over disjoint key sets of the same queries (split-KV, cascade,
     distributed attention) into the result over both: returns (out, lse), as if the keys had been
     attended together. out_* [B, H, S, Dv] and lse_* [B, H, S] float32, as returned by
-    scaled_dot_product_attention(..., return_lse=True) (or [H, S, Dv] and [H, S]); NumPy or torch.
-    A side with lse = -inf contributes nothing.
+    scaled_dot_product_attention(..., return_lse=True) (or [H, S, Dv] and [H, S]); all four of out_a's
+    kind (NumPy arrays or dense CPU torch tensors). A side with lse = -inf contributes nothing.
     """
-    kind = _kind("out_a", out_a)
+    kind = _array("out_a", out_a)
     args = (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b))
     for name, x in args:
-        _same_kind(name, x, kind, "out_a")
+        _array(name, x, kind, "out_a")
         if _dtype_name(x) != "float32":
             raise TypeError(f"{name}: dtype {_dtype_name(x)}; expected float32")
-        if kind == "torch":
-            _check_torch(name, x)
-    if out_a.ndim not in (3, 4):
-        raise ValueError(f"out_a: rank {out_a.ndim}; expected 4 ([B, H, S, Dv]) or 3 ([H, S, Dv])")
+    _rank("out_a", out_a, (3, 4), "4 ([B, H, S, Dv]) or 3 ([H, S, Dv])")
     for name, x in args[1:]:
         expected = out_a.ndim - (name.startswith("lse"))
         if x.ndim != expected:

@@ -1,32 +1,77 @@
 """The multi-head attention module, KV caches, paged attention and the cost model, over attn's C++ library.
 
-Arrays are float32 NumPy arrays or CPU torch tensors (results come back as the kind that went in); the
-C++ library validates shapes and reports errors as ValueError/TypeError naming the parameter.
+Arrays are NumPy arrays or dense CPU torch tensors, every array argument of one call of the same kind as
+the first (x, q, k or query); results come back as that kind. Index-like arguments (seq_lens, page_table,
+kv_lens, ids) may also be lists or tuples of ints. Bad input raises ValueError (values, shapes),
+TypeError (types, dtypes, kinds) or MemoryError (an allocation failed), each message starting with the
+parameter's name; the C++ library validates what Python does not and reports it the same way.
 """
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from . import _attn
-from .functional import _call, _diagonals, _empty, _for_binding, _kind, _same_kind
+from .functional import (_array, _call, _diagonals, _dtype_name, _empty, _flag, _float_dtype, _for_binding, _int, _ints,
+                         _is_tensor, _lengths, _mask, _rank, _scale)
 
 _WEIGHTS = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
+# C++ parameter names -> the Python ones, per function family.
+_MHA_NAMES = {"x_q": "x", "mask": "attn_mask"}
+_CACHE_NAMES = {}
+_PAGED_CACHE_NAMES = {"sequence": "seq_id"}
+_PAGED_ATTEND_NAMES = {"sequence": "ids"}
+_PAGED_NAMES = {"q": "query", "mask": "attn_mask"}
 
 
 def _f32(name, x):
-    dtype = str(x.dtype).replace("torch.", "")
+    dtype = _dtype_name(x)
     if dtype != "float32":
         raise TypeError(f"{name}: dtype {dtype}; expected float32")
     return _for_binding(x)
 
 
-def _causal(causal):
-    if causal in (False, None):
-        return "none"
-    if causal is True:
-        return "top_left"
-    return _diagonals(True, causal, None)[0]
+def _f32_array(name, x, rank, shape_doc, kind=None, like=None):
+    """A float32 array argument of the given rank (and kind, when given); returns its kind."""
+    kind = _array(name, x, kind, like)
+    _f32(name, x)
+    _rank(name, x, (rank,), f"{rank} ({shape_doc})")
+    return kind
+
+
+def _optional_dim(name, value, default):
+    """None -> 0 (the C++ library's "default"); otherwise an int >= 1."""
+    if value is None:
+        return 0
+    n = _int(name, value)
+    if n < 1:
+        raise ValueError(f"{name}: {n}; expected an int >= 1, or None for {default}")
+    return n
+
+
+def _exact_parameter_count(d_model, heads, kv_heads, head_dim, v_head_dim, bias):
+    """The parameter count in Python's unbounded ints, with the C++ library's defaults (0 = default), or None
+    where the library will refuse the arguments itself. The library counts in int64, which sizes past 2**63
+    would wrap: those are caught here."""
+    if d_model < 1 or heads < 1:
+        return None
+    kv_heads = kv_heads or heads
+    if head_dim == 0:
+        if d_model % heads:
+            return None
+        head_dim = d_model // heads
+    v_head_dim = v_head_dim or head_dim
+    qkv_width = heads * head_dim + kv_heads * head_dim + kv_heads * v_head_dim
+    return d_model * qkv_width + heads * v_head_dim * d_model + (qkv_width + d_model if bias else 0)
+
+
+def _ids(ids, kind):
+    """PagedKVCache.attend's sequence ids: a list, tuple or range of ints, or a 1-D integer array of q's kind."""
+    if isinstance(ids, range):
+        ids = list(ids)
+    return [int(i) for i in _ints("ids", ids, kind, "q", "int64", 1, "[B]", "a sequence id (an int64)").tolist()]
 
 
 class MultiHeadAttention:
@@ -34,10 +79,27 @@ class MultiHeadAttention:
     Y_h = attention(Q_h, K_g, V_g) with query head h reading KV head g = h // (heads // kv_heads),
     out = concat_h(Y_h) W_Oᵀ + b_O. Weights in torch.nn.Linear's layout ([out_features, in_features]):
     w_q [heads·head_dim, d_model], w_k [kv_heads·head_dim, d_model], w_v [kv_heads·v_head_dim, d_model],
-    w_o [d_model, heads·v_head_dim]; biases with bias=True. kv_heads = heads is MHA, 1 is MQA."""
+    w_o [d_model, heads·v_head_dim]; biases with bias=True. kv_heads = heads is MHA, 1 is MQA.
+    kv_heads, head_dim and v_head_dim default (None) to heads, d_model // heads and head_dim."""
 
     def __init__(self, d_model, heads, kv_heads=None, head_dim=None, v_head_dim=None, bias=False, seed=None):
-        self._m = _attn.MultiHeadAttention(d_model, heads, kv_heads or 0, head_dim or 0, v_head_dim or 0, bias)
+        args = (_int("d_model", d_model), _int("heads", heads), _optional_dim("kv_heads", kv_heads, "heads"),
+                _optional_dim("head_dim", head_dim, "d_model // heads"),
+                _optional_dim("v_head_dim", v_head_dim, "head_dim"), _flag("bias", bias))
+        if seed is not None:
+            if isinstance(seed, (bool, np.bool_)):
+                raise TypeError(f"seed: got bool {seed!r}; expected an int")
+            try:
+                seed = operator.index(seed)
+            except TypeError:
+                raise TypeError(f"seed: got {type(seed).__name__} {seed!r}; expected an int") from None
+            if not 0 <= seed < 2**64:
+                raise ValueError(f"seed: {seed} is out of range; expected 0 <= seed < 2**64")
+        count = _exact_parameter_count(*args)
+        if count is not None and count > 2**63 - 1:
+            raise MemoryError(f"d_model: the module would have {count} parameters, more than can be addressed; "
+                              "expected a module whose weights fit in memory")
+        self._m = _call(_attn.MultiHeadAttention, *args, names={})
         self.d_model, self.heads, self.kv_heads, self.head_dim, self.v_head_dim, self.bias = self._m.config
         if seed is not None:
             self._m.init_random(seed)
@@ -51,53 +113,77 @@ class MultiHeadAttention:
         return {"w_q": (hq * dk, d), "w_k": (hkv * dk, d), "w_v": (hkv * dv, d), "w_o": (d, hq * dv),
                 "b_q": (hq * dk,), "b_k": (hkv * dk,), "b_v": (hkv * dv,), "b_o": (d,)}[name]
 
+    def _check_name(self, name):
+        if not isinstance(name, str) or name not in _WEIGHTS or (name.startswith("b_") and not self.bias):
+            raise ValueError(f"name: {name!r}; expected one of {', '.join(_WEIGHTS[:8 if self.bias else 4])}")
+
     def get_weight(self, name):
         """A copy of one weight as a float32 NumPy array (w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o)."""
-        if name not in _WEIGHTS or (name.startswith("b_") and not self.bias):
-            raise ValueError(f"name: {name!r}; expected one of {', '.join(_WEIGHTS[:8 if self.bias else 4])}")
+        self._check_name(name)
         return np.asarray(self._m.get_weight(name), dtype=np.float32).reshape(self._shape(name))
 
     def set_weight(self, name, value):
-        """Sets one weight from an array of its shape (see the class docstring)."""
-        if name not in _WEIGHTS or (name.startswith("b_") and not self.bias):
-            raise ValueError(f"name: {name!r}; expected one of {', '.join(_WEIGHTS[:8 if self.bias else 4])}")
-        a = np.asarray(value, dtype=np.float32)
+        """Sets one weight from an array of its shape (see the class docstring): a NumPy array, a CPU torch
+        tensor or nested lists of numbers (bool, int or float; stored as float32)."""
+        self._check_name(name)
+        if isinstance(value, np.ndarray) or _is_tensor(value):
+            _array(name, value)
+            if _is_tensor(value):
+                if value.is_complex():
+                    raise TypeError(f"{name}: dtype {_dtype_name(value)}; expected real numbers (stored as float32)")
+                value = value.detach().tolist()
+        try:
+            a = np.asarray(value)
+        except ValueError:
+            raise ValueError(f"{name}: a ragged nested list; expected an array of shape "
+                             f"{list(self._shape(name))}") from None
+        if a.dtype.kind not in "biuf":
+            raise TypeError(f"{name}: dtype {_dtype_name(a) if a.dtype.kind != 'O' else 'object'}; expected numbers "
+                            f"(an array of shape {list(self._shape(name))}, stored as float32)")
+        a = a.astype(np.float32)
         if a.shape != self._shape(name):
             raise ValueError(f"{name}: shape {list(a.shape)}; expected {list(self._shape(name))}")
         self._m.set_weight(name, a.ravel().tolist())
 
     def __call__(self, x, x_kv=None, *, attn_mask=None, is_causal=False, causal_alignment=None, kv_lens=None):
         """Self-attention of x [B, S, d_model], or cross-attention of x (queries) to x_kv [B, Skv, d_model];
-        returns [B, S, d_model] of x's kind."""
-        kind = _kind("x", x)
+        returns [B, S, d_model] of x's kind. float32. attn_mask (bool or float, broadcastable to
+        [B, heads, S, Skv]) and x_kv are of x's kind; kv_lens ([B] key lengths) is an integer array of x's
+        kind or a list or tuple of ints (see scaled_dot_product_attention)."""
+        kind = _f32_array("x", x, 3, "[B, S, d_model]")
         if x_kv is not None:
-            _same_kind("x_kv", x_kv, kind, "x")
-        mask = None if attn_mask is None else _for_binding(attn_mask)
-        lens = None if kv_lens is None else np.asarray(kv_lens, dtype=np.int64)
+            _f32_array("x_kv", x_kv, 3, "[B, Skv, d_model]", kind, "x")
+        is_causal = _flag("is_causal", is_causal)
+        mask = _mask(attn_mask, kind, "x", 4)
+        lens = _lengths("kv_lens", kv_lens, kind, "x")
         causal = _diagonals(is_causal, causal_alignment, None)[0]
         out = _empty(kind, x, (x.shape[0], x.shape[1], self.d_model))
-        xb = _f32("x", x)
-        _call(self._m.forward, xb, xb if x_kv is None else _f32("x_kv", x_kv), _for_binding(out), mask, lens, causal,
-              x_kv is not None)
+        xb = _for_binding(x)
+        _call(self._m.forward, xb, xb if x_kv is None else _for_binding(x_kv), _for_binding(out), mask, lens, causal,
+              x_kv is not None, names=_MHA_NAMES)
         return out
 
     forward = __call__
 
     def forward_cached(self, x, cache):
-        """A decode step of one sequence: x [1, T, d_model] are the new tokens; their K/V are appended to
-        `cache` (a KVCache) and their queries attend to the whole cache (bottom-right causal)."""
-        kind = _kind("x", x)
+        """A decode step of one sequence: x [1, T, d_model] float32 are the new tokens; their K/V are
+        appended to `cache` (a KVCache) and their queries attend to the whole cache (bottom-right causal)."""
+        kind = _f32_array("x", x, 3, "[1, T, d_model]")
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache: got {type(cache).__module__}.{type(cache).__qualname__}; expected an attn.KVCache")
         out = _empty(kind, x, (x.shape[0], x.shape[1], self.d_model))
-        _call(self._m.forward_cached, _f32("x", x), cache._c, _for_binding(out))
+        _call(self._m.forward_cached, _for_binding(x), cache._c, _for_binding(out), names=_MHA_NAMES)
         return out
 
 
 class KVCache:
     """One sequence's keys and values, contiguous, for `capacity` tokens: append K/V of new tokens, then
-    attend the new queries to everything cached with bottom-right causal alignment."""
+    attend the new queries to everything cached with bottom-right causal alignment. float32."""
 
     def __init__(self, kv_heads, head_dim, capacity, v_head_dim=None):
-        self._c = _attn.KVCache(kv_heads, head_dim, v_head_dim or 0, capacity)
+        head_dim, v_head_dim = _int("head_dim", head_dim), _optional_dim("v_head_dim", v_head_dim, "head_dim")
+        self._c = _call(_attn.KVCache, _int("kv_heads", kv_heads), head_dim, v_head_dim, _int("capacity", capacity),
+                        names=_CACHE_NAMES)
         self.v_head_dim = v_head_dim or head_dim
 
     def __len__(self):
@@ -108,20 +194,25 @@ class KVCache:
         return self._c.capacity
 
     def append(self, k, v):
-        """k [1, Hkv, T, Dk], v [1, Hkv, T, Dv] float32; past the capacity is a ValueError, nothing changes."""
-        _call(self._c.append, _f32("k", k), _f32("v", v))
+        """k [1, Hkv, T, Dk], v [1, Hkv, T, Dv] float32 (v of k's kind); past the capacity is a ValueError,
+        nothing changes."""
+        kind = _f32_array("k", k, 4, "[1, Hkv, T, Dk]")
+        _f32_array("v", v, 4, "[1, Hkv, T, Dv]", kind, "k")
+        _call(self._c.append, _for_binding(k), _for_binding(v), names=_CACHE_NAMES)
 
     def attend(self, q, return_lse=False):
-        """q [1, Hq, T, Dk] -> out [1, Hq, T, Dv] (and the float32 lse [1, Hq, T] with return_lse)."""
-        kind = _kind("q", q)
+        """q [1, Hq, T, Dk] float32 -> out [1, Hq, T, Dv] (and the float32 lse [1, Hq, T] with return_lse)."""
+        kind = _f32_array("q", q, 4, "[1, Hq, T, Dk]")
+        return_lse = _flag("return_lse", return_lse)
         b, hq, t, _ = q.shape
         out = _empty(kind, q, (b, hq, t, self.v_head_dim))
         lse = _empty(kind, q, (b, hq, t), "float32") if return_lse else None
-        _call(self._c.attend, _f32("q", q), _for_binding(out), lse)
+        _call(self._c.attend, _for_binding(q), _for_binding(out), lse, names=_CACHE_NAMES)
         return (out, lse) if return_lse else out
 
     def truncate(self, length):
-        _call(self._c.truncate, length)
+        """Keeps the first `length` tokens (0 <= length <= len(self))."""
+        _call(self._c.truncate, _int("length", length), names=_CACHE_NAMES)
 
     def clear(self):
         self._c.clear()
@@ -130,10 +221,13 @@ class KVCache:
 class PagedKVCache:
     """A pool of `num_pages` pages of `page_size` tokens shared by many sequences (vLLM's PagedAttention
     layout): add_sequence() gives an id, append(id, k, v) grows it page by page, remove_sequence(id)
-    returns its pages to the pool, attend(ids, q) decodes a batch of sequences of ragged lengths at once."""
+    returns its pages to the pool, attend(ids, q) decodes a batch of sequences of ragged lengths at once.
+    float32."""
 
     def __init__(self, kv_heads, head_dim, page_size, num_pages, v_head_dim=None):
-        self._c = _attn.PagedKVCache(kv_heads, head_dim, v_head_dim or 0, page_size, num_pages)
+        head_dim, v_head_dim = _int("head_dim", head_dim), _optional_dim("v_head_dim", v_head_dim, "head_dim")
+        self._c = _call(_attn.PagedKVCache, _int("kv_heads", kv_heads), head_dim, v_head_dim,
+                        _int("page_size", page_size), _int("num_pages", num_pages), names=_CACHE_NAMES)
         self.v_head_dim = v_head_dim or head_dim
 
     @property
@@ -144,39 +238,72 @@ class PagedKVCache:
         return self._c.add_sequence()
 
     def remove_sequence(self, seq_id):
-        _call(self._c.remove_sequence, seq_id)
+        _call(self._c.remove_sequence, _int("seq_id", seq_id), names=_PAGED_CACHE_NAMES)
 
     def length(self, seq_id):
-        return _call(self._c.length, seq_id)
+        return _call(self._c.length, _int("seq_id", seq_id), names=_PAGED_CACHE_NAMES)
 
     def append(self, seq_id, k, v):
-        """k [1, Hkv, T, Dk], v [1, Hkv, T, Dv] float32 for sequence seq_id; an exhausted pool is a ValueError."""
-        _call(self._c.append, seq_id, _f32("k", k), _f32("v", v))
+        """k [1, Hkv, T, Dk], v [1, Hkv, T, Dv] float32 (v of k's kind) for sequence seq_id; an exhausted
+        pool is a ValueError and nothing changes."""
+        seq_id = _int("seq_id", seq_id)
+        kind = _f32_array("k", k, 4, "[1, Hkv, T, Dk]")
+        _f32_array("v", v, 4, "[1, Hkv, T, Dv]", kind, "k")
+        _call(self._c.append, seq_id, _for_binding(k), _for_binding(v), names=_PAGED_CACHE_NAMES)
 
     def attend(self, ids, q, return_lse=False):
-        """q [B, Hq, T, Dk], row b the new queries of sequence ids[b] -> out [B, Hq, T, Dv] (and lse)."""
-        kind = _kind("q", q)
+        """q [B, Hq, T, Dk] float32, row b the new queries of sequence ids[b] -> out [B, Hq, T, Dv] (and lse).
+        ids: a list, tuple or range of ints, or a 1-D integer array of q's kind."""
+        kind = _f32_array("q", q, 4, "[B, Hq, T, Dk]")
+        ids = _ids(ids, kind)
+        return_lse = _flag("return_lse", return_lse)
         b, hq, t, _ = q.shape
         out = _empty(kind, q, (b, hq, t, self.v_head_dim))
         lse = _empty(kind, q, (b, hq, t), "float32") if return_lse else None
-        _call(self._c.attend, list(ids), _f32("q", q), _for_binding(out), lse)
+        _call(self._c.attend, ids, _for_binding(q), _for_binding(out), lse, names=_PAGED_ATTEND_NAMES)
         return (out, lse) if return_lse else out
 
 
 def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=None, is_causal=False,
                     causal_alignment=None, scale=None, window=None, return_lse=False):
-    """attn.scaled_dot_product_attention over a paged KV cache: k_pages [P, Hkv, page_size, Dk],
-    v_pages [P, Hkv, page_size, Dv], page_table [B, max_pages] int32 (page n of sequence b), seq_lens [B]
-    int32/int64; query [B, Hq, Sq, Dk]. Keys j >= seq_lens[b] are ignored."""
-    kind = _kind("query", query)
+    """attn.scaled_dot_product_attention over a paged KV cache (vLLM's and FlashInfer's layout):
+    query [B, Hq, Sq, Dk], k_pages [P, Hkv, page_size, Dk], v_pages [P, Hkv, page_size, Dv],
+    page_table [B, max_pages] (page n of sequence b), seq_lens [B] (keys j >= seq_lens[b] are ignored).
+    Returns out [B, Hq, Sq, Dv] of query's kind and dtype (and the float32 lse [B, Hq, Sq] with
+    return_lse=True).
+
+    query, k_pages and v_pages are float32, bfloat16 (NumPy: ml_dtypes.bfloat16) or float16; k_pages
+    and v_pages share a dtype. Kinds: every array argument is of query's kind, all NumPy arrays or all
+    dense CPU torch tensors; page_table and seq_lens may also be (nested) lists or tuples of ints.
+    page_table: any integer dtype, converted to int32 when every value fits (else a ValueError naming the
+    element); seq_lens: any integer dtype (int32 and int64 as they are, the others converted to int64
+    after a range check). bool and float dtypes are TypeErrors. attn_mask, is_causal, causal_alignment,
+    scale and window mean what they mean for scaled_dot_product_attention, with Skv = max_pages ·
+    page_size. No autograd: the result does not require grad.
+    """
+    kind = _array("query", query)
+    _array("k_pages", k_pages, kind, "query")
+    _array("v_pages", v_pages, kind, "query")
+    qdtype = _float_dtype("query", query)
+    kdtype = _float_dtype("k_pages", k_pages)
+    _float_dtype("v_pages", v_pages, "k_pages", kdtype)
+    _rank("query", query, (4,), "4 ([B, Hq, Sq, Dk])")
+    _rank("k_pages", k_pages, (4,), "4 ([P, Hkv, page_size, Dk])")
+    _rank("v_pages", v_pages, (4,), "4 ([P, Hkv, page_size, Dv])")
+    is_causal = _flag("is_causal", is_causal)
+    return_lse = _flag("return_lse", return_lse)
+    mask = _mask(attn_mask, kind, "query", 4)
+    table = _ints("page_table", page_table, kind, "query", "int32", 2, "[B, max_pages]",
+                  "a page index that fits in int32 (-2**31 <= index < 2**31)")
+    lens = _lengths("seq_lens", seq_lens, kind, "query")
     causal, left, right, align = _diagonals(is_causal, causal_alignment, window)
+    scale = _scale(scale)
     b, hq, sq, _ = query.shape
     out = _empty(kind, query, (b, hq, sq, v_pages.shape[-1]))
     lse = _empty(kind, query, (b, hq, sq), "float32") if return_lse else None
-    mask = None if attn_mask is None else _for_binding(attn_mask)
-    _call(_attn.attention_paged, _for_binding(query), _for_binding(k_pages), _for_binding(v_pages),
-          _for_binding(page_table), _for_binding(seq_lens), _for_binding(out), lse, mask,
-          None if scale is None else float(scale), causal, left, right, align)
+    bf16_bits = kind == "numpy" and "bfloat16" in (qdtype, kdtype)
+    _call(_attn.attention_paged, _for_binding(query), _for_binding(k_pages), _for_binding(v_pages), table, lens,
+          _for_binding(out), lse, mask, scale, causal, left, right, align, bf16_bits, names=_PAGED_NAMES)
     return (out, lse) if return_lse else out
 
 
@@ -184,15 +311,31 @@ def attention_cost(seq, d_model, heads, kv_heads=None, head_dim=None, v_head_dim
                    bytes_per_element=4):
     """FLOPs (2 per multiply-add; 'seed_ops' counts 1 as the seeds do) and bytes of each stage of one layer:
     a dict with 'stages' (name, flops, seed_ops, bytes), totals, 'dominant' and 'crossover_seq'."""
-    return _call(_attn.attention_cost, seq, d_model, heads, kv_heads or 0, head_dim or 0, v_head_dim or 0, causal,
-                 batch, bytes_per_element)
+    return _call(_attn.attention_cost, _int("seq", seq), _int("d_model", d_model), _int("heads", heads),
+                 _optional_dim("kv_heads", kv_heads, "heads"), _optional_dim("head_dim", head_dim, "d_model // heads"),
+                 _optional_dim("v_head_dim", v_head_dim, "head_dim"), _flag("causal", causal), _int("batch", batch),
+                 _int("bytes_per_element", bytes_per_element), names={})
 
 
 def parameter_count(d_model, heads, kv_heads=None, head_dim=None, v_head_dim=None, bias=False):
     """Weights of one attention layer: d·h·(3·d_k + d_v) for MHA without bias (512, 8 heads -> 1,048,576)."""
-    return _call(_attn.parameter_count, d_model, heads, kv_heads or 0, head_dim or 0, v_head_dim or 0, bias)
+    args = (_int("d_model", d_model), _int("heads", heads), _optional_dim("kv_heads", kv_heads, "heads"),
+            _optional_dim("head_dim", head_dim, "d_model // heads"), _optional_dim("v_head_dim", v_head_dim, "head_dim"),
+            _flag("bias", bias))
+    exact = _exact_parameter_count(*args)
+    if exact is not None and exact > 2**63 - 1:  # the library counts in int64
+        raise ValueError(f"d_model: the layer has {exact} parameters; expected at most 2**63 - 1 (an int64)")
+    return _call(_attn.parameter_count, *args, names={})
+
+
+_KV_DTYPES = ("f32", "f16", "bf16", "fp8")
 
 
 def kv_cache_bytes(layers, kv_heads, head_dim, seq, batch=1, dtype="f16"):
-    """2 (K and V) · layers · kv_heads · head_dim · seq · batch · bytes per element of dtype."""
-    return _call(_attn.kv_cache_bytes, layers, kv_heads, head_dim, seq, batch, dtype)
+    """2 (K and V) · layers · kv_heads · head_dim · seq · batch · bytes per element of dtype
+    ('f32', 'f16', 'bf16' or 'fp8')."""
+    if not isinstance(dtype, str) or dtype not in _KV_DTYPES:
+        raise (ValueError if isinstance(dtype, str) else TypeError)(
+            f"dtype: {dtype!r}; expected 'f32', 'f16', 'bf16' or 'fp8'")
+    return _call(_attn.kv_cache_bytes, _int("layers", layers), _int("kv_heads", kv_heads), _int("head_dim", head_dim),
+                 _int("seq", seq), _int("batch", batch), dtype, names={})

@@ -12,7 +12,9 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "attn/attn.h"
@@ -99,9 +101,17 @@ std::optional<attn::TensorView> to_view(const std::string& name, const std::opti
   return to_view(name, *a);
 }
 
+// A failed Status as the Python exception of its code: invalid_argument -> ValueError, unsupported ->
+// TypeError, out_of_memory -> MemoryError; the message is the Status's, "<param>: <found>; expected <what>".
 void check(const attn::Status& s) {
-  if (s.ok()) return;
-  if (s.code() == attn::StatusCode::invalid_argument) throw nb::value_error(s.message().c_str());
+  switch (s.code()) {
+    case attn::StatusCode::ok: return;
+    case attn::StatusCode::invalid_argument: throw nb::value_error(s.message().c_str());
+    case attn::StatusCode::out_of_memory:
+      PyErr_SetString(PyExc_MemoryError, s.message().c_str());
+      throw nb::python_error();
+    case attn::StatusCode::unsupported: break;
+  }
   throw nb::type_error(s.message().c_str());
 }
 
@@ -177,11 +187,11 @@ void merge_attention(const In& out_a, const In& lse_a, const In& out_b, const In
 void attention_paged(const In& q, const In& k_pages, const In& v_pages, const In& page_table, const In& seq_lens,
                      const Out& out, const std::optional<Out>& lse, const std::optional<In>& mask,
                      std::optional<double> scale, const std::string& causal, std::int64_t window_left,
-                     std::int64_t window_right, const std::string& window_align) {
+                     std::int64_t window_right, const std::string& window_align, bool bf16_bits) {
   const attn::Params p = to_params(mask, std::nullopt, scale, causal, window_left, window_right, window_align);
-  const attn::TensorView qv = to_view("q", q), kv = to_view("k_pages", k_pages), vv = to_view("v_pages", v_pages),
-                         tv = to_view("page_table", page_table), sv = to_view("seq_lens", seq_lens),
-                         ov = to_view("out", out);
+  const attn::TensorView qv = to_view("q", q, bf16_bits), kv = to_view("k_pages", k_pages, bf16_bits),
+                         vv = to_view("v_pages", v_pages, bf16_bits), tv = to_view("page_table", page_table),
+                         sv = to_view("seq_lens", seq_lens), ov = to_view("out", out, bf16_bits);
   const std::optional<attn::TensorView> lv = to_view("lse", lse);
   attn::Status s;
   {
@@ -266,7 +276,8 @@ NB_MODULE(_attn, m) {
   m.def("attention_paged", &attention_paged, nb::arg("q"), nb::arg("k_pages"), nb::arg("v_pages"),
         nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("out"), nb::arg("lse").none(), nb::arg("mask").none(),
         nb::arg("scale").none(), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
-        nb::arg("window_align"), "attn::attention_paged: writes out (and lse) in place.");
+        nb::arg("window_align"), nb::arg("bf16_bits") = false,
+        "attn::attention_paged: writes out (and lse) in place.");
   m.def("attention_cost", &attention_cost, nb::arg("seq"), nb::arg("d_model"), nb::arg("heads"), nb::arg("kv_heads"),
         nb::arg("head_dim"), nb::arg("v_head_dim"), nb::arg("causal"), nb::arg("batch"), nb::arg("bytes_per_element"));
   m.def("parameter_count", &parameter_count, nb::arg("d_model"), nb::arg("heads"), nb::arg("kv_heads"),
@@ -279,7 +290,17 @@ NB_MODULE(_attn, m) {
            [](attn::MultiHeadAttention* self, std::int64_t d_model, std::int64_t heads, std::int64_t kv_heads,
               std::int64_t head_dim, std::int64_t v_head_dim, bool bias) {
              new (self) attn::MultiHeadAttention();
-             check(attn::MultiHeadAttention::create({d_model, heads, kv_heads, head_dim, v_head_dim, bias}, self));
+             attn::Status s;
+             try {
+               s = attn::MultiHeadAttention::create({d_model, heads, kv_heads, head_dim, v_head_dim, bias}, self);
+             } catch (const std::bad_alloc&) {  // the weights of a valid but too large module
+               s = attn::Status::OutOfMemory("d_model", "the weights could not be allocated; expected a module whose "
+                                                        "weights fit in memory");
+             } catch (const std::length_error&) {
+               s = attn::Status::OutOfMemory("d_model", "the weights exceed the largest possible array; expected a "
+                                                        "module whose weights fit in memory");
+             }
+             check(s);
            },
            nb::arg("d_model"), nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("v_head_dim"),
            nb::arg("bias"))

@@ -162,7 +162,7 @@ def test_errors_on_tensors():
         attn.scaled_dot_product_attention(q, q, q, torch.ones(3, 3, dtype=torch.int64))
     with pytest.raises(ValueError, match="^key: head dim 4; expected Dk = 8"):
         attn.scaled_dot_product_attention(q, q[..., :4], q)
-    with pytest.raises(TypeError, match="^kv_lens: dtype float32; expected int32 or int64"):
+    with pytest.raises(TypeError, match=re.escape("kv_lens: dtype float32; expected integers (any int or uint dtype)")):
         attn.scaled_dot_product_attention(q, q, q, kv_lens=torch.ones(1))
 
 
@@ -221,3 +221,200 @@ def test_tensors_reach_the_library_without_copies(layout):
     k = torch.randn(1, 2, 5, 8)
     with pytest.raises(ValueError, match="^out: memory overlaps input q"):
         attn._attn.attention(q, k, k, buf.view(1, 2, 4, 8), None, None, None, None, "none", -1, -1, "top_left")
+
+
+# ---- hardening: layouts, one kind per call, integer dtypes, paged attention and the modules on tensors --------
+
+def raises(exc, message):
+    return pytest.raises(exc, match="^" + re.escape(message))
+
+
+def _qkv(gen, b=2, hq=4, hkv=2, sq=3, skv=10, d=8, dtype=torch.float32):
+    return randn(gen, b, hq, sq, d, dtype=dtype), randn(gen, b, hkv, skv, d, dtype=dtype), randn(gen, b, hkv, skv, d,
+                                                                                                  dtype=dtype)
+
+
+def _paged_inputs(gen, dtype=torch.float32):
+    q = randn(gen, 2, 4, 3, 8, dtype=dtype)
+    k_pages, v_pages = randn(gen, 7, 2, 4, 8, dtype=dtype), randn(gen, 7, 2, 4, 5, dtype=dtype)
+    table = torch.tensor([[6, 0, 2], [1, 4, -1]], dtype=torch.int32)
+    lens = torch.tensor([12, 7])
+    return q, k_pages, v_pages, table, lens
+
+
+SPARSE_COO = "a sparse tensor (torch.sparse_coo); expected a dense (strided) tensor"
+
+
+@pytest.mark.parametrize("arg", ["query", "key", "value", "attn_mask", "kv_lens"])
+def test_sparse_tensors_are_refused_by_sdpa(arg):
+    q, k, v = _qkv(torch.Generator().manual_seed(1), hkv=4)
+    args = {"query": q, "key": k, "value": v, "attn_mask": torch.ones(3, 10, dtype=torch.bool),
+            "kv_lens": torch.tensor([10, 5])}
+    args[arg] = args[arg].to_sparse()
+    with raises(TypeError, f"{arg}: {SPARSE_COO}"):
+        attn.scaled_dot_product_attention(**args)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch's: sparse CSR is beta, strided nested tensors a prototype
+def test_other_layouts_are_refused():
+    q, k, v = _qkv(torch.Generator().manual_seed(2), hkv=4)
+    with raises(TypeError, "query: a sparse tensor (torch.sparse_csr); expected a dense (strided) tensor"):
+        attn.scaled_dot_product_attention(q[0, 0].to_sparse_csr(), k[0, 0], v[0, 0])
+    with raises(TypeError, "query: on device meta; expected a CPU tensor"):
+        attn.scaled_dot_product_attention(q.to("meta"), k, v)
+    for layout in (torch.strided, torch.jagged):
+        nested = torch.nested.nested_tensor([q[0, 0], q[1, 0, :2]], layout=layout)
+        with raises(TypeError, "query: a nested tensor; expected a dense (strided) tensor"):
+            attn.scaled_dot_product_attention(nested, k[:, 0], v[:, 0])
+
+
+@pytest.mark.parametrize("arg", ["query", "k_pages", "v_pages", "page_table", "seq_lens", "attn_mask"])
+def test_sparse_tensors_are_refused_by_attention_paged(arg):
+    q, kp, vp, table, lens = _paged_inputs(torch.Generator().manual_seed(3))
+    args = {"query": q, "k_pages": kp, "v_pages": vp, "page_table": table, "seq_lens": lens,
+            "attn_mask": torch.ones(3, 12, dtype=torch.bool)}
+    args[arg] = args[arg].to_sparse()
+    with raises(TypeError, f"{arg}: {SPARSE_COO}"):
+        attn.attention_paged(**args)
+
+
+def test_sparse_tensors_are_refused_by_merge_and_the_modules():
+    gen = torch.Generator().manual_seed(4)
+    out, lse = randn(gen, 1, 2, 3, 4), randn(gen, 1, 2, 3)
+    for i, name in enumerate(("out_a", "lse_a", "out_b", "lse_b")):
+        args = [out, lse, out, lse]
+        args[i] = args[i].to_sparse()
+        with raises(TypeError, f"{name}: {SPARSE_COO}"):
+            attn.merge_attention(*args)
+    cache = attn.KVCache(2, 8, 8)
+    k = randn(gen, 1, 2, 3, 8)
+    with raises(TypeError, f"k: {SPARSE_COO}"):
+        cache.append(k.to_sparse(), k)
+    with raises(TypeError, f"v: {SPARSE_COO}"):
+        cache.append(k, k.to_sparse())
+    with raises(TypeError, f"q: {SPARSE_COO}"):
+        cache.attend(randn(gen, 1, 4, 1, 8).to_sparse())
+    m = attn.MultiHeadAttention(16, 2, seed=0)
+    x = randn(gen, 1, 3, 16)
+    with raises(TypeError, f"x: {SPARSE_COO}"):
+        m(x.to_sparse())
+    with raises(TypeError, f"x_kv: {SPARSE_COO}"):
+        m(x, x.to_sparse())
+    with raises(TypeError, f"attn_mask: {SPARSE_COO}"):
+        m(x, attn_mask=torch.ones(3, 3, dtype=torch.bool).to_sparse())
+    with raises(TypeError, f"w_q: {SPARSE_COO}"):
+        m.set_weight("w_q", torch.zeros(16, 16).to_sparse())
+
+
+def test_one_kind_per_call():
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = _qkv(gen, hkv=4)
+    qn, kn, vn = q.numpy(), k.numpy(), v.numpy()
+    with raises(TypeError, "kv_lens: a numpy.ndarray; expected a torch.Tensor like query, or a list or tuple of ints"):
+        attn.scaled_dot_product_attention(q, k, v, kv_lens=np.array([10, 5]))
+    with raises(TypeError, "kv_lens: a torch.Tensor; expected a numpy.ndarray like query, or a list or tuple of ints"):
+        attn.scaled_dot_product_attention(qn, kn, vn, kv_lens=torch.tensor([10, 5]))
+    with raises(TypeError, "attn_mask: a numpy.ndarray; expected a torch.Tensor like query"):
+        attn.scaled_dot_product_attention(q, k, v, np.ones((3, 10), bool))
+    # attention_paged used to take such mixes; now it follows the same rule.
+    pq, kp, vp, table, lens = _paged_inputs(gen)
+    with raises(TypeError, "k_pages: a numpy.ndarray; expected a torch.Tensor like query"):
+        attn.attention_paged(pq, kp.numpy(), vp, table, lens)
+    with raises(TypeError, "v_pages: a torch.Tensor; expected a numpy.ndarray like query"):
+        attn.attention_paged(pq.numpy(), kp.numpy(), vp, table.numpy(), lens.numpy())
+    with raises(TypeError, "page_table: a numpy.ndarray; expected a torch.Tensor like query, or a list or tuple"):
+        attn.attention_paged(pq, kp, vp, table.numpy(), lens)
+    with raises(TypeError, "seq_lens: a torch.Tensor; expected a numpy.ndarray like query, or a list or tuple"):
+        attn.attention_paged(pq.numpy(), kp.numpy(), vp.numpy(), table.numpy(), lens)
+    with raises(TypeError, "lse_a: a numpy.ndarray; expected a torch.Tensor like out_a"):
+        attn.merge_attention(q, q[..., 0].numpy(), q, q[..., 0])
+    with raises(TypeError, "v: a numpy.ndarray; expected a torch.Tensor like k"):
+        attn.KVCache(2, 8, 16).append(k[:1, :2], v[:1, :2].numpy())
+    m = attn.MultiHeadAttention(16, 2, seed=0)
+    x = randn(gen, 2, 3, 16)
+    with raises(TypeError, "x_kv: a numpy.ndarray; expected a torch.Tensor like x"):
+        m(x, x.numpy())
+    with raises(TypeError, "kv_lens: a numpy.ndarray; expected a torch.Tensor like x, or a list or tuple of ints"):
+        m(x, kv_lens=np.array([3, 3]))
+    # Lists and tuples are fine with either kind.
+    out = attn.attention_paged(pq, kp, vp, table.tolist(), tuple(lens.tolist()))
+    torch.testing.assert_close(out, attn.attention_paged(pq, kp, vp, table, lens))
+
+
+UINT = [getattr(torch, f"uint{b}") for b in (16, 32, 64) if hasattr(torch, f"uint{b}")]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8] + UINT,
+                         ids=str)
+def test_integer_tensors_of_any_dtype(dtype):
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = _qkv(gen, hkv=4)
+    expected = attn.scaled_dot_product_attention(q, k, v, kv_lens=[10, 5])
+    lens = torch.tensor([10, 5]).to(dtype)
+    torch.testing.assert_close(attn.scaled_dot_product_attention(q, k, v, kv_lens=lens), expected, rtol=0, atol=0)
+    pq, kp, vp, table, plens = _paged_inputs(gen)
+    expected = attn.attention_paged(pq, kp, vp, table, plens)
+    table = torch.where(table < 0, 0, table).to(dtype)  # unsigned dtypes have no -1
+    torch.testing.assert_close(attn.attention_paged(pq, kp, vp, table, plens.to(dtype)), expected, rtol=0, atol=0)
+
+
+def test_integer_tensors_out_of_range_and_of_other_dtypes():
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = _qkv(gen, hkv=4)
+    with raises(TypeError, "kv_lens: dtype bool; expected integers (any int or uint dtype)"):
+        attn.scaled_dot_product_attention(q, k, v, kv_lens=torch.tensor([True, False]))
+    with raises(TypeError, "kv_lens: dtype float64; expected integers"):
+        attn.scaled_dot_product_attention(q, k, v, kv_lens=torch.tensor([10.0, 5.0], dtype=torch.float64))
+    if hasattr(torch, "uint64"):
+        big = torch.tensor([10, -1]).view(torch.uint64)  # [10, 2**64 - 1]
+        with raises(ValueError, "kv_lens: kv_lens[1] = 18446744073709551615 is out of range; "
+                                "expected 0 <= length < 2**63 (an int64)"):
+            attn.scaled_dot_product_attention(q, k, v, kv_lens=big)
+    pq, kp, vp, table, lens = _paged_inputs(gen)
+    wide = table.to(torch.int64)
+    wide[1, 1] = 2**40
+    with raises(ValueError, "page_table: page_table[1][1] = 1099511627776 is out of range; expected a page index "
+                            "that fits in int32 (-2**31 <= index < 2**31)"):
+        attn.attention_paged(pq, kp, vp, wide, lens)
+    with raises(TypeError, "page_table: dtype float32; expected integers"):
+        attn.attention_paged(pq, kp, vp, table.float(), lens)
+    with raises(TypeError, "seq_lens: dtype bool; expected integers"):
+        attn.attention_paged(pq, kp, vp, table, lens > 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_attention_paged_on_tensors_matches_sdpa(dtype):
+    gen = torch.Generator().manual_seed(8)
+    pq, kp, vp, table, lens = _paged_inputs(gen, DTYPES[dtype])
+    out, lse = attn.attention_paged(pq, kp, vp, table, lens, is_causal=True, causal_alignment="bottom_right",
+                                    return_lse=True)
+    assert isinstance(out, torch.Tensor) and out.dtype == DTYPES[dtype] and lse.dtype == torch.float32
+    k = torch.stack([torch.cat([kp[max(p, 0)] for p in row], dim=1) for row in table.tolist()])
+    v = torch.stack([torch.cat([vp[max(p, 0)] for p in row], dim=1) for row in table.tolist()])
+    ref, ref_lse = attn.scaled_dot_product_attention(pq, k, v, is_causal=True, causal_alignment="bottom_right",
+                                                     kv_lens=lens, enable_gqa=True, return_lse=True)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-6, atol=1e-6)
+    with raises(ValueError, "query: rank 3 (shape [4, 3, 8]); expected 4 ([B, Hq, Sq, Dk])"):
+        attn.attention_paged(pq[0], kp, vp, table, lens)
+
+
+def test_modules_on_tensors_check_ranks_before_unpacking():
+    gen = torch.Generator().manual_seed(9)
+    cache = attn.KVCache(2, 8, 8)
+    with raises(ValueError, "q: rank 3 (shape [4, 1, 8]); expected 4 ([1, Hq, T, Dk])"):
+        cache.attend(randn(gen, 4, 1, 8))
+    pcache = attn.PagedKVCache(2, 8, 4, 4)
+    sid = pcache.add_sequence()
+    pcache.append(sid, randn(gen, 1, 2, 3, 8), randn(gen, 1, 2, 3, 8))
+    with raises(ValueError, "q: rank 2 (shape [1, 8]); expected 4 ([B, Hq, T, Dk])"):
+        pcache.attend([sid], randn(gen, 1, 8))
+    out = pcache.attend(torch.tensor([sid]), randn(gen, 1, 4, 1, 8))  # ids as an integer tensor
+    assert isinstance(out, torch.Tensor) and out.shape == (1, 4, 1, 8)
+    m = attn.MultiHeadAttention(16, 2, seed=0)
+    with raises(ValueError, "x: rank 4 (shape [1, 1, 3, 16]); expected 3 ([B, S, d_model])"):
+        m(randn(gen, 1, 1, 3, 16))
+    with raises(ValueError, "x: rank 2 (shape [3, 16]); expected 3 ([1, T, d_model])"):
+        m.forward_cached(randn(gen, 3, 16), attn.KVCache(2, 8, 8))
+    y = m(randn(gen, 2, 3, 16), kv_lens=torch.tensor([3, 2], dtype=torch.uint8), is_causal=True)
+    assert isinstance(y, torch.Tensor) and y.shape == (2, 3, 16)
