@@ -1,6 +1,8 @@
 // The cost model: closed-form counts, no measurement.
 #include "attn/cost.h"
 
+#include <limits>
+
 #include <cmath>
 #include <string>
 
@@ -82,10 +84,15 @@ Status attention_cost(const AttentionShape& in, AttentionCost* cost) {
 Status parameter_count(const ParamShape& in, std::int64_t* count) {
   ParamShape s = in;
   if (Status st = resolve_heads(s.d_model, s.heads, &s.kv_heads, &s.head_dim, &s.v_head_dim); !st) return st;
-  const std::int64_t d = s.d_model, qkv_width = s.heads * s.head_dim + s.kv_heads * s.head_dim + s.kv_heads * s.v_head_dim;
-  std::int64_t n = d * qkv_width + s.heads * s.v_head_dim * d;
+  // In 128 bits, then checked: the count must fit the int64 it is returned in.
+  const __int128 d = s.d_model, hq = s.heads, hkv = s.kv_heads, dk = s.head_dim, dv = s.v_head_dim;
+  const __int128 qkv_width = hq * dk + hkv * dk + hkv * dv;
+  __int128 n = d * qkv_width + hq * dv * d;
   if (s.bias) n += qkv_width + d;
-  *count = n;
+  if (n > std::numeric_limits<std::int64_t>::max())
+    return Status::Invalid("d_model", "with these heads and head dims the layer has more than 2^63 - 1 parameters; "
+                                      "expected a count that fits in 64 bits");
+  *count = static_cast<std::int64_t>(n);
   return Status::Ok();
 }
 

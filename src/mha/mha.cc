@@ -1,6 +1,9 @@
 // MultiHeadAttention: OpenBLAS projections around attn::attention.
 #include "attn/mha.h"
 
+#include <limits>
+#include <new>
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -63,11 +66,14 @@ Status MultiHeadAttention::create(const MhaConfig& config, MultiHeadAttention* m
   ParamShape shape{c.d_model, c.heads, c.kv_heads, c.head_dim, c.v_head_dim, c.bias};
   std::int64_t count = 0;
   if (Status s = attn::parameter_count(shape, &count); !s) return s;  // validates and explains the fields
+  if (count > static_cast<std::int64_t>(std::numeric_limits<std::size_t>::max() / sizeof(float) / 2))
+    return Status::OutOfMemory("d_model", std::to_string(count) + " parameters do not fit in memory");
   if (c.kv_heads == 0) c.kv_heads = c.heads;
   if (c.head_dim == 0) c.head_dim = c.d_model / c.heads;
   if (c.v_head_dim == 0) c.v_head_dim = c.head_dim;
   MultiHeadAttention m;
   m.config_ = c;
+  try {
   const std::int64_t d = c.d_model, q = c.heads * c.head_dim, k = c.kv_heads * c.head_dim, v = c.kv_heads * c.v_head_dim,
                      o = c.heads * c.v_head_dim;
   m.weights_.w_q.assign(sz(q * d), 0.0f);
@@ -79,6 +85,10 @@ Status MultiHeadAttention::create(const MhaConfig& config, MultiHeadAttention* m
     m.weights_.b_k.assign(sz(k), 0.0f);
     m.weights_.b_v.assign(sz(v), 0.0f);
     m.weights_.b_o.assign(sz(d), 0.0f);
+  }
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory("d_model", "the " + std::to_string(count) + " weights (" +
+                                              std::to_string(count * 4) + " bytes) could not be allocated");
   }
   *mha = std::move(m);
   return Status::Ok();
