@@ -63,8 +63,9 @@ struct OnlineSoftmax {
   // Where weights are measured from: m, or 0 while the row has seen nothing (its scores are then all -inf and
   // weigh 2^(-inf) = 0 instead of NaN).
   ATTN_HD T origin() const { return Lanes::if_neg_inf(m, Lanes::set1(0.0f), m); }
-  // The weight 2^((s - origin)·c) of score s.
+  // The weight 2^((s - origin)·c) of score s; in log2 units (c = 1), 2^(s - origin).
   ATTN_HD static T weight(T s, T origin, T c) { return Lanes::exp2(Lanes::mul(Lanes::sub(s, origin), c)); }
+  ATTN_HD static T weight_log2(T s, T origin) { return Lanes::exp2(Lanes::sub(s, origin)); }
 
   // Eager step: m' = max(m, tile_max), l *= α; returns α = 2^((m - m')·c), the factor the caller multiplies its
   // accumulator o by (0 for a row that had seen nothing: its o holds only 0·v terms).

@@ -87,9 +87,10 @@ struct Workspace {
   }
 };
 
-// Sᵀ[c][·] = Σ_d K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and QV·W query lanes.
+// Sᵀ[c][·] = mult · Σ_d K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and QV·W query lanes (mult: the call's score
+// units, applied as the accumulators are stored).
 template <int QV, int R>
-inline void scores_step(const float* qt, const float* const* k, std::int64_t dk, float* st, std::int64_t c0) {
+inline void scores_step(const float* qt, const float* const* k, std::int64_t dk, float* st, std::int64_t c0, V mult) {
   V acc[R][QV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < QV; ++v) acc[r][v] = Vec::zero();
@@ -102,7 +103,7 @@ inline void scores_step(const float* qt, const float* const* k, std::int64_t dk,
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < QV; ++v) Vec::store(st + (c0 + r) * BR + v * W, acc[r][v]);
+    for (int v = 0; v < QV; ++v) Vec::store(st + (c0 + r) * BR + v * W, Vec::mul(acc[r][v], mult));
 }
 
 // Oᵀ[d][·] = α·Oᵀ[d][·] + Σ_c V[c][d] Pᵀ[c][·] for value dims d0 .. d0+R-1 (the online-softmax rescale
@@ -125,13 +126,14 @@ inline void pv_step(const float* pt, const float* const* vrows, std::int64_t col
     for (int v = 0; v < QV; ++v) Vec::store(ot + (d0 + r) * BR + v * W, acc[r][v]);
 }
 
-// Sᵀ = K Qᵀ over `cols` keys.
+// Sᵀ = mult · K Qᵀ over `cols` keys.
 template <int QV>
-inline void scores(const float* qt, const float* const* k, std::int64_t dk, std::int64_t cols, float* st) {
+inline void scores(const float* qt, const float* const* k, std::int64_t dk, std::int64_t cols, float mult, float* st) {
+  const V m = Vec::set1(mult);
   std::int64_t c = 0;
-  for (; c + RK <= cols; c += RK) scores_step<QV, RK>(qt, k, dk, st, c);
-  for (; c + 4 <= cols; c += 4) scores_step<QV, 4>(qt, k, dk, st, c);
-  for (; c < cols; ++c) scores_step<QV, 1>(qt, k, dk, st, c);
+  for (; c + RK <= cols; c += RK) scores_step<QV, RK>(qt, k, dk, st, c, m);
+  for (; c + 4 <= cols; c += 4) scores_step<QV, 4>(qt, k, dk, st, c, m);
+  for (; c < cols; ++c) scores_step<QV, 1>(qt, k, dk, st, c, m);
 }
 
 // Oᵀ = α·Oᵀ + Vᵀ Pᵀ over `cols` keys.
@@ -152,7 +154,8 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // Sᵀ[c][r] = q_r · k_c for every key of the tile and lanes r < NL (q rows [BR][dk]). KG keys at a time
 // give KG·NL dot-product vectors, summed W at a time by one transposing add tree.
 template <int NL, class KVT>
-inline void scores_rows(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t cols, float* st) {
+inline void scores_rows(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t cols, float mult,
+                        float* st) {
   constexpr int KG = NL >= W ? 1 : W / NL, NA = KG * NL;  // NA is a multiple of W
   const std::int64_t d_end = dk / W * W;
   std::int64_t c = 0;
@@ -169,12 +172,12 @@ inline void scores_rows(const float* q, const KVT* const* k, std::int64_t dk, st
     }
     for (int a0 = 0; a0 < NA; a0 += W) {
       alignas(64) float sums[W];
-      Vec::store(sums, Vec::sum_each(acc + a0));
+      Vec::store(sums, Vec::sum_each(acc + a0));  // (mult applied below, once the tail is in)
       for (int lane = 0; lane < W; ++lane) {
         const int a = a0 + Vec::kSumOrder[lane], g = a / NL, r = a % NL;
         float s = sums[lane];
         for (std::int64_t e = d_end; e < dk; ++e) s += q[r * dk + e] * core::to_float(k[c + g][e]);
-        st[(c + g) * BR + r] = s;
+        st[(c + g) * BR + r] = s * mult;
       }
     }
   }
@@ -184,7 +187,7 @@ inline void scores_rows(const float* q, const KVT* const* k, std::int64_t dk, st
       for (std::int64_t d = 0; d < d_end; d += W) acc = Vec::fmadd(Vec::load(q + r * dk + d), load_as_float(k[c] + d), acc);
       float s = Vec::reduce_add(acc);
       for (std::int64_t e = d_end; e < dk; ++e) s += q[r * dk + e] * core::to_float(k[c][e]);
-      st[c * BR + r] = s;
+      st[c * BR + r] = s * mult;
     }
 }
 
@@ -230,10 +233,47 @@ inline void prefetch_rows(const T* const* rows, std::int64_t cols, std::int64_t 
     for (std::int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(rows[c]) + off, 0, 3);
 }
 
-// Turns dot products into scores in the kernel's score units (core/online_softmax.h) and hides what a lane may
-// not see (-inf). Without a dense mask the scores stay the unscaled dot products (the scale is applied in the
-// exponent, c = scale·log2 e), so a tile every lane sees whole needs nothing at all; with one, s = scale·s + mask
-// (formed in double, rounded once). Returns whether some (lane, key) pair of the tile is hidden.
+// The units of this kernel's scores, chosen per call so that a weight takes as few operations as possible and no
+// score leaves the fp32 range that q·k (+ mask) itself has:
+//   no dense mask, scale·log2 e <= 1 (every default scale of Dk >= 3): log2 units, s = q·k·scale·log2 e, which
+//     scores() forms as it stores the dot products; the state runs with c = 1, a weight is 2^(s − m) (one
+//     subtraction, exact near the max) and the scale costs nothing;
+//   no dense mask, a larger scale: the unscaled dot products, c = scale·log2 e (a weight is 2^((s − m)·c));
+//   a dense mask: natural units, s = scale·q·k + mask formed in double and rounded once (finish_scores),
+//     c = log2 e (a finite mask up to ±FLT_MAX stays finite).
+// k converts to natural-log units for the LSE (m·k + ln l).
+struct Units {
+  float dot = 1;        // the factor scores() applies to dot products
+  float c = 1;          // score units -> log2 units (the state's c)
+  double k = 1;         // score units -> natural-log units
+  float wide_lo = 0;    // |tile max| above this (and below wide_hi), in score units: the wide path
+  float wide_hi = 0;
+};
+
+// Scores of at least kWideScores in magnitude (natural-log units) make a softmax row's weights depend on the
+// last bits of its fp32 dot products (an error ε·|s| in a score is an error ε·|s| in its weight's exponent), so
+// which of two equally rounded computations, this kernel's or a naive one's, comes closer is luck. Tiles whose
+// largest score per lane is that large are recomputed wide: double dot products, exponents (s - m)·c formed in
+// double. Above kWideScoresMax the fp32 state itself cannot hold the max finely enough (its rounding would
+// underflow the weights), and fp32 scores are as good as any fp32 computation gets. Ordinary inputs (unit-size
+// activations, |scores| of tens) never come near it.
+constexpr double kWideScores = 256.0, kWideScoresMax = 1e8;
+
+template <class DenseMask>
+Units units(const core::Problem& p) {
+  Units u;
+  const double c = p.scale * core::kLog2e;
+  if (DenseMask::kActive) u.c = static_cast<float>(core::kLog2e), u.k = 1.0;
+  else if (c <= 1.0) u.dot = static_cast<float>(c), u.k = 1.0 / core::kLog2e;
+  else u.c = static_cast<float>(c), u.k = p.scale;
+  u.wide_lo = static_cast<float>(kWideScores / u.k);  // (inf for a tiny k: never wide)
+  u.wide_hi = static_cast<float>(kWideScoresMax / u.k);
+  return u;
+}
+
+// Turns dot products into scores (Units) and hides what a lane may not see (-inf). Without a dense mask
+// scores() already stored them in the call's units, so a tile every lane sees whole needs nothing at all.
+// Returns whether some (lane, key) pair of the tile is hidden.
 template <int QV, class DenseMask>
 bool finish_scores(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool interior,
                    float* st) {
@@ -255,33 +295,6 @@ bool finish_scores(const core::Problem& p, const Lanes& lanes, std::int64_t j0, 
     }
   }
   return hidden;
-}
-
-// The units of a call's scores (core/online_softmax.h) and the band of score magnitudes that take the wide path.
-struct Units {
-  float c = 0;         // score units -> log2 units
-  double k = 0;        // score units -> natural-log units (the LSE)
-  float wide_lo = 0;   // |tile max| above this (and below wide_hi), in score units: the wide path
-  float wide_hi = 0;
-};
-
-// Scores of at least kWideScores in magnitude (natural-log units) make a softmax row's weights depend on the
-// last bits of its fp32 dot products (an error ε·|s| in a score is an error ε·|s| in its weight's exponent), so
-// which of two equally rounded computations, this kernel's or a naive one's, comes closer is luck. Tiles whose
-// largest score per lane is that large are recomputed wide: double dot products, exponents (s - m)·c formed in
-// double. Above kWideScoresMax the fp32 state itself cannot hold the max finely enough (its rounding would
-// underflow the weights), and fp32 scores are as good as any fp32 computation gets. Ordinary inputs (unit-size
-// activations, |scores| of tens) never come near it.
-constexpr double kWideScores = 256.0, kWideScoresMax = 1e8;
-
-template <class DenseMask>
-Units units(const core::Problem& p) {
-  Units u;
-  u.k = core::score_nat_factor<DenseMask>(p);
-  u.c = core::score_log2_factor<DenseMask>(p);
-  u.wide_lo = static_cast<float>(kWideScores / u.k);  // (inf for a tiny k: never wide)
-  u.wide_hi = static_cast<float>(kWideScoresMax / u.k);
-  return u;
 }
 
 // The largest score of each lane over the tile (lanes in QV vectors).
@@ -308,8 +321,9 @@ inline bool needs_wide(const V* mx, const Units& u) {
 
 // The online-softmax step for one tile, all lanes at once (core::OnlineSoftmax over the vector lanes), given
 // the tile's max per lane: m' = max(m, mx), α = 2^((m - m')·c), Sᵀ replaced by Pᵀ = 2^((Sᵀ - m')·c),
-// l = α·l + Σ_c Pᵀ[c]. The accumulator is rescaled by α afterwards (alpha_out).
-template <int QV>
+// l = α·l + Σ_c Pᵀ[c]; in log2 units (c = 1) one operation fewer per weight. The accumulator is rescaled by α
+// afterwards (alpha_out).
+template <int QV, bool Log2Units>
 inline void softmax_step(float* st, std::int64_t cols, const V* mx, float c_log2, float* m, float* l,
                          float* alpha_out) {
   using State = core::OnlineSoftmax<VecLanes>;
@@ -324,7 +338,8 @@ inline void softmax_step(float* st, std::int64_t cols, const V* mx, float c_log2
   }
   for (std::int64_t k = 0; k < cols; ++k)
     for (int v = 0; v < QV; ++v) {
-      const V pw = State::weight(Vec::load(st + k * BR + v * W), origin[v], c);
+      const V s = Vec::load(st + k * BR + v * W);
+      const V pw = Log2Units ? State::weight_log2(s, origin[v]) : State::weight(s, origin[v], c);
       Vec::store(st + k * BR + v * W, pw);
       sum[v] = Vec::add(sum[v], pw);
     }
@@ -337,9 +352,8 @@ inline void softmax_step(float* st, std::int64_t cols, const V* mx, float c_log2
 
 // The same step lane by lane, wide (see kWideScores) for the lanes whose largest fp32 score lies in the band:
 // each score again from a double dot product (q from the block's fp32 Q: Qᵀ [Dk][BR] or rows [BR][Dk]; K rows
-// of any storage type), the lane's max rounded up to fp32 (so no weight exceeds 1), and every exponent
-// (s - m)·c formed in double. The other lanes take the fp32 scores as the vector step does. Same state, same
-// outputs.
+// of any storage type), the lane's max rounded up to fp32 (so no weight exceeds 1), and every exponent (s - m)
+// formed in double. The other lanes take the fp32 scores as the vector step does. Same state, same outputs.
 template <class DenseMask, class KT>
 void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols,
                        const float* q, bool q_rows, const KT* const* krows, const Units& u, float* st, float* m,
@@ -364,7 +378,7 @@ void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t 
         double dot = 0;
         for (std::int64_t d = 0; d < p.Dk; ++d)
           dot += static_cast<double>(q_rows ? q[r * p.Dk + d] : q[d * BR + r]) * core::to_float(krows[c][d]);
-        s[c] = DenseMask::kActive ? dot * p.scale + bias : dot;
+        s[c] = (dot * p.scale + bias) / u.k;  // the call's units (Units)
         if (std::isnan(s[c])) nan = true;
         else mx = std::max(mx, s[c]);
       }
@@ -376,7 +390,7 @@ void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t 
     core::RowState state;
     state.m = m[r], state.l = l[r];
     alpha_out[r] = state.advance(nan ? std::numeric_limits<float>::quiet_NaN() : mx_f, u.c);
-    const double origin = state.origin(), c_d = static_cast<double>(u.c);
+    const double origin = state.origin(), c_d = u.c;
     double sum = 0;
     for (std::int64_t c = 0; c < cols; ++c) {
       const float w = static_cast<float>(std::exp2((s[c] - origin) * c_d));
@@ -398,8 +412,10 @@ inline void softmax_tile(const core::Problem& p, const Lanes& lanes, std::int64_
   if (needs_wide<QV>(mx, u))
     softmax_step_wide<DenseMask>(p, lanes, j0, cols, ws.q.data(), q_rows, krows, u, ws.st.data(), ws.m.data(),
                                  ws.l.data(), ws.alpha.data());
+  else if (u.c == 1.0f)
+    softmax_step<QV, true>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
   else
-    softmax_step<QV>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
+    softmax_step<QV, false>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
 }
 
 // O = α·O + P V over the tile's keys for the pairs a lane attends only: the exact path for a tile where a
@@ -431,7 +447,7 @@ template <int QV, int NL, class DenseMask, class T>
 void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows, const T* const* vrows,
                std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws) {
   prefetch_rows(vrows, cols, p.Dv * static_cast<std::int64_t>(sizeof(T)));
-  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, ws.st.data());                                 // Sᵀ = K Qᵀ
+  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data());                          // Sᵀ = K Qᵀ
   const bool hidden = finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
   softmax_tile<QV, DenseMask>(p, lanes, j0, cols, true, krows, u, ws);                           // Pᵀ; m, l
   if (hidden && !rows_finite(vrows, cols, p.Dv))
@@ -473,7 +489,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
     if constexpr (NL == 0) {
       tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);       // K tile
       tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);       // V tile
-      scores<QV>(ws.q.data(), ws.krows, dk, cols, ws.st.data());                             // Sᵀ = K Qᵀ
+      scores<QV>(ws.q.data(), ws.krows, dk, cols, u.dot, ws.st.data());                      // Sᵀ = K Qᵀ
       const bool hidden = finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
       softmax_tile<QV, DenseMask>(p, lanes, j0, cols, false, ws.krows, u, ws);                // Pᵀ; m, l
       if (hidden && !rows_finite(ws.vrows, cols, dv))
@@ -556,6 +572,7 @@ template <class QT, class DenseMask>
 void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, std::int64_t d_stride,
                  std::int64_t r_stride, const float* m, const float* l) {
   QT* out = static_cast<QT*>(const_cast<void*>(p.out.data));
+  const Units u = units<DenseMask>(p);
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     const float factor = core::finish_factor(l[r]);
     QT* o = out + p.out.offset(lanes.b, lanes.h[r], lanes.i[r], 0);
@@ -563,7 +580,7 @@ void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, st
       o[d * p.out.stride[3]] = core::from_float<QT>(core::finish_output(ot[d * d_stride + r * r_stride], l[r], factor));
     if (p.lse)
       static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(lanes.b, lanes.h[r], lanes.i[r], 0)] =
-          core::finish_lse(m[r], l[r], core::score_nat_factor<DenseMask>(p));
+          core::finish_lse(m[r], l[r], u.k);
   }
 }
 
@@ -623,7 +640,7 @@ void flash_forward(const core::Problem& p, int threads) {
       const Lanes lanes = plan.lanes(p, it);
       float* base = partial.data() + it * per_item;
       float m[BR], l[BR];
-      const float c_log2 = core::score_log2_factor<DenseMask>(p);
+      const Units u = units<DenseMask>(p);
       for (std::int64_t r = 0; r < lanes.n; ++r) {
         core::RowState acc;
         acc.m = base[r * stride], acc.l = base[r * stride + 1];
@@ -632,7 +649,7 @@ void flash_forward(const core::Problem& p, int threads) {
           const float* part = base + sp * BR * stride + r * stride;
           core::RowState other;
           other.m = part[0], other.l = part[1];
-          core::merge(acc, o, other, part + 2, p.Dv, c_log2);
+          core::merge(acc, o, other, part + 2, p.Dv, u.c);
         }
         m[r] = acc.m, l[r] = acc.l;
       }
