@@ -269,6 +269,17 @@ std::vector<Case> backward_registry() {
   out.push_back({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 130, .Skv = 130, .Dk = 64, .Dv = 48, .causal = Causal::top_left});
   out.push_back({.B = 2, .Hq = 6, .Hkv = 2, .Sq = 65, .Skv = 257, .Dk = 24, .Dv = 24, .causal = Causal::bottom_right,
                  .window = {40, 8, Align::bottom_right}, .mask = MaskCase::additive_full});
+  // Peaked softmax rows (scale·|q·k| of 10 to 30 and more): the statistics recomputed from the scores.
+  for (double scale : {10.0, 20.0, 30.0}) {
+    out.push_back({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .causal = Causal::top_left,
+                   .scale = scale});
+    out.push_back({.B = 2, .Hq = 4, .Hkv = 1, .Sq = 65, .Skv = 130, .Dk = 32, .Dv = 48, .window = {20, 4},
+                   .mask = MaskCase::additive_2d, .kv_lens = true, .scale = scale});
+    out.push_back({.B = 1, .Hq = 2, .Hkv = 2, .Sq = 33, .Skv = 1, .Dk = 16, .Dv = 16, .scale = scale});  // dQ = dK = 0
+    out.push_back({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 70, .Skv = 90, .Dk = 64, .Dv = 64, .causal = Causal::bottom_right,
+                   .dtype = DType::bf16, .kv_dtype = DType::bf16, .scale = scale});
+  }
+  out.push_back({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 50, .Skv = 60, .Dk = 16, .Dv = 16, .amplitude = 3, .scale = 1e4});
   return out;
 }
 

@@ -10,8 +10,6 @@ namespace attn {
 // Gradients of a loss L with respect to Q, K and V, given dO = ∂L/∂O and the forward's O:
 //   P = softmax(scale · Q Kᵀ + mask)   (recomputed from q and k, with each row's max and sum; never stored whole)
 //   dV = Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D),   dQ = scale · dS K,   dK = scale · dSᵀ Q
-// with D = rowsum(dO ∘ O), or rowsum(P ∘ dP) from the recomputed P where rows may be peaked (large scores, a
-// scale above 64, NaN/inf inputs).
 //
 //   q        [B, Hq,  Sq,  Dk]    k      [B, Hkv, Skv, Dk]    v      [B, Hkv, Skv, Dv]
 //   out      [B, Hq,  Sq,  Dv]    lse    [B, Hq, Sq] f32      (both as attention() returned them)
@@ -19,8 +17,11 @@ namespace attn {
 //   grad_q   [B, Hq,  Sq,  Dk]    dtype of q
 //   grad_k   [B, Hkv, Skv, Dk]    dtype of k      (with GQA/MQA: summed over the query heads sharing the KV head)
 //   grad_v   [B, Hkv, Skv, Dv]    dtype of k
-// The LSE is checked for shape and dtype but its values are not read: the statistics are recomputed from the
-// scores (an fp32 LSE carries half an ulp of |LSE| of error into every probability, too much for peaked rows).
+// Statistics: where scores are small (|scale·q·k| <= 8 by the norms of Q and K, |LSE| <= 64, finite inputs) the
+// row's LSE and D = rowsum(dO ∘ O) are taken from the forward, as FlashAttention-2 does; everywhere else they are
+// recomputed from the scores (max, sum and D = rowsum(P ∘ dP), two more products): an fp32 LSE carries half an
+// ulp of |LSE| of error into every probability, and dO·O a rounding the peaked rows' cancellation magnifies. An
+// LSE value that is not plausible there (NaN, +inf, beyond ±64) also makes the rows recompute; never an error.
 // params must be the ones the forward ran with (scale, causal, window, kv_lens, mask); params.backend picks
 // the flash kernel (automatic, flash) or the fp64 reference. A row with no allowed key (or whose scores are
 // all −∞) contributes nothing and gets dQ = 0; keys no query sees get zero gradients; keys at or past a batch's

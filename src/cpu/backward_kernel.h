@@ -145,6 +145,7 @@ struct Workspace {
   AlignedVector<float> kt, vt;   // [Dk][BC], [Dv][BC]  the key tile transposed (keys in lanes; zero past its keys)
   AlignedVector<float> kbuf;     // [BC][Dkp]  its key rows, when not read in place
   AlignedVector<float> dk, dv;   // [BC][Dkp], [BC][Dvp]  the key block's accumulators
+  AlignedVector<float> qt, dot;  // [Dk][BR], [Dv][BR]  sweep 1: the block's Q and dO transposed (rows in lanes)
   double m[BR];                   // the rows' statistics: P = e^(s − m) · inv_l (m = 0, inv_l = 0 for rows past
   float inv_l[BR];                // the block and for empty rows), D
   double d[BR];
@@ -152,7 +153,8 @@ struct Workspace {
   core::KeyRange range[BR];
   Workspace(std::int64_t dk_, std::int64_t dv_)
       : dkp(padded(dk_)), dvp(padded(dv_)), qbuf(BR * dkp), doutbuf(BR * dvp), s(BR * BC), sd(BR * BC),
-        ds(BR * BC), kt(dk_ * BC), vt(dv_ * BC), kbuf(BC * dkp), dk(BC * dkp), dv(BC * dvp) {}
+        ds(BR * BC), kt(dk_ * BC), vt(dv_ * BC), kbuf(BC * dkp), dk(BC * dkp), dv(BC * dvp), qt(dk_ * BR),
+        dot(dv_ * BR) {}
 };
 
 // Per-row values the later sweeps read, [B, Hq, Sq] each: P_ij = e^(s_ij − m_i) · inv_l_i, and D_i; the
@@ -246,6 +248,10 @@ constexpr float kWideLogits = 256.0f;
 // Above this scale, D = Σ_j P_ij dP_ij always (row_statistics): dS = scale·P·(dP − D) multiplies D's rounding
 // by the scale. Ordinary scales (1/√Dk, and the registry's peaked cases up to 30) keep D = dO·O.
 constexpr double kExactDScale = 64.0;
+
+// Blocks whose scores are bounded by this in magnitude take the forward's LSE as their statistics (row_statistics).
+constexpr float kMildLogits = 8.0f;
+constexpr float kMildLse = 64.0f;  // (and whose LSEs are at most this: a dense mask can move them anywhere)
 
 // How a (query block, key tile) pair is computed: `exact` when either holds a NaN or inf (a non-finite norm),
 // then pair by pair (tile_exact); `wide` (fp64 scores) when its logits may be large, or exact. Both sweeps take
@@ -378,116 +384,179 @@ double pair_score(const core::Problem& p, std::int64_t b, std::int64_t h, std::i
   return dot * p.scale + bias;
 }
 
-// Sweep 1, the statistics of query rows [i0, i0 + rows) of head h: the row's max m_i and
-// l_i = Σ_j e^(s_ij − m_i) over the scores recomputed here, on the same tiles and with the same arithmetic as
-// sweep 2 (so sweep 2's P sums to 1 up to rounding), and D_i = dO_i · O_i.
-// Why not P = e^(s − LSE) from the forward's LSE alone, as FlashAttention-2 does: the LSE is fp32, so its
-// rounding (half an ulp of |LSE|) is an error of that size in every recomputed exponent; for |LSE| ~ 10-30
-// (peaked rows, scale·|q·k| ≳ 10) that made the gradients 2-18x less accurate than a naive fp32 backward's,
-// and with |LSE| ~ 1e10 (a -1e10 mask) it is no normalisation at all. The cost is one product (S) per tile.
-// A block with a wide or exact tile (large scores, or NaN/inf), or any block when the scale exceeds
-// kExactDScale, also takes D_i = Σ_j P_ij dP_ij from the same P and dP as sweep 2 (one more product): its rows
-// may be peaked, where dS = scale·P·(dP − D) cancels, and D = dO·O from the forward would leave scale times its
-// rounding (1e23 for scale 1e30: inf in f16 gradients).
+// Sweep 1, the statistics of query rows [i0, i0 + rows) of head h: P_ij = e^(s_ij − m_i)·inv_l_i and D_i.
+// Mild blocks (small scores, finite inputs) take them from the forward, as FlashAttention-2 does: m = LSE,
+// inv_l = 1, D = dO·O. Every other block recomputes them here, with the same arithmetic as sweep 2: the row's
+// max m_i, l_i = Σ_j e^(s_ij − m_i) and D_i = Σ_j P_ij dP_ij (two products per tile), because
+//   - the LSE is fp32: its rounding (half an ulp of |LSE|) is an error of that size in every recomputed
+//     exponent; for |LSE| ~ 10-30 (peaked rows, scale·|q·k| ≳ 10) that made gradients 2-18x less accurate than
+//     a naive fp32 backward's, and with |LSE| ~ 1e10 (a -1e10 mask) it is no normalisation at all;
+//   - in a peaked row dS = scale·P·(dP − D) cancels, and D = dO·O from the forward's differently rounded O leaves
+//     scale times its rounding (measured: 10x a naive backward's error on peaked rows; 1e23 for scale 1e30, inf in
+//     f16 gradients), where D from the same P and dP cancels as the naive computation does.
+// Layout: the forward's (the block's rows in SIMD lanes, Sᵀ = K Qᵀ and dPᵀ = V dOᵀ with K and V rows read as
+// broadcast scalars, so no tile is transposed); each score and dP is the same sequence of fused multiply-adds
+// over d as sweep 2's, so the same bits.
 template <class QT, class KVT, class DenseMask>
 void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std::int64_t b, std::int64_t h,
                     std::int64_t i0, std::int64_t rows, Workspace& ws, RowStats& stats) {
   const core::Problem& p = bp.fwd;
   load_query_block<QT>(bp, norms, false, b, h, i0, rows, ws);
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  for (std::int64_t r = 0; r < rows; ++r) ws.m[r] = neg_inf, ws.lsum[r] = 0.0, ws.pdsum[r] = 0.0;
+  for (std::int64_t r = 0; r < BR; ++r) ws.m[r] = neg_inf, ws.lsum[r] = 0.0, ws.pdsum[r] = 0.0;
   const core::KeyRange keys = block_keys(p, b, i0, rows);
   const std::int64_t len = p.kv_len[static_cast<std::size_t>(b)], hk = h / p.group;
-  const V log2e = Vec::set1(static_cast<float>(core::kLog2e));
+  const std::int64_t tiles_per_head = (p.Skv + BC - 1) / BC;
   // Key tiles on the grid of BC that sweep 2 uses, so each score is formed the same way in both.
   const std::int64_t first = keys.lo / BC * BC;
-  bool exact_d = p.scale > kExactDScale;
-  for (std::int64_t j0 = first; j0 < keys.hi && !exact_d; j0 += BC) {
-    const auto tile = static_cast<std::size_t>((b * p.Hkv + hk) * ((p.Skv + BC - 1) / BC) + j0 / BC);
-    const KeyTile norms_only{nullptr, nullptr, nullptr, 0, stats.knorm[tile], stats.vnorm[tile]};
-    const TileKind kind = tile_kind(p, ws, norms_only);
-    exact_d = kind.exact || kind.wide;
+  float bound = 0;  // scale·max‖q‖·max‖k‖ over the block's tiles; NaN with a NaN or inf in Q, dO, K or V
+  for (std::int64_t j0 = first; j0 < keys.hi; j0 += BC) {
+    const auto tile = static_cast<std::size_t>((b * p.Hkv + hk) * tiles_per_head + j0 / BC);
+    bound = nan_max(bound, static_cast<float>(p.scale) * ws.qnorm * stats.knorm[tile]);
+    bound = nan_max(bound, (stats.vnorm[tile] + ws.donorm) * 0.0f);  // (NaN for inf too: inf·0)
   }
+  // Mild blocks (every |score| <= kMildLogits from q·k, every LSE within ±kMildLse, everything finite): the
+  // forward's statistics, FlashAttention-2's way: m = LSE, l = 1, D = dO·O, no product. The LSE's rounding (half an
+  // ulp of at most kMildLse) is then of the order of a naive backward's own rounding.
+  if (bound <= kMildLogits && p.scale <= kExactDScale) {
+    const auto* saved = static_cast<const float*>(p.lse->data);
+    bool lse_ok = true;
+    for (std::int64_t r = 0; r < rows && lse_ok; ++r) {
+      const float x = saved[p.lse->offset(b, h, i0 + r, 0)];
+      lse_ok = (std::isfinite(x) && std::fabs(x) <= kMildLse) || x == core::kNegInf;
+    }
+    if (lse_ok) {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
+        const float lse = saved[p.lse->offset(b, h, i0 + r, 0)];
+        const bool empty = lse == core::kNegInf;
+        double d = 0;
+        if (!empty) {
+          const QT* o = static_cast<const QT*>(p.out.data) + p.out.offset(b, h, i0 + r, 0);
+          const float* g = ws.dout + r * ws.ldo;
+          for (std::int64_t e = 0; e < p.Dv; ++e) d += static_cast<double>(g[e]) * core::to_float(o[e * p.out.stride[3]]);
+        }
+        stats.m[row] = empty ? 0.0 : lse;
+        stats.inv_l[row] = empty ? 0.0f : 1.0f;
+        stats.d[row] = d;
+      }
+      return;
+    }
+  }
+  // Every other block: m, l and D = Σ_j P_ij dP_ij recomputed from the same scores, P and dP as sweep 2.
+  // Qᵀ and dOᵀ, rows past the block zero.
+  std::fill(ws.qt.begin(), ws.qt.end(), 0.0f);
+  std::fill(ws.dot.begin(), ws.dot.end(), 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t d = 0; d < p.Dk; ++d) ws.qt[d * BR + r] = ws.q[r * ws.ldq + d];
+    for (std::int64_t d = 0; d < p.Dv; ++d) ws.dot[d * BR + r] = ws.dout[r * ws.ldo + d];
+  }
+  const float scale_f = static_cast<float>(p.scale);
+  const V log2e = Vec::set1(static_cast<float>(core::kLog2e));
+  float* st = ws.s.data();   // Sᵀ [BC][BR]
+  float* dpt = ws.ds.data();  // dPᵀ [BC][BR]
   for (std::int64_t j0 = first; j0 < keys.hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, len - j0);
-    const KeyTile kt = load_key_tile<KVT>(p, stats, b, hk, j0, cols, ws);
-    const TileKind kind = tile_kind(p, ws, kt);
-    bool interior = !DenseMask::kActive && cols == BC;
-    for (std::int64_t r = 0; r < rows && interior; ++r) interior = ws.range[r].lo <= j0 && j0 + BC <= ws.range[r].hi;
-    if (kind.exact) {  // pair by pair (inputs with NaN or inf)
-      for (std::int64_t r = 0; r < rows; ++r)
+    const auto tile = static_cast<std::size_t>((b * p.Hkv + hk) * tiles_per_head + j0 / BC);
+    const TileKind kind = tile_kind(p, ws, KeyTile{nullptr, nullptr, nullptr, 0, stats.knorm[tile], stats.vnorm[tile]});
+    const float* k;
+    std::int64_t ldk;
+    block_rows<KVT>(p.k, b, hk, j0, cols, BC, p.Dk, ws.dkp, ws.kbuf.data(), &k, &ldk);
+    if (kind.wide) {  // pair by pair in fp64 (large scores, or NaN/inf: the exact tiles' arithmetic too)
+      const float* v;
+      std::int64_t ldv;
+      block_rows<KVT>(p.v, b, hk, j0, cols, BC, p.Dv, ws.dvp, ws.dv.data(), &v, &ldv);
+      // dP as sweep 2 forms it: in fp32 (dprobs) on a wide tile, in fp64 (tile_exact) on an exact one.
+      if (!kind.exact) gemm<false>(cols, BR, p.Dv, v, ldv, 1, ws.dot.data(), BR, dpt, BR);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const auto mask = DenseMask::row(p, b, h, i0 + r);
         for (std::int64_t c = 0; c < cols; ++c) {
-          const double x = pair_score<DenseMask>(p, b, h, i0 + r, j0 + c, ws.range[r], ws.q + r * ws.ldq, kt, c);
-          if (x == neg_inf) continue;  // hidden, or a -inf score: no weight
+          const std::int64_t j = j0 + c;
+          if (j < ws.range[r].lo || j >= ws.range[r].hi || mask.bias(j) == core::kNegInf) continue;
+          double dot = 0;
+          for (std::int64_t d = 0; d < p.Dk; ++d) dot += static_cast<double>(ws.q[r * ws.ldq + d]) * k[c * ldk + d];
+          const double x = dot * p.scale + mask.bias(j);
+          if (x == neg_inf) continue;  // a -inf score: no weight
           if (!(x <= ws.m[r])) {       // a new max (or NaN, which poisons the row)
             const double rescale = ws.m[r] == neg_inf ? 0.0 : std::exp(ws.m[r] - x);
             ws.lsum[r] *= rescale, ws.pdsum[r] *= rescale;
             ws.m[r] = x;
           }
           const double e = std::exp(x - ws.m[r]);
-          double dp = 0;
-          for (std::int64_t d = 0; d < p.Dv; ++d) dp += static_cast<double>(ws.dout[r * ws.ldo + d]) * kt.vt[d * BC + c];
-          ws.lsum[r] += e, ws.pdsum[r] += e * dp;
+          ws.lsum[r] += e;
+          double dp = dpt[c * BR + r];
+          if (kind.exact) {
+            dp = 0;
+            for (std::int64_t d = 0; d < p.Dv; ++d) dp += static_cast<double>(ws.dout[r * ws.ldo + d]) * v[c * ldv + d];
+          }
+          ws.pdsum[r] += e * dp;
         }
+      }
       continue;
     }
-    scores(p, rows, kt, kind.wide, ws);                                              // S = Q Kᵀ
-    masked_scores<DenseMask>(p, b, h, i0, rows, j0, cols, kind.wide, interior, ws);  // x = scale·S + mask
-    if (exact_d) dprobs(p, rows, kt, ws, ws.ds.data());                             // dP = dO Vᵀ
-    for (std::int64_t r = 0; r < rows; ++r) {  // m = max x, l = Σ e^(x − m) (and Σ e^(x − m)·dP)
-      double tmax = neg_inf;
-      if (kind.wide) {
-        for (std::int64_t c = 0; c < BC; ++c) tmax = std::max(tmax, ws.sd[r * BC + c]);
-      } else {
-        V mx = Vec::set1(core::kNegInf);
-        for (std::int64_t c = 0; c < BC; c += W) mx = Vec::max(mx, Vec::load(ws.s.data() + r * BC + c));
-        alignas(64) float lanes[W];
-        Vec::store(lanes, mx);
-        for (int k = 0; k < W; ++k) tmax = std::max<double>(tmax, lanes[k]);
-      }
-      if (tmax > ws.m[r]) {
-        const double rescale = ws.m[r] == neg_inf ? 0.0 : std::exp(ws.m[r] - tmax);
-        ws.lsum[r] *= rescale, ws.pdsum[r] *= rescale;
-        ws.m[r] = tmax;
-      }
-      const double origin = ws.m[r] == neg_inf ? 0.0 : ws.m[r];
-      const float* dp = ws.ds.data() + r * BC;
-      double sum = 0, pd = 0;
-      if (kind.wide) {
-        for (std::int64_t c = 0; c < BC; ++c) {
-          const double e = std::exp(ws.sd[r * BC + c] - origin);
-          sum += e;
-          if (exact_d) pd += e * dp[c];
+    gemm<false>(cols, BR, p.Dk, k, ldk, 1, ws.qt.data(), BR, st, BR);  // Sᵀ = K Qᵀ
+    {
+      const float* v;
+      std::int64_t ldv;
+      block_rows<KVT>(p.v, b, hk, j0, cols, BC, p.Dv, ws.dvp, ws.dv.data(), &v, &ldv);
+      gemm<false>(cols, BR, p.Dv, v, ldv, 1, ws.dot.data(), BR, dpt, BR);  // dPᵀ = V dOᵀ
+    }
+    // x = scale·S + mask (rounded as sweep 2 rounds), -inf where a row may not look
+    bool interior = !DenseMask::kActive;
+    for (std::int64_t r = 0; r < rows && interior; ++r) interior = ws.range[r].lo <= j0 && j0 + cols <= ws.range[r].hi;
+    if (interior) {
+      const V sc = Vec::set1(scale_f);
+      for (std::int64_t c = 0; c < cols; ++c)
+        for (std::int64_t v = 0; v < BR; v += W) Vec::store(st + c * BR + v, Vec::mul(Vec::load(st + c * BR + v), sc));
+    } else {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const auto mask = DenseMask::row(p, b, h, i0 + r);
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const std::int64_t j = j0 + c;
+          const float bias = (j < ws.range[r].lo || j >= ws.range[r].hi) ? core::kNegInf : mask.bias(j);
+          float& x = st[c * BR + r];
+          if (bias == core::kNegInf) x = core::kNegInf;
+          else {
+            x *= scale_f;
+            if constexpr (DenseMask::kActive) x += bias;
+          }
         }
-      } else {
-        const V neg_m = Vec::set1(-static_cast<float>(origin));
-        V acc = Vec::zero(), acc_pd = Vec::zero();
-        for (std::int64_t c = 0; c < BC; c += W) {
-          const V e = exp2v(Vec::mul(Vec::add(Vec::load(ws.s.data() + r * BC + c), neg_m), log2e));
-          acc = Vec::add(acc, e);
-          if (exact_d) acc_pd = Vec::fmadd(e, Vec::load(dp + c), acc_pd);
-        }
-        sum = Vec::reduce_add(acc), pd = Vec::reduce_add(acc_pd);
       }
-      ws.lsum[r] += sum, ws.pdsum[r] += pd;
+    }
+    // per row (lane): m = max x, l = Σ e^(x − m) (and Σ e^(x − m)·dP), rescaled when m moves
+    for (std::int64_t v0 = 0; v0 < BR; v0 += W) {
+      V mx = Vec::set1(core::kNegInf);
+      for (std::int64_t c = 0; c < cols; ++c) mx = Vec::max(mx, Vec::load(st + c * BR + v0));
+      alignas(64) float tmax[W], origin[W];
+      Vec::store(tmax, mx);
+      for (int lane = 0; lane < W; ++lane) {
+        const std::int64_t r = v0 + lane;
+        if (tmax[lane] > ws.m[r]) {
+          const double rescale = ws.m[r] == neg_inf ? 0.0 : std::exp(ws.m[r] - tmax[lane]);
+          ws.lsum[r] *= rescale, ws.pdsum[r] *= rescale;
+          ws.m[r] = tmax[lane];
+        }
+        origin[lane] = ws.m[r] == neg_inf ? 0.0f : static_cast<float>(ws.m[r]);
+      }
+      const V neg_m = Vec::sub(Vec::zero(), Vec::load(origin));
+      V acc = Vec::zero(), acc_pd = Vec::zero();
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const V e = exp2v(Vec::mul(Vec::add(Vec::load(st + c * BR + v0), neg_m), log2e));
+        acc = Vec::add(acc, e);
+        acc_pd = Vec::fmadd(e, Vec::load(dpt + c * BR + v0), acc_pd);
+      }
+      alignas(64) float sums[W], pds[W];
+      Vec::store(sums, acc), Vec::store(pds, acc_pd);
+      for (int lane = 0; lane < W; ++lane) ws.lsum[v0 + lane] += sums[lane], ws.pdsum[v0 + lane] += pds[lane];
     }
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
     const double l = ws.lsum[r];
     const bool empty = l == 0.0;  // no key with a score above -inf (NaN is not empty: it poisons)
-    double d = 0;
-    if (empty) {
-    } else if (exact_d) {
-      d = ws.pdsum[r] / l;
-    } else {
-      const QT* o = static_cast<const QT*>(p.out.data) + p.out.offset(b, h, i0 + r, 0);
-      const float* g = ws.dout + r * ws.ldo;
-      for (std::int64_t e = 0; e < p.Dv; ++e) d += static_cast<double>(g[e]) * core::to_float(o[e * p.out.stride[3]]);
-    }
     stats.m[row] = empty ? 0.0 : ws.m[r];
     stats.inv_l[row] = empty ? 0.0f : static_cast<float>(1.0 / l);
-    stats.d[row] = d;
+    stats.d[row] = empty ? 0.0 : ws.pdsum[r] / l;
   }
 }
 
