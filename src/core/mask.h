@@ -1,9 +1,9 @@
-// Masks for the tiled kernels.
+// The interval masks for the tiled kernels.
 //
 // The causal mask, the local window and the key length each allow, for query row i of batch b,
 // one contiguous interval of keys; their intersection is the interval KeyRange. Both ends are
 // non-decreasing in i, which is what lets a kernel skip whole tiles and find the tiles that need
-// no per-element masking. The dense mask is arbitrary and is a compile-time policy of the kernel.
+// no per-element masking. The dense mask is arbitrary: it is part of the kernel's Variant (core/variant.h).
 #pragma once
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 
 #include "core/online_softmax.h"
 #include "core/problem.h"
+#include "core/variant.h"
 
 namespace attn::core {
 
@@ -37,50 +38,16 @@ inline KeyRange key_range(const Problem& p, std::int64_t b, std::int64_t i) {
   return r;
 }
 
-// Dense-mask policies: bias(j) is added to the (natural-log) score of key j in one query row.
-struct NoDenseMask {
-  static constexpr bool kActive = false;
-  struct Row {
-    float bias(std::int64_t) const { return 0.0f; }
-  };
-  static Row row(const Problem&, std::int64_t, std::int64_t, std::int64_t) { return {}; }
-};
-
-struct AdditiveMask {
-  static constexpr bool kActive = true;
-  struct Row {
-    const float* base;
-    std::int64_t stride;
-    float bias(std::int64_t j) const { return base[j * stride]; }
-  };
-  static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
-    return {static_cast<const float*>(p.mask.data) + p.mask.offset(b, h, i, 0), p.mask.stride[3]};
-  }
-};
-
-struct KeepMask {
-  static constexpr bool kActive = true;
-  struct Row {
-    const unsigned char* base;
-    std::int64_t stride;
-    float bias(std::int64_t j) const {
-      return base[j * stride] ? 0.0f : -std::numeric_limits<float>::infinity();
-    }
-  };
-  static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
-    return {static_cast<const unsigned char*>(p.mask.data) + p.mask.offset(b, h, i, 0), p.mask.stride[3]};
-  }
-};
-
-// The conversion factors of a kernel's score units (core/online_softmax.h): without a dense mask the scores are
-// the unscaled dot products (k = scale), with one they are scale·q·k + mask (k = 1); c = k·log2 e.
-template <class DenseMask>
+// The conversion factors of the AMX kernel's score units (core/online_softmax.h): without per-element scores
+// they are the unscaled dot products (k = scale), with them scale·q·k + mask (k = 1); c = k·log2 e. (The vector
+// kernel's units are its own: cpu/flash_kernel.h, Units.)
+template <class Variant>
 double score_nat_factor(const Problem& p) {
-  return DenseMask::kActive ? 1.0 : p.scale;
+  return Variant::kPerElement ? 1.0 : p.scale;
 }
-template <class DenseMask>
+template <class Variant>
 float score_log2_factor(const Problem& p) {
-  return static_cast<float>(score_nat_factor<DenseMask>(p) * kLog2e);
+  return static_cast<float>(score_nat_factor<Variant>(p) * kLog2e);
 }
 
 }  // namespace attn::core

@@ -290,7 +290,7 @@ inline void dprobs(const core::Problem& p, std::int64_t rows, const KeyTile& kt,
 // columns past `cols`): in place over ws.s (fp32: scale·S + mask, rounded as the vector path rounds) or over
 // ws.sd (wide: scale·S + mask in fp64). `interior` tiles (every row sees every key, no dense mask) are only
 // scaled, in vectors.
-template <class DenseMask>
+template <class Variant>
 void masked_scores(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
                    std::int64_t j0, std::int64_t cols, bool wide, bool interior, Workspace& ws) {
   const float scale_f = static_cast<float>(p.scale);
@@ -302,18 +302,12 @@ void masked_scores(const core::Problem& p, std::int64_t b, std::int64_t h, std::
       for (std::int64_t c = 0; c < BC; c += W) Vec::store(row + c, Vec::mul(Vec::load(row + c), scale));
       continue;
     }
-    const auto mask = DenseMask::row(p, b, h, i0 + r);
+    const auto vrow = Variant::row(p, b, h, i0 + r);
     for (std::int64_t c = 0; c < BC; ++c) {
       const std::int64_t j = j0 + c;
-      const float bias = (c >= cols || j < ws.range[r].lo || j >= ws.range[r].hi) ? core::kNegInf : mask.bias(j);
-      if (wide) {
-        rowd[c] = bias == core::kNegInf ? -std::numeric_limits<double>::infinity() : rowd[c] * p.scale + bias;
-      } else if (bias == core::kNegInf) {
-        row[c] = core::kNegInf;
-      } else {
-        row[c] *= scale_f;
-        if constexpr (DenseMask::kActive) row[c] += bias;
-      }
+      const bool hidden = c >= cols || j < ws.range[r].lo || j >= ws.range[r].hi || vrow.hidden(j);
+      if (wide) rowd[c] = hidden ? -std::numeric_limits<double>::infinity() : vrow.logit(j, rowd[c] * p.scale);
+      else row[c] = hidden ? core::kNegInf : vrow.logit(j, row[c] * scale_f);
     }
   }
 }
@@ -373,15 +367,15 @@ inline core::KeyRange block_keys(const core::Problem& p, std::int64_t b, std::in
 
 // The score of pair (row r of the block, key c of the tile) in fp64 from the block's and the tile's fp32 rows,
 // -inf for a key the row may not see: what tile_exact and the exact statistics use.
-template <class DenseMask>
+template <class Variant>
 double pair_score(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
                   core::KeyRange range, const float* q, const KeyTile& kt, std::int64_t c) {
   if (j < range.lo || j >= range.hi) return -std::numeric_limits<double>::infinity();
-  const float bias = DenseMask::row(p, b, h, i).bias(j);
-  if (bias == core::kNegInf) return -std::numeric_limits<double>::infinity();
+  const auto row = Variant::row(p, b, h, i);
+  if (row.hidden(j)) return -std::numeric_limits<double>::infinity();
   double dot = 0;
   for (std::int64_t d = 0; d < p.Dk; ++d) dot += static_cast<double>(q[d]) * kt.kt[d * BC + c];
-  return dot * p.scale + bias;
+  return row.logit(j, dot * p.scale);
 }
 
 // Sweep 1, the statistics of query rows [i0, i0 + rows) of head h: P_ij = e^(s_ij − m_i)·inv_l_i and D_i.
@@ -397,7 +391,7 @@ double pair_score(const core::Problem& p, std::int64_t b, std::int64_t h, std::i
 // Layout: the forward's (the block's rows in SIMD lanes, Sᵀ = K Qᵀ and dPᵀ = V dOᵀ with K and V rows read as
 // broadcast scalars, so no tile is transposed); each score and dP is the same sequence of fused multiply-adds
 // over d as sweep 2's, so the same bits.
-template <class QT, class KVT, class DenseMask>
+template <class QT, class KVT, class Variant>
 void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std::int64_t b, std::int64_t h,
                     std::int64_t i0, std::int64_t rows, Workspace& ws, RowStats& stats) {
   const core::Problem& p = bp.fwd;
@@ -469,13 +463,13 @@ void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std:
       // dP as sweep 2 forms it: in fp32 (dprobs) on a wide tile, in fp64 (tile_exact) on an exact one.
       if (!kind.exact) gemm<false>(cols, BR, p.Dv, v, ldv, 1, ws.dot.data(), BR, dpt, BR);
       for (std::int64_t r = 0; r < rows; ++r) {
-        const auto mask = DenseMask::row(p, b, h, i0 + r);
+        const auto vrow = Variant::row(p, b, h, i0 + r);
         for (std::int64_t c = 0; c < cols; ++c) {
           const std::int64_t j = j0 + c;
-          if (j < ws.range[r].lo || j >= ws.range[r].hi || mask.bias(j) == core::kNegInf) continue;
+          if (j < ws.range[r].lo || j >= ws.range[r].hi || vrow.hidden(j)) continue;
           double dot = 0;
           for (std::int64_t d = 0; d < p.Dk; ++d) dot += static_cast<double>(ws.q[r * ws.ldq + d]) * k[c * ldk + d];
-          const double x = dot * p.scale + mask.bias(j);
+          const double x = vrow.logit(j, dot * p.scale);
           if (x == neg_inf) continue;  // a -inf score: no weight
           if (!(x <= ws.m[r])) {       // a new max (or NaN, which poisons the row)
             const double rescale = ws.m[r] == neg_inf ? 0.0 : std::exp(ws.m[r] - x);
@@ -502,7 +496,7 @@ void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std:
       gemm<false>(cols, BR, p.Dv, v, ldv, 1, ws.dot.data(), BR, dpt, BR);  // dPᵀ = V dOᵀ
     }
     // x = scale·S + mask (rounded as sweep 2 rounds), -inf where a row may not look
-    bool interior = !DenseMask::kActive;
+    bool interior = !Variant::kPerElement;
     for (std::int64_t r = 0; r < rows && interior; ++r) interior = ws.range[r].lo <= j0 && j0 + cols <= ws.range[r].hi;
     if (interior) {
       const V sc = Vec::set1(scale_f);
@@ -510,16 +504,11 @@ void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std:
         for (std::int64_t v = 0; v < BR; v += W) Vec::store(st + c * BR + v, Vec::mul(Vec::load(st + c * BR + v), sc));
     } else {
       for (std::int64_t r = 0; r < rows; ++r) {
-        const auto mask = DenseMask::row(p, b, h, i0 + r);
+        const auto vrow = Variant::row(p, b, h, i0 + r);
         for (std::int64_t c = 0; c < cols; ++c) {
           const std::int64_t j = j0 + c;
-          const float bias = (j < ws.range[r].lo || j >= ws.range[r].hi) ? core::kNegInf : mask.bias(j);
           float& x = st[c * BR + r];
-          if (bias == core::kNegInf) x = core::kNegInf;
-          else {
-            x *= scale_f;
-            if constexpr (DenseMask::kActive) x += bias;
-          }
+          x = (j < ws.range[r].lo || j >= ws.range[r].hi || vrow.hidden(j)) ? core::kNegInf : vrow.logit(j, x * scale_f);
         }
       }
     }
@@ -565,7 +554,7 @@ void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std:
 // weight only, in fp64, P = e^(s − m)·inv_l, dP = dO·v, dS = scale·P·(dP − D), then dV += P dO, dK += dS q,
 // dQ += dS k. The accumulators (dk, dv: the key block's rows; dq: the block's rows at stride ldq_acc) are
 // stored into, not added to, when kv_add / dq_add are false.
-template <class DenseMask>
+template <class Variant>
 void tile_exact(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
                 std::int64_t j0, std::int64_t cols, const KeyTile& kt, Workspace& ws, bool kv_add, float* dq,
                 std::int64_t ldq_acc, bool dq_add) {
@@ -580,7 +569,7 @@ void tile_exact(const core::Problem& p, std::int64_t b, std::int64_t h, std::int
     const float* q = ws.q + r * ws.ldq;
     const float* g = ws.dout + r * ws.ldo;
     for (std::int64_t c = 0; c < cols; ++c) {
-      const double s = pair_score<DenseMask>(p, b, h, i0 + r, j0 + c, ws.range[r], q, kt, c);
+      const double s = pair_score<Variant>(p, b, h, i0 + r, j0 + c, ws.range[r], q, kt, c);
       if (s == -std::numeric_limits<double>::infinity()) continue;
       const double prob = std::exp(s - ws.m[r]) * ws.inv_l[r];
       double dp = 0;
@@ -637,7 +626,7 @@ struct DqTarget {
 // dQ is added into dqt (this item's own rows); `written` marks its query blocks holding a sum already (the
 // first term of a block is stored, not added: nothing needs zeroing first). Keys at or past the batch's key
 // length are never read (their dK and dV are zero).
-template <class QT, class KVT, class DenseMask>
+template <class QT, class KVT, class Variant>
 void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int64_t b, std::int64_t hk,
                std::int64_t k_lo, std::int64_t k_hi, const DqTarget& dqt, std::vector<char>& written, Workspace& ws) {
   const core::Problem& p = bp.fwd;
@@ -663,15 +652,15 @@ void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int6
           load_query_block<QT>(bp, stats, true, b, h, i0, rows, ws);
           const TileKind kind = tile_kind(p, ws, kt);
           if (kind.exact || !stats_finite(rows, ws)) {  // NaN or inf somewhere: pair by pair
-            tile_exact<DenseMask>(p, b, h, i0, rows, j0, seen, kt, ws, add, dq, dqt.rs, dq_add);
+            tile_exact<Variant>(p, b, h, i0, rows, j0, seen, kt, ws, add, dq, dqt.rs, dq_add);
             add = true, dq_add = 1;
             continue;
           }
-          bool interior = !DenseMask::kActive && seen == BC;
+          bool interior = !Variant::kPerElement && seen == BC;
           for (std::int64_t r = 0; r < rows && interior; ++r)
             interior = ws.range[r].lo <= j0 && j0 + BC <= ws.range[r].hi;
           scores(p, rows, kt, kind.wide, ws);                                            // S = Q Kᵀ
-          masked_scores<DenseMask>(p, b, h, i0, rows, j0, seen, kind.wide, interior, ws);  // scale·S + mask
+          masked_scores<Variant>(p, b, h, i0, rows, j0, seen, kind.wide, interior, ws);  // scale·S + mask
           probabilities(rows, kind.wide, ws);                                            // P
           dprobs(p, rows, kt, ws, ws.ds.data());                                         // dP = dO Vᵀ
           dscores(ws.s.data(), rows, ws.d, scale, ws.ds.data());                         // dS = scale·P ∘ (dP − D)
@@ -694,7 +683,7 @@ void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int6
   }
 }
 
-template <class QT, class KVT, class DenseMask>
+template <class QT, class KVT, class Variant>
 void flash_backward(const core::BackwardProblem& bp, int threads) {
   const core::Problem& p = bp.fwd;
   const std::int64_t dkp = padded(p.Dk);
@@ -756,7 +745,7 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
     for (std::int64_t it = 0; it < q_items; ++it) {
       const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
       const std::int64_t i0 = qb * BR;
-      row_statistics<QT, KVT, DenseMask>(bp, stats, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
+      row_statistics<QT, KVT, Variant>(bp, stats, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
     }
     // (implicit barrier: the statistics are complete before sweep 2 reads them)
 #pragma omp for schedule(dynamic)
@@ -768,7 +757,7 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
         dqt = {static_cast<float*>(const_cast<void*>(bp.dq.data)) + bp.dq.offset(b, h0, 0, 0), bp.dq.stride[1],
                bp.dq.stride[2]};
       std::fill(written.begin(), written.end(), 0);
-      key_chunk<QT, KVT, DenseMask>(bp, stats, b, hk, c * plan.chunk_len, std::min(p.Skv, (c + 1) * plan.chunk_len),
+      key_chunk<QT, KVT, Variant>(bp, stats, b, hk, c * plan.chunk_len, std::min(p.Skv, (c + 1) * plan.chunk_len),
                                     dqt, written, ws);
       for (std::int64_t g = 0; g < p.group; ++g)  // query blocks that saw none of the chunk's keys
         for (std::int64_t qb = 0; qb < qblocks; ++qb)
@@ -807,9 +796,9 @@ inline std::int64_t workspace_bytes(const core::Problem& p, int threads) {
 }
 
 // The backward kernel of this instruction set for the given dtypes and dense-mask kind, or null (cpu/pick.h).
-template <class QT, class KVT, class DenseMask>
+template <class QT, class KVT, class Variant>
 struct BackwardKernel {
-  static constexpr BackwardFn fn = &flash_backward<QT, KVT, DenseMask>;
+  static constexpr BackwardFn fn = &flash_backward<QT, KVT, Variant>;
 };
 inline BackwardFn pick_backward(DType q, DType kv, core::MaskKind mask) {
   return pick_kernel<BackwardFn, BackwardKernel>(q, kv, mask);

@@ -222,18 +222,20 @@ struct Workspace {
   }
 };
 
-// A dense mask's row: s = scale·s + mask (formed in double, rounded once), and -inf for keys the row may not
-// see; the weights then use c = log2 e. Returns whether some key of [k0, k1) is hidden from the row.
-template <class DenseMask>
+// A row of a variant with per-element scores (core/variant.h): s = logit(j, scale·s) (with a dense mask,
+// scale·s + mask), and -inf for keys the row may not see; the weights then use c = log2 e. Returns whether some
+// key of [k0, k1) is hidden from the row.
+template <class Variant>
 bool finish_row(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, core::KeyRange range,
                 std::int64_t j0, std::int64_t k0, std::int64_t k1, float* s) {
-  const auto mask = DenseMask::row(p, b, h, i);
+  const auto vrow = Variant::row(p, b, h, i);
+  const float scale = static_cast<float>(p.scale);
   bool hidden = false;
   for (std::int64_t c = k0; c < k1; ++c) {
     const std::int64_t j = j0 + c;
-    const float bias = (j < range.lo || j >= range.hi) ? core::kNegInf : mask.bias(j);
-    hidden |= bias == core::kNegInf;
-    s[c] = bias == core::kNegInf ? core::kNegInf : static_cast<float>(static_cast<double>(s[c]) * p.scale + bias);
+    const bool out = j < range.lo || j >= range.hi || vrow.hidden(j);
+    hidden |= out;
+    s[c] = out ? core::kNegInf : vrow.logit(j, s[c] * scale);
   }
   return hidden;
 }
@@ -290,16 +292,16 @@ inline bool v_rows_finite(const std::uint16_t* const* rows, std::int64_t cols, s
 // O[rows] += P V over the pairs each row attends only (scalar fp32 from the bf16 P and V): the exact path for
 // a block where a hidden (row, key) pair meets a V row holding NaN or inf, which the tile product would turn
 // into 0·NaN = NaN for rows that never attend that key.
-template <class DenseMask>
+template <class Variant>
 void pv_attended(const core::Problem& p, std::int64_t b, const std::int64_t* head, const std::int64_t* row,
                  const core::KeyRange* range, std::int64_t nr, std::int64_t j0, std::int64_t k0, std::int64_t k1,
                  std::int64_t cols, const std::uint16_t* pb, const std::uint16_t* const* vrows, std::int64_t dvp,
                  float* o) {
   for (std::int64_t r = 0; r < nr; ++r) {
-    const auto mask = DenseMask::row(p, b, head[r], row[r]);
+    const auto vrow = Variant::row(p, b, head[r], row[r]);
     for (std::int64_t c = k0; c < std::min(k1, cols); ++c) {
       const std::int64_t j = j0 + c;
-      if (j < range[r].lo || j >= range[r].hi || mask.bias(j) == core::kNegInf) continue;
+      if (j < range[r].lo || j >= range[r].hi || vrow.hidden(j)) continue;
       const float w = core::to_float(core::bf16{pb[r * BC + c]});
       for (std::int64_t d = 0; d < p.Dv; ++d) o[r * dvp + d] += w * core::to_float(core::bf16{vrows[c][d]});
     }
@@ -389,7 +391,7 @@ struct Plan {
 };
 
 // ExpDegree: the exp2 polynomial of the softmax (5 when the call asks for the LSE, else 3; see exp2_fast).
-template <class DenseMask, int ExpDegree>
+template <class Variant, int ExpDegree>
 void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Workspace& ws) {
   const std::int64_t ch = item % plan.chunks, hk = (item / plan.chunks) % p.Hkv, b = item / (plan.chunks * p.Hkv);
   const std::int64_t i0 = ch * plan.chunk, n = std::min(plan.chunk, p.Sq - i0), rows = n * p.group;
@@ -427,7 +429,7 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
     }
   }
 
-  const float c = core::score_log2_factor<DenseMask>(p);
+  const float c = core::score_log2_factor<Variant>(p);
   for (std::int64_t j0 = vis_lo; j0 < vis_hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, vis_hi - j0);
     tile_rows(p, p.k, b, hk, j0, cols, p.Dk, dkp, ws.kr.data(), ws.zero.data(), ws.rows);
@@ -448,8 +450,8 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
       for (std::int64_t r = 0; r < nr; ++r) {                                        // P = 2^((S - m)·c)
         float* s = ws.s.data() + r * BC;
         const core::KeyRange rg = ws.range[r0 + r];
-        if constexpr (DenseMask::kActive)
-          hidden |= finish_row<DenseMask>(p, b, ws.head[r0 + r], ws.row[r0 + r], rg, j0, k0, k1, s);
+        if constexpr (Variant::kPerElement)
+          hidden |= finish_row<Variant>(p, b, ws.head[r0 + r], ws.row[r0 + r], rg, j0, k0, k1, s);
         else if (!all_visible)
           mask_row(rg.lo - j0, std::min(rg.hi, vis_hi) - j0, k0, k1, s);
         softmax_row<ExpDegree>(s, k0, k1, c, dvp, ws.state[r0 + r], ws.o.data() + (r0 + r) * dvp,
@@ -457,7 +459,7 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
       }
       if (hidden && v_finite < 0) v_finite = v_rows_finite(ws.rows, cols, dvp);
       if (hidden && !v_finite) {  // O += P V over attended pairs only
-        pv_attended<DenseMask>(p, b, &ws.head[r0], &ws.row[r0], &ws.range[r0], nr, j0, k0, k1, cols, ws.pb.data(),
+        pv_attended<Variant>(p, b, &ws.head[r0], &ws.row[r0], &ws.range[r0], nr, j0, k0, k1, cols, ws.pb.data(),
                                ws.rows, dvp, ws.o.data() + r0 * dvp);
         continue;
       }
@@ -469,7 +471,7 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
 
   // O = o / l and the LSE per row (core::finish_*).
   auto* out = static_cast<core::bf16*>(const_cast<void*>(p.out.data));
-  const double k_nat = core::score_nat_factor<DenseMask>(p);
+  const double k_nat = core::score_nat_factor<Variant>(p);
   for (std::int64_t r = 0; r < rows; ++r) {
     const core::RowState& st = ws.state[r];
     const float factor = core::finish_factor(st.l);
@@ -488,7 +490,7 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
   }
 }
 
-template <class DenseMask, int ExpDegree>
+template <class Variant, int ExpDegree>
 void amx_forward(const core::Problem& p, int threads) {
   if (p.B == 0 || p.Sq == 0) return;  // nothing to write
   const Plan plan(p);
@@ -507,7 +509,7 @@ void amx_forward(const core::Problem& p, int threads) {
     tile_config();
     Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic)
-    for (std::int64_t it = 0; it < plan.items; ++it) run_item<DenseMask, ExpDegree>(p, plan, it, ws);
+    for (std::int64_t it = 0; it < plan.items; ++it) run_item<Variant, ExpDegree>(p, plan, it, ws);
     tile_release();
     _mm_setcsr(mxcsr);
   }
@@ -515,13 +517,13 @@ void amx_forward(const core::Problem& p, int threads) {
 
 // The instantiations cpu/pick.h chooses from (bf16 only): the exp2 polynomial is degree 5 when the call asks for
 // the LSE (its sum must be fp32-exact), degree 3 otherwise (see exp2_fast).
-template <class QT, class KVT, class DenseMask>
+template <class QT, class KVT, class Variant>
 struct Degree5 {
-  static constexpr FlashFn fn = &amx_forward<DenseMask, 5>;
+  static constexpr FlashFn fn = &amx_forward<Variant, 5>;
 };
-template <class QT, class KVT, class DenseMask>
+template <class QT, class KVT, class Variant>
 struct Degree3 {
-  static constexpr FlashFn fn = &amx_forward<DenseMask, 3>;
+  static constexpr FlashFn fn = &amx_forward<Variant, 3>;
 };
 
 }  // namespace

@@ -259,11 +259,11 @@ struct Units {
 // activations, |scores| of tens) never come near it.
 constexpr double kWideScores = 256.0, kWideScoresMax = 1e8;
 
-template <class DenseMask>
+template <class Variant>
 Units units(const core::Problem& p) {
   Units u;
   const double c = p.scale * core::kLog2e;
-  if (DenseMask::kActive) u.c = static_cast<float>(core::kLog2e), u.k = 1.0;
+  if (Variant::kPerElement) u.c = static_cast<float>(core::kLog2e), u.k = 1.0;
   else if (c <= 1.0) u.dot = static_cast<float>(c), u.k = 1.0 / core::kLog2e;
   else u.c = static_cast<float>(c), u.k = p.scale;
   u.wide_lo = static_cast<float>(kWideScores / u.k);  // (inf for a tiny k: never wide)
@@ -271,26 +271,49 @@ Units units(const core::Problem& p) {
   return u;
 }
 
-// Turns dot products into scores (Units) and hides what a lane may not see (-inf). Without a dense mask
-// scores() already stored them in the call's units, so a tile every lane sees whole needs nothing at all.
-// Returns whether some (lane, key) pair of the tile is hidden.
-template <int QV, class DenseMask>
+// Turns dot products into scores (Units) and hides what a lane may not see (-inf). Without per-element work
+// (Variant::kPerElement) scores() already stored them in the call's units, so a tile every lane sees whole needs
+// nothing at all. With a dense mask, a tile every lane sees whole whose lanes share one bias row (a key-padding
+// mask, broadcast over rows and heads) takes the bias a key at a time across all lanes; otherwise lane by lane
+// through the variant's logit() (both round alike: scale·s, then + bias). Returns whether some (lane, key) pair
+// of the tile is hidden.
+template <int QV, class Variant>
 bool finish_scores(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool interior,
                    float* st) {
-  if (interior && !DenseMask::kActive) return false;
+  if (interior && !Variant::kPerElement) return false;
+  const float scale = static_cast<float>(p.scale);
+  if constexpr (Variant::kPerElement && Variant::kBiasOnly) {
+    if (interior) {
+      const auto row0 = Variant::row(p, lanes.b, lanes.h[0], lanes.i[0]);
+      bool shared = true;
+      for (std::int64_t r = 1; r < lanes.n && shared; ++r)
+        shared = Variant::row(p, lanes.b, lanes.h[r], lanes.i[r]).same_row(row0);
+      if (shared) {
+        const V sc = Vec::set1(scale);
+        bool hidden = false;
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const float bias = row0.bias(j0 + c);
+          hidden |= bias == core::kNegInf;
+          const V bv = Vec::set1(bias);
+          for (int v = 0; v < QV; ++v)
+            Vec::store(st + c * BR + v * W, bias == core::kNegInf ? bv : Vec::add(Vec::mul(Vec::load(st + c * BR + v * W), sc), bv));
+        }
+        return hidden;
+      }
+    }
+  }
   bool hidden = !interior;
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
-    const auto mask = DenseMask::row(p, lanes.b, lanes.h[r], lanes.i[r]);
+    const auto row = Variant::row(p, lanes.b, lanes.h[r], lanes.i[r]);
     for (std::int64_t c = 0; c < cols; ++c) {
       const std::int64_t j = j0 + c;
       float& s = st[c * BR + r];
       if (j < range.lo || j >= range.hi) {
         s = core::kNegInf;
-      } else if constexpr (DenseMask::kActive) {
-        const float bias = mask.bias(j);
-        hidden |= bias == core::kNegInf;
-        s = bias == core::kNegInf ? core::kNegInf : static_cast<float>(static_cast<double>(s) * p.scale + bias);
+      } else if constexpr (Variant::kPerElement) {
+        s = row.logit(j, s * scale);
+        hidden |= s == core::kNegInf && row.hidden(j);
       }
     }
   }
@@ -354,7 +377,7 @@ inline void softmax_step(float* st, std::int64_t cols, const V* mx, float c_log2
 // each score again from a double dot product (q from the block's fp32 Q: Qᵀ [Dk][BR] or rows [BR][Dk]; K rows
 // of any storage type), the lane's max rounded up to fp32 (so no weight exceeds 1), and every exponent (s - m)
 // formed in double. The other lanes take the fp32 scores as the vector step does. Same state, same outputs.
-template <class DenseMask, class KT>
+template <class Variant, class KT>
 void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols,
                        const float* q, bool q_rows, const KT* const* krows, const Units& u, float* st, float* m,
                        float* l, float* alpha_out) {
@@ -367,18 +390,17 @@ void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t 
     bool nan = false;
     if (wide) {
       const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
-      const auto mask = DenseMask::row(p, lanes.b, lanes.h[r], lanes.i[r]);
+      const auto row = Variant::row(p, lanes.b, lanes.h[r], lanes.i[r]);
       for (std::int64_t c = 0; c < cols; ++c) {
         const std::int64_t j = j0 + c;
-        const float bias = (j < range.lo || j >= range.hi) ? core::kNegInf : mask.bias(j);
-        if (bias == core::kNegInf) {
+        if (j < range.lo || j >= range.hi || row.hidden(j)) {
           s[c] = neg_inf;
           continue;
         }
         double dot = 0;
         for (std::int64_t d = 0; d < p.Dk; ++d)
           dot += static_cast<double>(q_rows ? q[r * p.Dk + d] : q[d * BR + r]) * core::to_float(krows[c][d]);
-        s[c] = (dot * p.scale + bias) / u.k;  // the call's units (Units)
+        s[c] = row.logit(j, dot * p.scale) / u.k;  // the call's units (Units)
         if (std::isnan(s[c])) nan = true;
         else mx = std::max(mx, s[c]);
       }
@@ -404,13 +426,13 @@ void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t 
 
 // The softmax of one tile: Sᵀ (scores in the call's units, hidden pairs -inf) becomes Pᵀ, and every lane's
 // state takes the tile; the vector step, or the wide one when the tile's scores are large.
-template <int QV, class DenseMask, class KT>
+template <int QV, class Variant, class KT>
 inline void softmax_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool q_rows,
                          const KT* const* krows, const Units& u, Workspace& ws) {
   V mx[QV];
   tile_max<QV>(ws.st.data(), cols, mx);
   if (needs_wide<QV>(mx, u))
-    softmax_step_wide<DenseMask>(p, lanes, j0, cols, ws.q.data(), q_rows, krows, u, ws.st.data(), ws.m.data(),
+    softmax_step_wide<Variant>(p, lanes, j0, cols, ws.q.data(), q_rows, krows, u, ws.st.data(), ws.m.data(),
                                  ws.l.data(), ws.alpha.data());
   else if (u.c == 1.0f)
     softmax_step<QV, true>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
@@ -421,18 +443,18 @@ inline void softmax_tile(const core::Problem& p, const Lanes& lanes, std::int64_
 // O = α·O + P V over the tile's keys for the pairs a lane attends only: the exact path for a tile where a
 // hidden (lane, key) pair meets a V row holding NaN or inf, which the vector products would turn into
 // 0·NaN = NaN for lanes that never attend that key. Lane r's value d is o[d·d_stride + r·r_stride].
-template <class DenseMask, class KVT>
+template <class Variant, class KVT>
 void pv_attended(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, const float* pt,
                  const KVT* const* vrows, const float* alpha, float* o, std::int64_t d_stride, std::int64_t r_stride) {
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
-    const auto mask = DenseMask::row(p, lanes.b, lanes.h[r], lanes.i[r]);
+    const auto row = Variant::row(p, lanes.b, lanes.h[r], lanes.i[r]);
     for (std::int64_t d = 0; d < p.Dv; ++d) {
       float& out = o[d * d_stride + r * r_stride];
       float acc = out * alpha[r];
       for (std::int64_t c = 0; c < cols; ++c) {
         const std::int64_t j = j0 + c;
-        if (j < range.lo || j >= range.hi || mask.bias(j) == core::kNegInf) continue;
+        if (j < range.lo || j >= range.hi || row.hidden(j)) continue;
         acc += pt[c * BR + r] * core::to_float(vrows[c][d]);
       }
       out = acc;
@@ -443,15 +465,15 @@ void pv_attended(const core::Problem& p, const Lanes& lanes, std::int64_t j0, st
 // One tile of a row-major (decode) block, from K and V rows of any storage type. Decode streams K and V
 // from memory once, so this tile's V rows are prefetched while its scores are computed and the loads of
 // pv_rows find them in cache (7% on D2; prefetching the next K tile as well measured slower).
-template <int QV, int NL, class DenseMask, class T>
+template <int QV, int NL, class Variant, class T>
 void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows, const T* const* vrows,
                std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws) {
   prefetch_rows(vrows, cols, p.Dv * static_cast<std::int64_t>(sizeof(T)));
   scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data());                          // Sᵀ = K Qᵀ
-  const bool hidden = finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
-  softmax_tile<QV, DenseMask>(p, lanes, j0, cols, true, krows, u, ws);                           // Pᵀ; m, l
+  const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
+  softmax_tile<QV, Variant>(p, lanes, j0, cols, true, krows, u, ws);                           // Pᵀ; m, l
   if (hidden && !rows_finite(vrows, cols, p.Dv))
-    pv_attended<DenseMask>(p, lanes, j0, cols, ws.st.data(), vrows, ws.alpha.data(), ws.o.data(), 1, p.Dv);
+    pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), vrows, ws.alpha.data(), ws.o.data(), 1, p.Dv);
   else
     pv_rows<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data());                  // O = α·O + P V
 }
@@ -459,7 +481,7 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows
 // One block of lanes over keys [kv_lo, kv_hi) only (all keys, or one split of them): leaves the
 // unnormalised state of every lane in ws (m, l, and O: Oᵀ [Dv][BR] when NL = 0, else rows [BR][Dv]).
 // NL = 0: lanes across vectors (QV vectors of lanes). NL > 0: row-major for at most NL lanes.
-template <int QV, int NL, class QT, class KVT, class DenseMask>
+template <int QV, int NL, class QT, class KVT, class Variant>
 void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo, std::int64_t kv_hi, Workspace& ws) {
   const std::int64_t dk = p.Dk, dv = p.Dv;
   // Keys some lane may see (the union of the lanes' ranges) and keys every lane sees (the intersection).
@@ -482,7 +504,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
   std::fill(ws.m.begin(), ws.m.end(), core::kNegInf);
   std::fill(ws.l.begin(), ws.l.end(), 0.0f);
 
-  const Units u = units<DenseMask>(p);
+  const Units u = units<Variant>(p);
   for (std::int64_t j0 = visible_lo; j0 < visible_hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, visible_hi - j0);
     const bool interior = j0 >= shared_lo && j0 + cols <= shared_hi;
@@ -490,10 +512,10 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);       // K tile
       tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);       // V tile
       scores<QV>(ws.q.data(), ws.krows, dk, cols, u.dot, ws.st.data());                      // Sᵀ = K Qᵀ
-      const bool hidden = finish_scores<QV, DenseMask>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
-      softmax_tile<QV, DenseMask>(p, lanes, j0, cols, false, ws.krows, u, ws);                // Pᵀ; m, l
+      const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
+      softmax_tile<QV, Variant>(p, lanes, j0, cols, false, ws.krows, u, ws);                // Pᵀ; m, l
       if (hidden && !rows_finite(ws.vrows, cols, dv))
-        pv_attended<DenseMask>(p, lanes, j0, cols, ws.st.data(), ws.vrows, ws.alpha.data(), ws.o.data(), BR, 1);
+        pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), ws.vrows, ws.alpha.data(), ws.o.data(), BR, 1);
       else
         accumulate_pv<QV>(ws.st.data(), ws.vrows, dv, cols, ws.alpha.data(), ws.o.data());  // Oᵀ = α·Oᵀ + Vᵀ Pᵀ
     } else if (p.k.stride[3] == 1 && p.v.stride[3] == 1) {  // rows as stored, widened in registers
@@ -501,11 +523,11 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       const KVT* vrows[BC];
       for (std::int64_t c = 0; c < cols; ++c)
         krows[c] = kv_row<KVT>(p, p.k, lanes.b, lanes.hk, j0 + c), vrows[c] = kv_row<KVT>(p, p.v, lanes.b, lanes.hk, j0 + c);
-      rows_step<QV, NL, DenseMask>(p, lanes, krows, vrows, j0, cols, interior, u, ws);
+      rows_step<QV, NL, Variant>(p, lanes, krows, vrows, j0, cols, interior, u, ws);
     } else {  // strided rows: converted to fp32 first
       tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);
       tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);
-      rows_step<QV, NL, DenseMask>(p, lanes, ws.krows, ws.vrows, j0, cols, interior, u, ws);
+      rows_step<QV, NL, Variant>(p, lanes, ws.krows, ws.vrows, j0, cols, interior, u, ws);
     }
   }
 }
@@ -554,25 +576,25 @@ struct Plan {
 
 // Runs a block with the micro-kernel shape that fits its lane count. Returns where lane r's value d of
 // the accumulator sits: o[d·d_stride + r·r_stride].
-template <class QT, class KVT, class DenseMask>
+template <class QT, class KVT, class Variant>
 std::pair<std::int64_t, std::int64_t> run_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
                                                 std::int64_t kv_hi, Workspace& ws) {
   constexpr int QV8 = (8 + W - 1) / W;  // vectors holding 8 lanes
-  if (lanes.n <= 2) return flash_block<1, 2, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
-  if (lanes.n <= 4) return flash_block<1, 4, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
-  if (lanes.n <= 8) return flash_block<QV8, 8, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
-  if (lanes.n <= W) return flash_block<1, 0, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{BR, 1L};
-  if (lanes.n <= 2 * W) return flash_block<2, 0, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{BR, 1L};
-  return flash_block<4, 0, QT, KVT, DenseMask>(p, lanes, kv_lo, kv_hi, ws), std::pair{BR, 1L};
+  if (lanes.n <= 2) return flash_block<1, 2, QT, KVT, Variant>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
+  if (lanes.n <= 4) return flash_block<1, 4, QT, KVT, Variant>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
+  if (lanes.n <= 8) return flash_block<QV8, 8, QT, KVT, Variant>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
+  if (lanes.n <= W) return flash_block<1, 0, QT, KVT, Variant>(p, lanes, kv_lo, kv_hi, ws), std::pair{BR, 1L};
+  if (lanes.n <= 2 * W) return flash_block<2, 0, QT, KVT, Variant>(p, lanes, kv_lo, kv_hi, ws), std::pair{BR, 1L};
+  return flash_block<4, 0, QT, KVT, Variant>(p, lanes, kv_lo, kv_hi, ws), std::pair{BR, 1L};
 }
 
 // Writes O = o / l and the LSE of every lane of a finished block (core::finish_*); lane r's value d is
 // o[d·d_stride + r·r_stride] (Oᵀ in the workspace, or rows of merged split-KV partials).
-template <class QT, class DenseMask>
+template <class QT, class Variant>
 void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, std::int64_t d_stride,
                  std::int64_t r_stride, const float* m, const float* l) {
   QT* out = static_cast<QT*>(const_cast<void*>(p.out.data));
-  const Units u = units<DenseMask>(p);
+  const Units u = units<Variant>(p);
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     const float factor = core::finish_factor(l[r]);
     QT* o = out + p.out.offset(lanes.b, lanes.h[r], lanes.i[r], 0);
@@ -597,7 +619,7 @@ inline int make_workspaces(const core::Problem& p, int threads, std::int64_t tas
   return team;
 }
 
-template <class QT, class KVT, class DenseMask>
+template <class QT, class KVT, class Variant>
 void flash_forward(const core::Problem& p, int threads) {
   const Plan plan(p);
   std::vector<Workspace> wss;
@@ -609,8 +631,8 @@ void flash_forward(const core::Problem& p, int threads) {
 #pragma omp for schedule(dynamic)
       for (std::int64_t it = 0; it < plan.items; ++it) {
         const Lanes lanes = plan.lanes(p, it);
-        const auto [d_stride, r_stride] = run_block<QT, KVT, DenseMask>(p, lanes, 0, p.Skv, ws);
-        store_lanes<QT, DenseMask>(p, lanes, ws.o.data(), d_stride, r_stride, ws.m.data(), ws.l.data());
+        const auto [d_stride, r_stride] = run_block<QT, KVT, Variant>(p, lanes, 0, p.Skv, ws);
+        store_lanes<QT, Variant>(p, lanes, ws.o.data(), d_stride, r_stride, ws.m.data(), ws.l.data());
       }
     }
     return;
@@ -627,7 +649,7 @@ void flash_forward(const core::Problem& p, int threads) {
       const std::int64_t it = task / plan.splits, sp = task % plan.splits;
       const Lanes lanes = plan.lanes(p, it);
       const auto [d_stride, r_stride] =
-          run_block<QT, KVT, DenseMask>(p, lanes, sp * plan.split_len, std::min(p.Skv, (sp + 1) * plan.split_len), ws);
+          run_block<QT, KVT, Variant>(p, lanes, sp * plan.split_len, std::min(p.Skv, (sp + 1) * plan.split_len), ws);
       float* dst = partial.data() + it * per_item + sp * BR * stride;
       for (std::int64_t r = 0; r < lanes.n; ++r) {
         dst[r * stride] = ws.m[r];
@@ -640,7 +662,7 @@ void flash_forward(const core::Problem& p, int threads) {
       const Lanes lanes = plan.lanes(p, it);
       float* base = partial.data() + it * per_item;
       float m[BR], l[BR];
-      const Units u = units<DenseMask>(p);
+      const Units u = units<Variant>(p);
       for (std::int64_t r = 0; r < lanes.n; ++r) {
         core::RowState acc;
         acc.m = base[r * stride], acc.l = base[r * stride + 1];
@@ -653,7 +675,7 @@ void flash_forward(const core::Problem& p, int threads) {
         }
         m[r] = acc.m, l[r] = acc.l;
       }
-      store_lanes<QT, DenseMask>(p, lanes, base + 2, 1, stride, m, l);  // merged rows sit in split 0's slots
+      store_lanes<QT, Variant>(p, lanes, base + 2, 1, stride, m, l);  // merged rows sit in split 0's slots
     }
   }
 }
@@ -669,9 +691,9 @@ inline std::int64_t flash_workspace_bytes(const core::Problem& p, int threads) {
 }
 
 // The kernel of this instruction set for the given dtypes and dense-mask kind, or null (cpu/pick.h).
-template <class QT, class KVT, class DenseMask>
+template <class QT, class KVT, class Variant>
 struct ForwardKernel {
-  static constexpr FlashFn fn = &flash_forward<QT, KVT, DenseMask>;
+  static constexpr FlashFn fn = &flash_forward<QT, KVT, Variant>;
 };
 inline FlashFn pick_flash(DType q, DType kv, core::MaskKind mask) {
   return pick_kernel<FlashFn, ForwardKernel>(q, kv, mask);

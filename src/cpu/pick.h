@@ -1,6 +1,8 @@
-// The one place a call's runtime types become a kernel instantiation: (Q dtype, K/V dtype, dense-mask
-// kind) -> Kernel<QT, KVT, Mask>::fn. The forward and the backward of every instruction set use it, each
-// with its own Kernel adapter (a struct template holding a pointer to its kernel function template).
+// The one place a call's runtime description becomes a kernel instantiation: (Q dtype, K/V dtype, variant)
+// -> Kernel<QT, KVT, Variant>::fn, the variant (core/variant.h) from the problem's dense-mask kind (and, as
+// variants are added, their parameters). The forward and the backward of every instruction set and the AMX
+// kernel use it, each with its own Kernel adapter (a struct template holding a pointer to its kernel function
+// template).
 #pragma once
 
 #include "attn/tensor.h"
@@ -13,9 +15,9 @@ namespace attn::cpu {
 template <class Fn, template <class, class, class> class Kernel, class QT, class KVT>
 Fn pick_for_mask(core::MaskKind mask) {
   switch (mask) {
-    case core::MaskKind::none: return Kernel<QT, KVT, core::NoDenseMask>::fn;
-    case core::MaskKind::additive: return Kernel<QT, KVT, core::AdditiveMask>::fn;
-    case core::MaskKind::keep: return Kernel<QT, KVT, core::KeepMask>::fn;
+    case core::MaskKind::none: return Kernel<QT, KVT, core::Variant<core::NoDenseMask>>::fn;
+    case core::MaskKind::additive: return Kernel<QT, KVT, core::Variant<core::AdditiveMask>>::fn;
+    case core::MaskKind::keep: return Kernel<QT, KVT, core::Variant<core::KeepMask>>::fn;
   }
   return nullptr;
 }
