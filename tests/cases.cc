@@ -1,13 +1,31 @@
 #include "cases.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <set>
 
 namespace attn::test {
 namespace {
 
-std::string num(std::int64_t x) { return x < 0 ? "m" + std::to_string(-x) : std::to_string(x); }
+std::string num(std::int64_t x) {
+  const std::string digits = std::to_string(x);
+  return x < 0 ? "m" + digits.substr(1) : digits;
+}
+
+// A real number as a test-name fragment: %g digits with '-' -> 'm', '.' -> 'p', '+' dropped (1e+20 -> 1e20).
+// Formatting instead of casting to an integer: a cast of 1e20 * 1000 overflows (undefined behaviour).
+std::string real(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  std::string out;
+  for (const char* c = buf; *c; ++c) {
+    if (*c == '-') out += 'm';
+    else if (*c == '.') out += 'p';
+    else if (*c != '+') out += *c;
+  }
+  return out;
+}
 
 const char* causal_name(Causal c) { return c == Causal::none ? "" : c == Causal::top_left ? "_causalTL" : "_causalBR"; }
 
@@ -32,8 +50,8 @@ std::string Case::name() const {
   if (kv_lens) n += "_lens";
   if (layout != Layout::bhsd) n += std::string("_") + layout_name(layout);
   if (dtype != DType::f32 || kv_dtype != DType::f32) n += std::string("_") + dtype_name(dtype) + "_" + dtype_name(kv_dtype);
-  if (amplitude != 1.0) n += "_amp" + num(static_cast<std::int64_t>(amplitude));
-  if (scale) n += "_scale" + num(static_cast<std::int64_t>(*scale * 1000));
+  if (amplitude != 1.0) n += "_amp" + real(amplitude);
+  if (scale) n += "_scale" + real(*scale);
   if (page_size) n += "_paged" + num(page_size);
   return n;
 }

@@ -70,24 +70,58 @@ TEST_P(AttentionCase, MatchesFp64Reference) {
   check(Backend::reference);
 }
 
+// Bitwise: compare the bytes (NaN-safe), and never pass memcmp a null pointer for empty results.
+bool same(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+}
+
 // Blocks are independent, so the thread count never changes a bit of the result.
 TEST_P(AttentionCase, FlashIsIdenticalAtEveryThreadCount) {
   const Case& c = GetParam();
   Instance in = instantiate(c);
   for (cpu::Isa isa : supported_isas()) {
-  SCOPED_TRACE(cpu::isa_name(isa));
-  ForceIsa force(isa);
-  const Outputs one = run_backend(c, in, Backend::flash, 1);
-  const Outputs two = run_backend(c, in, Backend::flash, 2);
-  const Outputs three = run_backend(c, in, Backend::flash, 3);
-  // Bitwise: compare the bytes (NaN-safe), and never pass memcmp a null pointer for empty results.
-  auto same = [](const std::vector<double>& a, const std::vector<double>& b) {
-    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
-  };
-  ASSERT_TRUE(same(one.out, two.out));
-  ASSERT_TRUE(same(one.out, three.out));
-  ASSERT_TRUE(same(one.lse, two.lse));
+    SCOPED_TRACE(cpu::isa_name(isa));
+    ForceIsa force(isa);
+    const Outputs one = run_backend(c, in, Backend::flash, 1);
+    const Outputs two = run_backend(c, in, Backend::flash, 2);
+    const Outputs three = run_backend(c, in, Backend::flash, 3);
+    EXPECT_TRUE(same(one.out, two.out));
+    EXPECT_TRUE(same(one.out, three.out));
+    EXPECT_TRUE(same(one.lse, two.lse));
+    EXPECT_TRUE(same(one.lse, three.lse));
   }
+}
+
+// A Workspace kept across calls changes no bit of the result, though it holds the scratch of other shapes
+// (longer keys: other split-KV partials; wider heads: other tiles) and of other thread counts.
+TEST_P(AttentionCase, WorkspaceReuseChangesNothing) {
+  const Case& c = GetParam();
+  Instance in = instantiate(c);
+  for (cpu::Isa isa : supported_isas()) {
+    SCOPED_TRACE(cpu::isa_name(isa));
+    ForceIsa force(isa);
+    Workspace shared;
+    Case longer = c, wider = c;
+    longer.Skv = 3 * c.Skv + 1000, longer.Sq = c.Sq + 3;
+    wider.Dk = c.Dk + 16;
+    for (const Case& other : {longer, wider}) {
+      Instance o = instantiate(other);
+      o.params.workspace = &shared;
+      (void)run_backend(other, o, Backend::flash, 3);
+    }
+    in.params.workspace = nullptr;
+    const Outputs fresh = run_backend(c, in, Backend::flash, 2);
+    in.params.workspace = &shared;
+    for (int threads : {2, 1, 3}) {
+      const Outputs reused = run_backend(c, in, Backend::flash, threads);
+      EXPECT_TRUE(same(fresh.out, reused.out)) << threads << " threads";
+      EXPECT_TRUE(same(fresh.lse, reused.lse)) << threads << " threads";
+    }
+    const std::int64_t held = shared.bytes();
+    run_backend(c, in, Backend::flash, 2);
+    EXPECT_EQ(shared.bytes(), held) << "a repeated call of the same shape grew the workspace";
+  }
+  in.params.workspace = nullptr;
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, AttentionCase, ::testing::ValuesIn(registry()),

@@ -119,10 +119,22 @@ TEST_P(BackwardCase, MatchesFp64Reference) {
   check(Backend::reference);
 }
 
-// Every output element is owned by one work item that sums in a fixed order: repeated runs and every
-// thread count give the same bits.
-TEST_P(BackwardCase, DeterministicAcrossRunsAndThreadCounts) {
+// Every output element is owned by one work item that sums in a fixed order: repeated runs, every thread count
+// and a Workspace kept across calls (holding the scratch of a longer and a wider shape first) give the same
+// bits, at every instruction-set level.
+TEST_P(BackwardCase, DeterministicAcrossRunsThreadCountsAndWorkspaces) {
   const Case& c = GetParam();
+  Workspace shared;
+  Case longer = c, wider = c;
+  longer.Skv = 2 * c.Skv + 100, longer.Sq = c.Sq + 3;
+  wider.Dk = c.Dk + 16;
+  for (const Case& other : {longer, wider}) {
+    Instance o = instantiate(other);
+    GradInstance og = instantiate_grads(other);
+    forward(o);
+    o.params.workspace = &shared;
+    EXPECT_TRUE(backward(o, og, Backend::flash, 3).ok());
+  }
   Instance in = instantiate(c);
   GradInstance g = instantiate_grads(c);
   forward(in);
@@ -130,8 +142,16 @@ TEST_P(BackwardCase, DeterministicAcrossRunsAndThreadCounts) {
     EXPECT_TRUE(backward(in, g, Backend::flash, threads).ok());
     return std::vector<std::vector<unsigned char>>{g.dq.storage, g.dk.storage, g.dv.storage};
   };
-  const auto first = run(1);
-  for (int threads : {1, 2, 3, 2}) EXPECT_TRUE(run(threads) == first) << "threads = " << threads;
+  for (cpu::Isa isa : supported_isas()) {
+    SCOPED_TRACE(cpu::isa_name(isa));
+    ForceIsa force(isa);
+    in.params.workspace = nullptr;
+    const auto first = run(1);
+    for (int threads : {1, 2, 3, 2}) EXPECT_TRUE(run(threads) == first) << "threads = " << threads;
+    in.params.workspace = &shared;
+    for (int threads : {2, 1, 3}) EXPECT_TRUE(run(threads) == first) << "workspace, threads = " << threads;
+    in.params.workspace = nullptr;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, BackwardCase, ::testing::ValuesIn(backward_registry()),

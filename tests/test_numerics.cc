@@ -153,6 +153,51 @@ TEST(Numerics, MinusInfinityMaskArithmetic) {
     }
 }
 
+// Params::check_mask_values = false skips the scan: a NaN or +inf in a row of the mask then gives NaN in that
+// row's output and LSE (IEEE arithmetic), and every other row is exactly what the checked call gives. With the
+// scan (the default) the same mask is refused, naming it.
+TEST(Numerics, UncheckedMaskValuesPropagateNaN) {
+  const std::int64_t Sq = 37, Skv = 45, D = 16;
+  std::mt19937_64 rng(11);
+  Tensor q(DType::f32, 1, 2, Sq, D), k(DType::f32, 1, 2, Skv, D), v(DType::f32, 1, 2, Skv, D);
+  q.randomize(rng), k.randomize(rng), v.randomize(rng);
+  Tensor mask = Tensor::plain(DType::f32, {Sq, Skv});
+  mask.randomize(rng);
+  for (Backend backend : kBackends)
+    for (const float bad : {NAN, INFINITY}) {
+      SCOPED_TRACE(std::string(backend_name(backend)) + (std::isnan(bad) ? " NaN" : " +inf"));
+      auto run = [&](const Tensor& m, bool check, Tensor* out, Tensor* lse) {
+        out->poison(), lse->poison();
+        Params p;
+        p.backend = backend;
+        p.mask = m.view;
+        p.check_mask_values = check;
+        return attention(q.view, k.view, v.view, out->view, p, lse->view);
+      };
+      Tensor clean_out(DType::f32, 1, 2, Sq, D), clean_lse = Tensor::plain(DType::f32, {1, 2, Sq});
+      ASSERT_TRUE(run(mask, true, &clean_out, &clean_lse).ok());
+      Tensor poisoned = mask;
+      poisoned.view.data = poisoned.storage.data();
+      const std::int64_t bad_row = 20;
+      poisoned.set(bad, bad_row, 30);
+      Tensor out(DType::f32, 1, 2, Sq, D), lse = Tensor::plain(DType::f32, {1, 2, Sq});
+      const Status refused = run(poisoned, true, &out, &lse);
+      EXPECT_EQ(refused.code(), StatusCode::invalid_argument);
+      EXPECT_NE(refused.message().find("mask"), std::string::npos) << refused.message();
+      ASSERT_TRUE(run(poisoned, false, &out, &lse).ok());
+      for (std::int64_t h = 0; h < 2; ++h)
+        for (std::int64_t i = 0; i < Sq; ++i) {
+          if (i == bad_row) {
+            EXPECT_TRUE(std::isnan(lse.get(0, h, i)));
+            for (std::int64_t d = 0; d < D; ++d) EXPECT_TRUE(std::isnan(out.get(0, h, i, d)));
+            continue;
+          }
+          EXPECT_EQ(lse.get(0, h, i), clean_lse.get(0, h, i));
+          for (std::int64_t d = 0; d < D; ++d) EXPECT_EQ(out.get(0, h, i, d), clean_out.get(0, h, i, d));
+        }
+    }
+}
+
 // The state: advancing over all keys equals merging per-half states; empty states merge safely; huge finite
 // scores keep the largest one at weight exactly 1; NaN reaches the state.
 TEST(Numerics, SoftmaxStateMerge) {

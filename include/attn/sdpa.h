@@ -6,6 +6,7 @@
 
 #include "attn/status.h"
 #include "attn/tensor.h"
+#include "attn/workspace.h"
 
 namespace attn {
 
@@ -56,6 +57,12 @@ struct Params {
   // Threads for this call: 0 = the default (ATTN_NUM_THREADS, else OpenMP's default).
   int threads = 0;
   Backend backend = Backend::automatic;
+  // Scratch kept between calls (attn/workspace.h): repeated calls of a shape it fits allocate nothing. null:
+  // every call allocates and frees its own.
+  Workspace* workspace = nullptr;
+  // Whether the values of an f32 mask are checked (one pass over the mask; NaN and +inf are refused). false
+  // trusts them: a NaN or +inf value then gives NaN in its row, as IEEE arithmetic does.
+  bool check_mask_values = true;
 };
 
 // Computes attention for

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/backward_problem.h"
+#include "core/workspace_impl.h"
 #include "cpu/kernels.h"
 #include "reference/reference.h"
 
@@ -37,6 +38,12 @@ Status attention_backward(const TensorView& q, const TensorView& k, const Tensor
                                         " with k/v dtype " + dtype_name(bp.fwd.k.dtype));
   // The kernel allocates its statistics, partial sums and scratch before any thread starts and writes nothing
   // until they are there.
+  struct Return {  // the key-length vector validation borrowed goes back to the workspace
+    core::Problem& p;
+    ~Return() {
+      if (p.workspace) p.workspace->impl().kv_len = std::move(p.kv_len);
+    }
+  } give_back{bp.fwd};
   try {
     kernel.fn(bp, threads);
   } catch (const std::bad_alloc&) {

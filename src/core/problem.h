@@ -47,6 +47,7 @@ struct Problem {
   std::optional<Strided> lse;  // [B, Hq, Sq] in stride[0..2]
   int threads = 0;
   Backend backend = Backend::automatic;
+  Workspace* workspace = nullptr;  // the caller's, to keep scratch in between calls (or null)
 };
 
 // Element offset of row j of K or V (tensor t) for batch b and KV head hk: strided, or through the page table.

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/problem.h"
+#include "core/workspace_impl.h"
 #include "cpu/kernels.h"
 #include "reference/reference.h"
 
@@ -39,6 +40,13 @@ Status run(const core::Problem& p) {
   return Status::Ok();
 }
 
+// Runs a validated problem, then gives the key-length vector validation borrowed back to the workspace.
+Status run_and_return(core::Problem& p) {
+  const Status s = run(p);
+  if (p.workspace) p.workspace->impl().kv_len = std::move(p.kv_len);
+  return s;
+}
+
 }  // namespace
 
 Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -49,7 +57,7 @@ Status attention(const TensorView& q, const TensorView& k, const TensorView& v, 
   } catch (const std::bad_alloc&) {
     return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
   }
-  return run(p);
+  return run_and_return(p);
 }
 
 Status attention_paged(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
@@ -62,7 +70,7 @@ Status attention_paged(const TensorView& q, const TensorView& k_pages, const Ten
   } catch (const std::bad_alloc&) {
     return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
   }
-  return run(p);
+  return run_and_return(p);
 }
 
 }  // namespace attn

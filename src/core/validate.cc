@@ -9,6 +9,7 @@
 #include "core/backward_problem.h"
 #include "core/problem.h"
 #include "core/views.h"
+#include "core/workspace_impl.h"
 
 namespace attn {
 
@@ -192,9 +193,21 @@ bool finite_or_minus_inf(T x) {
   return std::isfinite(x) || (std::isinf(x) && x < 0);
 }
 
+// Whether n floats at stride st are all finite or -inf: `x <= FLT_MAX` fails exactly for NaN and +inf. The
+// unit-stride loop is a plain count the compiler vectorises (one pass at memory speed).
+bool values_ok(const float* x, std::int64_t n, std::int64_t st) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  std::int64_t bad = 0;
+  if (st == 1)
+    for (std::int64_t e = 0; e < n; ++e) bad += !(x[e] <= kMax);
+  else
+    for (std::int64_t e = 0; e < n; ++e) bad += !(x[e * st] <= kMax);
+  return bad == 0;
+}
+
 // NumPy broadcasting of a rank-1..4 mask to [B, Hq, Sq, Skv]; fills mask strides (0 where broadcast)
-// and scans an additive mask for values that would poison the softmax (NaN, +inf).
-Status check_mask(const TensorView& m, const Problem& p, Strided* out, MaskKind* kind) {
+// and (with check_values) scans an additive mask for values that would poison the softmax (NaN, +inf).
+Status check_mask(const TensorView& m, const Problem& p, bool check_values, Strided* out, MaskKind* kind) {
   if (m.rank < 1 || m.rank > 4)
     return Status::Invalid("mask", "expected rank 1 to 4 (broadcastable to [B, Hq, Sq, Skv]), got rank " +
                                        std::to_string(m.rank));
@@ -218,14 +231,15 @@ Status check_mask(const TensorView& m, const Problem& p, Strided* out, MaskKind*
                                          std::to_string(full[d]) + " (" + names[d] + ")");
     s.stride[d] = (n == 1) ? 0 : m.strides[d - lead];
   }
-  if (m.dtype == DType::f32) {
-    // Walk the mask's own elements once.
+  if (m.dtype == DType::f32 && check_values) {
+    // Walk the mask's own elements once, a row at a time; only a bad row is searched for the element to name.
     const auto* base = static_cast<const float*>(m.data);
     std::int64_t sh[4] = {1, 1, 1, 1}, st[4] = {0, 0, 0, 0};
     for (int d = 0; d < m.rank; ++d) sh[d + lead] = m.shape[d], st[d + lead] = m.strides[d];
     for (std::int64_t a = 0; a < sh[0]; ++a)
       for (std::int64_t b = 0; b < sh[1]; ++b)
-        for (std::int64_t c = 0; c < sh[2]; ++c)
+        for (std::int64_t c = 0; c < sh[2]; ++c) {
+          if (values_ok(base + a * st[0] + b * st[1] + c * st[2], sh[3], st[3])) continue;
           for (std::int64_t e = 0; e < sh[3]; ++e) {
             const float x = base[a * st[0] + b * st[1] + c * st[2] + e * st[3]];
             if (!finite_or_minus_inf(x))
@@ -233,6 +247,7 @@ Status check_mask(const TensorView& m, const Problem& p, Strided* out, MaskKind*
                                                  (std::isnan(x) ? std::string("NaN") : std::string("+inf")) +
                                                  "; expected finite values or -inf");
           }
+        }
   }
   *out = s;
   *kind = m.dtype == DType::f32 ? MaskKind::additive : MaskKind::keep;
@@ -400,6 +415,7 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
   if (p.window.right > reach_all) p.window.right = reach_all;
 
   // Key lengths.
+  if (params.workspace) p.kv_len = std::move(params.workspace->impl().kv_len);  // (its capacity, lent for the call)
   p.kv_len.assign(static_cast<std::size_t>(p.B), p.Skv);
   if (paged) {
     if (params.kv_lens)
@@ -412,11 +428,12 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
 
   // Dense mask.
   if (params.mask)
-    if (Status s = check_mask(*params.mask, p, &p.mask, &p.mask_kind); !s) return s;
+    if (Status s = check_mask(*params.mask, p, params.check_mask_values, &p.mask, &p.mask_kind); !s) return s;
 
   if (params.threads < 0 || params.threads > 4096)
     return Status::Invalid("threads", std::to_string(params.threads) + "; expected 0 (default) or 1 to 4096");
   p.threads = params.threads;
+  p.workspace = params.workspace;
   if (static_cast<unsigned>(params.backend) > static_cast<unsigned>(Backend::flash))
     return Status::Invalid("backend", "unknown value; expected automatic, reference or flash");
   p.backend = params.backend;

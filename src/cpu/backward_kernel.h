@@ -47,7 +47,8 @@
 
 namespace attn::cpu::ATTN_ISA_NS::bwd {
 
-#include "cpu/vec.h"
+// (Vec, exp2v and the micro-kernel mma: cpu/vec.h and cpu/microkernel.h, included by cpu/flash_kernel.h in the
+// enclosing namespace.)
 
 using V = Vec::T;
 constexpr int W = Vec::W;
@@ -61,23 +62,11 @@ inline std::int64_t padded(std::int64_t dim) { return (dim + W - 1) / W * W; }
 // ---- the micro-kernel ------------------------------------------------------------------------------------
 
 // C[i][·] for rows i0 .. i0+R-1 and vectors n0 .. n0+CV-1: (ACC ? C : 0) + Σ_{k<kn} A(i, k) · B[k][·], with
-// A(i, k) = a[i·a_row + k·a_k].
+// A(i, k) = a[i·a_row + k·a_k]: the micro-kernel (cpu/microkernel.h) with a strided A.
 template <int R, int CV, bool ACC>
 inline void gemm_step(const float* a, std::int64_t a_row, std::int64_t a_k, const float* b, std::int64_t b_row,
                       std::int64_t kn, float* c, std::int64_t c_row) {
-  V acc[R][CV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < CV; ++v) acc[r][v] = ACC ? Vec::load(c + r * c_row + v * W) : Vec::zero();
-  for (std::int64_t k = 0; k < kn; ++k) {
-    V bv[CV];
-    for (int v = 0; v < CV; ++v) bv[v] = Vec::load(b + k * b_row + v * W);
-    for (int r = 0; r < R; ++r) {
-      const V ab = Vec::set1(a[r * a_row + k * a_k]);
-      for (int v = 0; v < CV; ++v) acc[r][v] = Vec::fmadd(ab, bv[v], acc[r][v]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < CV; ++v) Vec::store(c + r * c_row + v * W, acc[r][v]);
+  mma<R, CV, ACC ? mk::Init::load : mk::Init::zero, false>(mk::Strided{a, a_row, a_k}, b, b_row, kn, c, c_row);
 }
 
 template <int R, bool ACC>
@@ -155,6 +144,12 @@ struct Workspace {
       : dkp(padded(dk_)), dvp(padded(dv_)), qbuf(BR * dkp), doutbuf(BR * dvp), s(BR * BC), sd(BR * BC),
         ds(BR * BC), kt(dk_ * BC), vt(dv_ * BC), kbuf(BC * dkp), dk(BC * dkp), dv(BC * dvp), qt(dk_ * BR),
         dot(dv_ * BR) {}
+  std::int64_t bytes() const {
+    return static_cast<std::int64_t>(sizeof(Workspace)) +
+           4 * static_cast<std::int64_t>(qbuf.size() + doutbuf.size() + s.size() + ds.size() + kt.size() + vt.size() +
+                                         kbuf.size() + dk.size() + dv.size() + qt.size() + dot.size()) +
+           8 * static_cast<std::int64_t>(sd.size());
+  }
 };
 
 // Per-row values the later sweeps read, [B, Hq, Sq] each: P_ij = e^(s_ij − m_i) · inv_l_i, and D_i; the
@@ -605,12 +600,10 @@ void store_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int
 struct Plan {
   std::int64_t chunks = 1, chunk_len = 0, items = 0;
   explicit Plan(const core::Problem& p) {
+    // Key chunks only when B·Hkv alone gives too few items (cpu/schedule.h: the shape only).
     constexpr std::int64_t kMinItems = 8, kMinChunkKeys = 4 * BC;
-    const std::int64_t heads = std::max<std::int64_t>(p.B * p.Hkv, 1);
-    if (heads < kMinItems && p.Skv >= 2 * kMinChunkKeys)
-      chunks = std::min((kMinItems + heads - 1) / heads, p.Skv / kMinChunkKeys);
-    chunk_len = std::max<std::int64_t>((p.Skv + chunks - 1) / chunks + BC - 1, BC) / BC * BC;
-    chunks = std::max<std::int64_t>((p.Skv + chunk_len - 1) / chunk_len, 1);
+    const Cut cut = cut_length(p.B * p.Hkv, p.Skv, kMinItems, kMinChunkKeys, BC);
+    chunks = cut.pieces, chunk_len = cut.piece_len;
     items = p.B * p.Hkv * chunks;
   }
 };
@@ -683,6 +676,26 @@ void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int6
   }
 }
 
+// A call's scratch: the team's workspaces, its dQ-block marks, the row statistics and the dQ partial sums, kept
+// between calls in the caller's attn::Workspace (under kScratchKey, one per instruction set) when it gives one.
+struct Scratch {
+  std::int64_t dk = -1, dv = -1;
+  std::vector<Workspace> team;
+  std::vector<std::vector<char>> written;
+  RowStats stats;
+  std::vector<float> dq_part;
+  std::int64_t bytes() const {
+    std::int64_t n = 0;
+    for (const Workspace& ws : team) n += ws.bytes();
+    for (const auto& w : written) n += static_cast<std::int64_t>(w.capacity());
+    n += static_cast<std::int64_t>(8 * (stats.m.capacity() + stats.d.capacity()) +
+                                   4 * (stats.inv_l.capacity() + stats.qnorm.capacity() + stats.donorm.capacity() +
+                                        stats.knorm.capacity() + stats.vnorm.capacity() + dq_part.capacity()));
+    return n;
+  }
+};
+inline constexpr char kScratchKey = 0;
+
 template <class QT, class KVT, class Variant>
 void flash_backward(const core::BackwardProblem& bp, int threads) {
   const core::Problem& p = bp.fwd;
@@ -691,21 +704,26 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
   const std::int64_t kblocks = (p.Skv + BC - 1) / BC, tiles = p.B * p.Hkv * kblocks;
   const std::int64_t qblocks = (p.Sq + BR - 1) / BR, q_items = p.B * p.Hq * qblocks;
   const auto nrows = static_cast<std::size_t>(p.B * p.Hq * p.Sq);
-  RowStats stats{std::vector<double>(nrows),
-                 std::vector<double>(nrows),
-                 std::vector<float>(nrows),
-                 std::vector<float>(static_cast<std::size_t>(q_items)),
-                 std::vector<float>(static_cast<std::size_t>(q_items)),
-                 std::vector<float>(static_cast<std::size_t>(tiles)),
-                 std::vector<float>(static_cast<std::size_t>(tiles))};
-  // Per-thread workspaces before any thread starts (an allocation failure must not throw inside a region).
-  const int team = static_cast<int>(std::clamp<std::int64_t>(std::max(tiles + q_items, plan.items), 1,
-                                                             std::max(threads, 1)));
-  std::vector<Workspace> wss;
-  std::vector<std::vector<char>> writtens(static_cast<std::size_t>(team),
-                                          std::vector<char>(static_cast<std::size_t>(p.group * qblocks)));
-  wss.reserve(static_cast<std::size_t>(team));
-  for (int t = 0; t < team; ++t) wss.emplace_back(p.Dk, p.Dv);
+  // The call's scratch, allocated before any thread starts (an allocation failure must not throw inside a
+  // parallel region), kept in the caller's attn::Workspace when it gives one. Every buffer is reset here, so
+  // nothing of an earlier call is read.
+  Scratch local;
+  Scratch& sc = core::scratch(p.workspace, &kScratchKey, local);
+  if (sc.dk != p.Dk || sc.dv != p.Dv) sc.team.clear(), sc.dk = p.Dk, sc.dv = p.Dv;
+  RowStats& stats = sc.stats;
+  stats.m.assign(nrows, 0.0);
+  stats.d.assign(nrows, 0.0);
+  stats.inv_l.assign(nrows, 0.0f);
+  stats.qnorm.assign(static_cast<std::size_t>(q_items), 0.0f);
+  stats.donorm.assign(static_cast<std::size_t>(q_items), 0.0f);
+  stats.knorm.assign(static_cast<std::size_t>(tiles), 0.0f);
+  stats.vnorm.assign(static_cast<std::size_t>(tiles), 0.0f);
+  const int team = team_size(threads, std::max(tiles + q_items, plan.items));
+  grow_team(&sc.team, team, [&](int) { return Workspace(p.Dk, p.Dv); });
+  std::vector<Workspace>& wss = sc.team;
+  sc.written.resize(static_cast<std::size_t>(team));
+  for (auto& w : sc.written) w.assign(static_cast<std::size_t>(p.group * qblocks), 0);
+  std::vector<std::vector<char>>& writtens = sc.written;
   // Sweep 0: the largest row norm of every query and dO block, and of every key and value tile (keys below the
   // batch's key length only).
 #pragma omp parallel num_threads(team) if (team > 1)
@@ -736,7 +754,8 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
   // item owns its heads' rows); else in fp32 partials [chunk][B][Hq][Sq][Dkp] that sweep 3 adds up.
   const bool in_place = plan.chunks == 1 && std::is_same_v<QT, float> && bp.dq.stride[3] == 1 && p.Dk == dkp;
   const std::int64_t part_len = in_place ? 0 : p.B * p.Hq * p.Sq * dkp;
-  std::vector<float> dq_part(static_cast<std::size_t>(plan.chunks * part_len));
+  std::vector<float>& dq_part = sc.dq_part;
+  dq_part.assign(static_cast<std::size_t>(plan.chunks * part_len), 0.0f);
 #pragma omp parallel num_threads(team) if (team > 1)
   {
     Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];

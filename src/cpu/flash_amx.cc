@@ -31,10 +31,12 @@
 #include "core/mask.h"
 #include "core/online_softmax.h"
 #include "core/problem.h"
+#include "core/workspace_impl.h"
 #include "cpu/aligned.h"
 #include "cpu/amx_tiles.h"
 #include "cpu/kernels.h"
 #include "cpu/pick.h"
+#include "cpu/schedule.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
@@ -379,11 +381,11 @@ inline void pv_tiles(const std::uint16_t* p, const std::uint16_t* vp, std::int64
 struct Plan {
   std::int64_t chunk = 0, chunks = 0, items = 0, max_rows = 0;
   explicit Plan(const core::Problem& p) {
-    chunk = std::min(p.Sq, std::max<std::int64_t>(RB, 1024 / p.group));
-    // Enough items for many cores, down to one row block per head. The cut depends on the shape only (a
-    // row's key tiles start where its item's visible keys start), so results are the same on any thread count.
+    // Chunks of about 1024 query rows per KV head (K/V packed once per tile serve them all), cut smaller, down to
+    // one row block, when B·Hkv chunks are too few for many cores (cpu/schedule.h: the shape only).
     constexpr std::int64_t kTargetItems = 32;
-    while (chunk > RB && p.B * p.Hkv * ((p.Sq + chunk - 1) / chunk) < kTargetItems) chunk = round_up(chunk / 2, RB);
+    const Cut cut = cut_length(p.B * p.Hkv, p.Sq, kTargetItems, RB, RB, std::max<std::int64_t>(RB, 1024 / p.group));
+    chunk = std::min(cut.piece_len, p.Sq);
     chunks = (p.Sq + chunk - 1) / chunk;
     items = p.B * p.Hkv * chunks;
     max_rows = round_up(chunk * p.group, RB);
@@ -490,15 +492,27 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
   }
 }
 
+// The team's workspaces, kept between calls in the caller's attn::Workspace (under kScratchKey).
+struct Scratch {
+  std::int64_t dk = -1, dv = -1, max_rows = -1;
+  std::vector<Workspace> team;
+  std::int64_t bytes() const { return static_cast<std::int64_t>(team.size()) * Workspace::bytes(dk, dv, max_rows); }
+};
+constexpr char kScratchKey = 0;
+
 template <class Variant, int ExpDegree>
 void amx_forward(const core::Problem& p, int threads) {
   if (p.B == 0 || p.Sq == 0) return;  // nothing to write
   const Plan plan(p);
-  // Per-thread workspaces before any thread starts (an allocation failure must not throw inside the region).
-  const int team = static_cast<int>(std::clamp<std::int64_t>(plan.items, 1, std::max(threads, 1)));
-  std::vector<Workspace> wss;
-  wss.reserve(static_cast<std::size_t>(team));
-  for (int t = 0; t < team; ++t) wss.emplace_back(p.Dk, p.Dv, plan.max_rows);
+  // Per-thread workspaces before any thread starts (cpu/schedule.h), kept in the caller's attn::Workspace when
+  // it gives one.
+  Scratch local;
+  Scratch& sc = core::scratch(p.workspace, &kScratchKey, local);
+  if (sc.dk != p.Dk || sc.dv != p.Dv || sc.max_rows != plan.max_rows)
+    sc.team.clear(), sc.dk = p.Dk, sc.dv = p.Dv, sc.max_rows = plan.max_rows;
+  const int team = team_size(threads, plan.items);
+  grow_team(&sc.team, team, [&](int) { return Workspace(p.Dk, p.Dv, plan.max_rows); });
+  std::vector<Workspace>& wss = sc.team;
 #pragma omp parallel num_threads(team) if (team > 1)
   {
     // Flush-to-zero and denormals-are-zero while the kernel runs: masked scores give exp2 results that

@@ -21,6 +21,7 @@
 namespace attn::cpu::ATTN_ISA_NS {
 
 #include "cpu/vec.h"
+#include "cpu/microkernel.h"
 
 using V = Vec::T;
 constexpr int W = Vec::W;
@@ -88,42 +89,18 @@ struct Workspace {
 };
 
 // Sᵀ[c][·] = mult · Σ_d K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and QV·W query lanes (mult: the call's score
-// units, applied as the accumulators are stored).
+// units, applied as the accumulators are stored). The micro-kernel with A = K rows.
 template <int QV, int R>
 inline void scores_step(const float* qt, const float* const* k, std::int64_t dk, float* st, std::int64_t c0, V mult) {
-  V acc[R][QV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < QV; ++v) acc[r][v] = Vec::zero();
-  for (std::int64_t d = 0; d < dk; ++d) {
-    V q[QV];
-    for (int v = 0; v < QV; ++v) q[v] = Vec::load(qt + d * BR + v * W);
-    for (int r = 0; r < R; ++r) {
-      const V kb = Vec::set1(k[c0 + r][d]);
-      for (int v = 0; v < QV; ++v) acc[r][v] = Vec::fmadd(kb, q[v], acc[r][v]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < QV; ++v) Vec::store(st + (c0 + r) * BR + v * W, Vec::mul(acc[r][v], mult));
+  mma<R, QV, mk::Init::zero, true>(mk::RowPtrs{k, c0}, qt, BR, dk, st + c0 * BR, BR, nullptr, mult);
 }
 
-// Oᵀ[d][·] = α·Oᵀ[d][·] + Σ_c V[c][d] Pᵀ[c][·] for value dims d0 .. d0+R-1 (the online-softmax rescale
-// of the accumulator folded into its load).
+// Oᵀ[d][·] = α·Oᵀ[d][·] + Σ_c V[c][d] Pᵀ[c][·] for value dims d0 .. d0+R-1 (the online-softmax rescale of the
+// accumulator folded into its load). The micro-kernel with A = V rows indexed by key.
 template <int QV, int R>
 inline void pv_step(const float* pt, const float* const* vrows, std::int64_t cols, const V* alpha, float* ot,
                     std::int64_t d0) {
-  V acc[R][QV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < QV; ++v) acc[r][v] = Vec::mul(Vec::load(ot + (d0 + r) * BR + v * W), alpha[v]);
-  for (std::int64_t c = 0; c < cols; ++c) {
-    V p[QV];
-    for (int v = 0; v < QV; ++v) p[v] = Vec::load(pt + c * BR + v * W);
-    for (int r = 0; r < R; ++r) {
-      const V vb = Vec::set1(vrows[c][d0 + r]);
-      for (int v = 0; v < QV; ++v) acc[r][v] = Vec::fmadd(vb, p[v], acc[r][v]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < QV; ++v) Vec::store(ot + (d0 + r) * BR + v * W, acc[r][v]);
+  mma<R, QV, mk::Init::load_scaled, false>(mk::RowsByK{vrows, d0}, pt, BR, cols, ot + d0 * BR, BR, alpha);
 }
 
 // Sᵀ = mult · K Qᵀ over `cols` keys.
@@ -549,13 +526,11 @@ struct Plan {
     row_blocks = (p.Sq + rows_per_block - 1) / rows_per_block;
     head_blocks = (p.group + heads_per_block - 1) / heads_per_block;
     items = p.B * p.Hkv * head_blocks * row_blocks;
-    // Too few blocks to keep many cores busy (decode, short Sq, long keys): split the keys. The split
-    // depends on the shape only, never on the thread count, so results are the same on any machine size.
+    // Too few blocks to keep many cores busy (decode, short Sq, long keys): split the keys (cpu/schedule.h).
     constexpr std::int64_t kTargetItems = 32, kMinSplitKeys = 512;
-    if (items > 0 && items < kTargetItems && p.Skv >= 2 * kMinSplitKeys) {
-      splits = std::min((kTargetItems + items - 1) / items, p.Skv / kMinSplitKeys);
-      split_len = ((p.Skv + splits - 1) / splits + BC - 1) / BC * BC;
-      splits = (p.Skv + split_len - 1) / split_len;
+    if (items > 0) {
+      const Cut cut = cut_length(items, p.Skv, kTargetItems, kMinSplitKeys, BC);
+      splits = cut.pieces, split_len = cut.piece_len;
     }
     if (splits <= 1) splits = 1, split_len = p.Skv;
   }
@@ -609,48 +584,52 @@ void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, st
 // All blocks of all heads, spread over threads; with split-KV, the partial states of a block's key
 // splits are merged in a fixed order with core::merge. Nothing depends on the thread count or the
 // schedule, so results are bitwise identical on any number of threads.
-// Per-thread workspaces for a team of at most `threads` threads and `tasks` tasks, allocated before any thread
-// starts (an allocation failure is a std::bad_alloc the entry point turns into a Status, never a throw inside a
-// parallel region, which would end the process). Returns the team size.
-inline int make_workspaces(const core::Problem& p, int threads, std::int64_t tasks, std::vector<Workspace>* wss) {
-  const int team = static_cast<int>(std::clamp<std::int64_t>(tasks, 1, std::max(threads, 1)));
-  wss->reserve(static_cast<std::size_t>(team));
-  for (int t = 0; t < team; ++t) wss->emplace_back(p.Dk, p.Dv);
-  return team;
-}
+// A call's scratch: the team's workspaces and the split-KV partial results, kept between calls in the caller's
+// attn::Workspace (under kScratchKey, one per instruction set) when it gives one.
+struct Scratch {
+  std::int64_t dk = -1, dv = -1;
+  std::vector<Workspace> team;
+  std::vector<float> partial;
+  std::int64_t bytes() const {
+    return static_cast<std::int64_t>(team.size()) * Workspace::bytes(dk, dv) +
+           static_cast<std::int64_t>(partial.capacity() * sizeof(float));
+  }
+};
+inline constexpr char kScratchKey = 0;
 
 template <class QT, class KVT, class Variant>
 void flash_forward(const core::Problem& p, int threads) {
   const Plan plan(p);
-  std::vector<Workspace> wss;
+  Scratch local;
+  Scratch& sc = core::scratch(p.workspace, &kScratchKey, local);
+  if (sc.dk != p.Dk || sc.dv != p.Dv) sc.team.clear(), sc.dk = p.Dk, sc.dv = p.Dv;
+  const auto make = [&](int) { return Workspace(p.Dk, p.Dv); };
   if (plan.splits == 1) {
-    const int team = make_workspaces(p, threads, plan.items, &wss);
-#pragma omp parallel num_threads(team) if (team > 1)
-    {
-      Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic)
-      for (std::int64_t it = 0; it < plan.items; ++it) {
-        const Lanes lanes = plan.lanes(p, it);
-        const auto [d_stride, r_stride] = run_block<QT, KVT, Variant>(p, lanes, 0, p.Skv, ws);
-        store_lanes<QT, Variant>(p, lanes, ws.o.data(), d_stride, r_stride, ws.m.data(), ws.l.data());
-      }
-    }
+    const int team = team_size(threads, plan.items);
+    grow_team(&sc.team, team, make);
+    run_items(sc.team, team, plan.items, [&](std::int64_t it, Workspace& ws) {
+      const Lanes lanes = plan.lanes(p, it);
+      const auto [d_stride, r_stride] = run_block<QT, KVT, Variant>(p, lanes, 0, p.Skv, ws);
+      store_lanes<QT, Variant>(p, lanes, ws.o.data(), d_stride, r_stride, ws.m.data(), ws.l.data());
+    });
     return;
   }
   // Split-KV: partial (m, l, o[Dv]) per (item, split, lane), then one merge per item.
   const std::int64_t stride = p.Dv + 2, per_item = plan.splits * BR * stride;
-  std::vector<float> partial(static_cast<std::size_t>(plan.items * per_item));
-  const int team = make_workspaces(p, threads, plan.items * plan.splits, &wss);
+  sc.partial.resize(static_cast<std::size_t>(plan.items * per_item));  // (every slot read is written first)
+  float* partial = sc.partial.data();
+  const int team = team_size(threads, plan.items * plan.splits);
+  grow_team(&sc.team, team, make);
 #pragma omp parallel num_threads(team) if (team > 1)
   {
-    Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];
+    Workspace& ws = sc.team[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic)
     for (std::int64_t task = 0; task < plan.items * plan.splits; ++task) {
       const std::int64_t it = task / plan.splits, sp = task % plan.splits;
       const Lanes lanes = plan.lanes(p, it);
       const auto [d_stride, r_stride] =
           run_block<QT, KVT, Variant>(p, lanes, sp * plan.split_len, std::min(p.Skv, (sp + 1) * plan.split_len), ws);
-      float* dst = partial.data() + it * per_item + sp * BR * stride;
+      float* dst = partial + it * per_item + sp * BR * stride;
       for (std::int64_t r = 0; r < lanes.n; ++r) {
         dst[r * stride] = ws.m[r];
         dst[r * stride + 1] = ws.l[r];
@@ -660,7 +639,7 @@ void flash_forward(const core::Problem& p, int threads) {
 #pragma omp for schedule(static)
     for (std::int64_t it = 0; it < plan.items; ++it) {
       const Lanes lanes = plan.lanes(p, it);
-      float* base = partial.data() + it * per_item;
+      float* base = partial + it * per_item;
       float m[BR], l[BR];
       const Units u = units<Variant>(p);
       for (std::int64_t r = 0; r < lanes.n; ++r) {
@@ -680,8 +659,9 @@ void flash_forward(const core::Problem& p, int threads) {
   }
 }
 
-// The bytes a call allocates at `threads` threads: the team's scratch (make_workspaces) and, with split-KV, the
-// partial results.
+
+// The bytes a call allocates at `threads` threads (with no workspace to reuse): the team's scratch and, with
+// split-KV, the partial results.
 inline std::int64_t flash_workspace_bytes(const core::Problem& p, int threads) {
   const Plan plan(p);
   const std::int64_t tasks = plan.items * plan.splits;

@@ -24,6 +24,8 @@
 #include "core/mask.h"
 #include "core/online_softmax.h"
 #include "core/problem.h"
+#include "core/workspace_impl.h"
 #include "cpu/aligned.h"
 #include "cpu/kernels.h"
 #include "cpu/pick.h"
+#include "cpu/schedule.h"

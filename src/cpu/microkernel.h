@@ -1,0 +1,53 @@
+// The one register-blocked micro-kernel of the vector kernels (a kernel body: included by cpu/flash_kernel.h
+// inside its instruction set's namespace, after cpu/vec.h). For R rows and CV vectors of W lanes,
+//   C[r][v] = init(r, v) + Σ_{k<kn} A(r, k) · B[k][v]          (then, optionally, times a factor as it is stored)
+// with B's rows in SIMD lanes and A read as broadcast scalars through an operand-access policy. The forward's
+// Sᵀ = K Qᵀ (A = K rows through their pointers, B = Qᵀ), its Oᵀ = α·Oᵀ + Vᵀ Pᵀ (A = V rows indexed by key,
+// B = Pᵀ) and the backward's five products (A at any two strides) are all this loop. Every element's sum runs
+// over k in order, so how rows and vectors are blocked never changes a bit.
+
+// Operand-access policies: A(r, k) for the block's rows r < R.
+namespace mk {
+// A(r, k) = rows[r0 + r][k]: one row per pointer (the forward's K rows: A(c, d) = K[c][d]).
+struct RowPtrs {
+  const float* const* rows;
+  std::int64_t r0;
+  float at(int r, std::int64_t k) const { return rows[r0 + r][k]; }
+};
+// A(r, k) = rows[k][c0 + r]: the rows indexed by k, column c0 + r of each (the forward's V rows: A(d, c) = V[c][d]).
+struct RowsByK {
+  const float* const* rows;
+  std::int64_t c0;
+  float at(int r, std::int64_t k) const { return rows[k][c0 + r]; }
+};
+// A(r, k) = a[r·row + k·step] (the backward's rows and columns of P, dS, Q, dO, K, V).
+struct Strided {
+  const float* a;
+  std::int64_t row, step;
+  float at(int r, std::int64_t k) const { return a[r * row + k * step]; }
+};
+enum class Init { zero, load, load_scaled };  // C starts at 0, at C, or at α[v]·C
+}  // namespace mk
+
+template <int R, int CV, mk::Init I, bool ScaleOut, class A>
+inline void mma(const A& a, const float* b, std::int64_t b_row, std::int64_t kn, float* c, std::int64_t c_row,
+                const Vec::T* alpha = nullptr, Vec::T out_scale = Vec::zero()) {
+  Vec::T acc[R][CV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < CV; ++v) {
+      if constexpr (I == mk::Init::zero) acc[r][v] = Vec::zero();
+      else if constexpr (I == mk::Init::load) acc[r][v] = Vec::load(c + r * c_row + v * Vec::W);
+      else acc[r][v] = Vec::mul(Vec::load(c + r * c_row + v * Vec::W), alpha[v]);
+    }
+  for (std::int64_t k = 0; k < kn; ++k) {
+    Vec::T bv[CV];
+    for (int v = 0; v < CV; ++v) bv[v] = Vec::load(b + k * b_row + v * Vec::W);
+    for (int r = 0; r < R; ++r) {
+      const Vec::T ab = Vec::set1(a.at(r, k));
+      for (int v = 0; v < CV; ++v) acc[r][v] = Vec::fmadd(ab, bv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < CV; ++v)
+      Vec::store(c + r * c_row + v * Vec::W, ScaleOut ? Vec::mul(acc[r][v], out_scale) : acc[r][v]);
+}
