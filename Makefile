@@ -26,14 +26,36 @@ test: build
 	$(MAKE) test-python
 
 # The Python package: pip builds and installs it (PEP 517, pyproject.toml) into the virtual environment
-# $(VENV), then pytest runs tests/python. torch is not installed here; its tests skip unless it is there.
+# $(VENV), then pytest runs tests/python. torch is not installed here (see test-torch); its tests skip without it.
 test-python: deps
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q numpy pytest ml_dtypes
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VENV)/bin/python -m pip install -q --force-reinstall --no-deps .
 	$(VENV)/bin/python -m pytest -q tests/python
 
-# Release build, then bench/run_bench.py: every canonical shape of DESIGN.md for attn, side by side with
+# The Python tests again with PyTorch installed into $(VENV) (from PyPI: a CUDA build of torch, about 5 GB with
+# its NVIDIA libraries, a few minutes to install; CI runs this), so that the torch comparisons, the autograd
+# path and the README's torch example run instead of being skipped.
+test-torch: deps
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q numpy pytest ml_dtypes torch
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VENV)/bin/python -m pip install -q --force-reinstall --no-deps .
+	$(VENV)/bin/python -c "import torch; print('torch', torch.__version__)"
+	$(VENV)/bin/python -m pytest -q -rs tests/python
+
+# Before a release: the randomized differential test (tests/test_random.cc) at SOAK_COUNT forward and
+# SOAK_BACKWARD_COUNT backward configurations under a fresh seed, printed first (ATTN_RANDOM_SEED=<n> replays
+# a run; a failure prints the one configuration's seed, ATTN_RANDOM_CONFIG=<seed> replays it alone).
+SOAK_COUNT ?= 100000
+SOAK_BACKWARD_COUNT ?= 10000
+.PHONY: soak test-torch
+soak: build
+	@seed=$${ATTN_RANDOM_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
+	  echo "make soak: seed $$seed, $(SOAK_COUNT) forward and $(SOAK_BACKWARD_COUNT) backward configurations"; \
+	  cd $(BUILD) && ATTN_RANDOM_SEED=$$seed ATTN_RANDOM_COUNT=$(SOAK_COUNT) \
+	  ATTN_RANDOM_BACKWARD_COUNT=$(SOAK_BACKWARD_COUNT) ctest --output-on-failure -j $(JOBS) -R '^Shards/Random'
+
+# Release build, then bench/run_bench.py: every canonical shape of docs/DESIGN.md for attn, side by side with
 # PyTorch SDPA when torch is importable (TORCH=1 first pip-installs torch + matplotlib into bench/.venv),
 # and the scaling sweep. BENCH_ARGS passes options on, e.g. make bench BENCH_ARGS="--shapes P1,D1 --quick".
 .PHONY: bench

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""attn benchmarks: the canonical shapes of DESIGN.md for attn and PyTorch SDPA side by side, and a
+"""attn benchmarks: the canonical shapes of docs/DESIGN.md for attn and PyTorch SDPA side by side, and a
 scaling sweep of time against sequence length.
 
     python3 bench/run_bench.py                       # every shape, fp32 and bf16 (+ fp16 K/V for decode)
@@ -30,28 +30,29 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 VENV = BENCH_DIR / ".venv"
 
-# DESIGN.md's canonical shapes. kv_min > 0: ragged key lengths spread evenly from kv_min to Skv.
-SHAPES = {
-    "P1": dict(B=1, Hq=32, Hkv=8, Sq=2048, Skv=2048, D=128, causal=True, page=0, kv_min=0),
-    "P2": dict(B=8, Hq=12, Hkv=12, Sq=512, Skv=512, D=64, causal=False, page=0, kv_min=0),
-    "P3": dict(B=1, Hq=8, Hkv=8, Sq=16384, Skv=16384, D=128, causal=True, page=0, kv_min=0),
-    "D1": dict(B=1, Hq=32, Hkv=8, Sq=1, Skv=4096, D=128, causal=False, page=0, kv_min=0),
-    "D2": dict(B=1, Hq=32, Hkv=8, Sq=1, Skv=32768, D=128, causal=False, page=0, kv_min=0),
-    "D3": dict(B=16, Hq=32, Hkv=8, Sq=1, Skv=8000, D=128, causal=False, page=16, kv_min=100),
-    "X1": dict(B=4, Hq=8, Hkv=8, Sq=128, Skv=1024, D=64, causal=False, page=0, kv_min=0),
-}
-DECODE = ("D1", "D2", "D3")
+# docs/DESIGN.md's canonical shapes, read from the attn program (`attn bench --list-shapes`, the one table:
+# tools/canonical_shapes.h) by load_shapes(): SHAPES holds the full dimensions, TINY the small stand-ins of the
+# same kinds that --self-test runs, DECODE the ids of the decode shapes (Sq = 1). kv_min > 0: ragged key
+# lengths spread evenly from kv_min to Skv.
+SHAPE_IDS = ("P1", "P2", "P3", "D1", "D2", "D3", "X1")
+SHAPES, TINY, DECODE = {}, {}, set()
 
-# Tiny stand-ins of the same kinds, for --self-test.
-TINY = {
-    "P1": dict(B=1, Hq=4, Hkv=2, Sq=64, Skv=64, D=32, causal=True, page=0, kv_min=0),
-    "P2": dict(B=2, Hq=2, Hkv=2, Sq=32, Skv=32, D=16, causal=False, page=0, kv_min=0),
-    "P3": dict(B=1, Hq=2, Hkv=2, Sq=96, Skv=96, D=32, causal=True, page=0, kv_min=0),
-    "D1": dict(B=1, Hq=4, Hkv=2, Sq=1, Skv=256, D=32, causal=False, page=0, kv_min=0),
-    "D2": dict(B=1, Hq=4, Hkv=2, Sq=1, Skv=512, D=32, causal=False, page=0, kv_min=0),
-    "D3": dict(B=4, Hq=4, Hkv=2, Sq=1, Skv=100, D=32, causal=False, page=4, kv_min=10),
-    "X1": dict(B=2, Hq=2, Hkv=2, Sq=16, Skv=64, D=16, causal=False, page=0, kv_min=0),
-}
+
+def load_shapes(attn):
+    out = subprocess.run([str(attn), "bench", "--list-shapes"], check=True, capture_output=True, text=True).stdout
+
+    def dims(d):
+        return dict(B=d["B"], Hq=d["Hq"], Hkv=d["Hkv"], Sq=d["Sq"], Skv=d["Skv"], D=d["D"], causal=d["causal"],
+                    page=d["page_size"], kv_min=d["kv_len_min"])
+
+    for line in out.splitlines():
+        o = json.loads(line)
+        SHAPES[o["id"]], TINY[o["id"]] = dims(o["full"]), dims(o["tiny"])
+        if o["full"]["Sq"] == 1:
+            DECODE.add(o["id"])
+    if tuple(SHAPES) != SHAPE_IDS:
+        raise RuntimeError(f"{attn} lists the shapes {tuple(SHAPES)}; this script knows {SHAPE_IDS}")
+
 
 # (label, Q/O dtype, K/V dtype, which shapes)
 CONFIGS = [
@@ -577,7 +578,7 @@ def default_threads():
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--attn", default=str(REPO / "build" / "attn"), help="the attn program (default: build/attn)")
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated shape ids (default: all)")
+    ap.add_argument("--shapes", default=",".join(SHAPE_IDS), help="comma-separated shape ids (default: all)")
     ap.add_argument("--threads", type=int, default=default_threads(), help="threads for attn and torch")
     ap.add_argument("--reps", type=int, default=0, help="timed repetitions (default: attn's automatic choice)")
     ap.add_argument("--quick", action="store_true", help="scaling sweep only up to N = 4096")
@@ -615,7 +616,8 @@ def main(argv):
     if not attn.exists():
         log(f"error: {attn} does not exist; build it first (make build) or pass --attn PATH")
         return 2
-    if args.backward and args.shapes == ",".join(SHAPES):
+    load_shapes(attn)
+    if args.backward and args.shapes == ",".join(SHAPE_IDS):
         args.shapes = ",".join(BACKWARD_SHAPES)
     ids = [s.strip() for s in args.shapes.split(",") if s.strip()]
     bad = [s for s in ids if s not in SHAPES]

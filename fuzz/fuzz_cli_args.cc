@@ -49,7 +49,7 @@ namespace npy = attn::npy;
 
 const char* const kAllowed[] = {"run", "explain", "flops", "kv-size", "params", "info", "--help"};
 // Subcommands that run for seconds or minutes, or write files under fixed names.
-const char* const kRefused[] = {"demo", "generate", "heatmap", "bench", "decode-bench", "scaling-experiment"};
+const char* const kRefused[] = {"demo", "generate", "heatmap", "bench", "scaling-experiment"};
 
 std::string npy_bytes(DType dtype, const std::vector<std::int64_t>& shape, const std::vector<float>& values) {
   std::vector<unsigned char> data;

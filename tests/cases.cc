@@ -1,5 +1,7 @@
 #include "cases.h"
 
+#include "canonical_shapes.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -64,6 +66,15 @@ std::vector<Case> registry() {
   };
   const Causal causals[] = {Causal::none, Causal::top_left, Causal::bottom_right};
 
+  // The canonical benchmark shapes (tools/canonical_shapes.h, the table `attn bench` and bench/run_bench.py time),
+  // as their tiny stand-ins, fp32 and bf16; D3's ragged lengths as random per-sequence key lengths.
+  for (const shapes::Canonical& s : shapes::kCanonical)
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const shapes::Dims& d = s.tiny;
+      add({.B = d.B, .Hq = d.Hq, .Hkv = d.Hkv, .Sq = d.Sq, .Skv = d.Skv, .Dk = d.D, .Dv = d.D,
+           .causal = d.causal ? Causal::bottom_right : Causal::none, .kv_lens = d.kv_len_min > 0, .dtype = dt,
+           .kv_dtype = dt, .page_size = d.page_size});
+    }
   // Every head dim, GQA, cross-attention lengths (not tile multiples), three layouts.
   for (std::int64_t d : {1, 16, 40, 64, 80, 128, 256}) {
     add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = d, .Dv = d});

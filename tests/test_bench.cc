@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/info.h"
 #include "cli_support.h"
 #include "commands.h"
 #include "cpu/cpu_features.h"
@@ -58,11 +59,18 @@ TEST(CpuFeatures, AgreeWithTheDispatchLevel) {
   EXPECT_GE(f.last_level_cache_bytes(), f.l1d_bytes > 0 ? f.l1d_bytes : 0);
 }
 
-TEST(CpuFeatures, AmxRequestIsStable) {
-  const cpu::AmxRequest first = cpu::request_amx(), second = cpu::request_amx();
-  EXPECT_EQ(first.ok, second.ok);
-  if (first.ok) EXPECT_TRUE(cpu::amx_permission().permitted);
-  if (!cpu::cpu_features().amx_tile) EXPECT_FALSE(first.ok && cpu::cpu_features().amx_bf16_usable());
+TEST(CpuFeatures, AmxRequestAgreesWithTheKernelAndTheDispatcher) {
+  // request_amx() caches one ARCH_REQ_XCOMP_PERM answer; the kernel's own record (ARCH_GET_XCOMP_PERM) must agree
+  // with it, a refusal must carry its errno, and the dispatcher must offer the amx level exactly when the CPU,
+  // the OS (XCR0) and this permission all allow tile data.
+  const cpu::AmxRequest request = cpu::request_amx();
+  const cpu::AmxPermission permission = cpu::amx_permission();
+  EXPECT_EQ(request.ok, permission.permitted);
+  if (request.ok) EXPECT_TRUE(permission.kernel_supports);
+  else EXPECT_NE(request.error, 0);
+  const bool amx_usable = cpu::cpu_features().amx_bf16_usable() && request.ok;
+  EXPECT_EQ(attn::isa_supported("amx"), amx_usable);
+  EXPECT_EQ(attn::best_isa() == "amx", amx_usable);
 }
 
 // ---- attn info -------------------------------------------------------------------------------------------

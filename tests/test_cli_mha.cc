@@ -112,14 +112,6 @@ TEST_F(Dir, HeatmapBuiltinAndFiles) {
   EXPECT_TRUE(has(r.err, "--k: missing")) << r.err;
 }
 
-TEST(DecodeBenchCli, RunsAndRejectsBadShapes) {
-  Outcome r = cli({"decode-bench", "--shape", "D1", "--repeat", "1"});
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(has(r.out, "4096 cached keys")) << r.out;
-  r = cli({"decode-bench", "--shape", "P1"});
-  EXPECT_TRUE(has(r.err, "--shape: 'P1'; expected D1, D2 or D3")) << r.err;
-}
-
 TEST_F(Dir, PlotWriterChecksItsInput) {
   plot::LinePlot p;
   EXPECT_FALSE(plot::write_line_plot(path("a.png"), p).ok());

@@ -31,7 +31,7 @@ TEST(Cost, SeedsTableForMha) {
     if (s.name != "softmax") EXPECT_DOUBLE_EQ(s.flops, 2 * s.seed_ops) << s.name;
   EXPECT_DOUBLE_EQ(stage(c, "softmax").flops, 5 * N * N * 64);
   // "~1.1 TFLOPs" of projections and "~274 GFLOPs" of attention matmuls (multiply-adds), projections dominate.
-  EXPECT_NEAR(4 * N * d * d / 1e12, 1.1, 0.01);
+  EXPECT_NEAR((stage(c, "QKV projections").seed_ops + stage(c, "output projection").seed_ops) / 1e12, 1.1, 0.01);
   EXPECT_NEAR((stage(c, "Q K^T").seed_ops + stage(c, "A V").seed_ops) / 1e9, 274.9, 0.1);
   EXPECT_EQ(c.dominant, "QKV projections");
   // Crossover 2·N²·d = 4·N·d² at N = 2d.

@@ -510,10 +510,9 @@ TEST(MergeAttention, TwoHalvesMakeTheWhole) {
 
 TEST(MergeAttention, EmptySidesAreSafe) {
   const float inf = std::numeric_limits<float>::infinity();
-  // Row 0: both sides empty (lse -inf, outputs garbage); row 1: only b; row 2: only a. (NaN garbage on
-  // side a of an all-empty row still comes out NaN today: core::merge keeps side a and normalize
-  // multiplies by 0; reported, not tested here.)
-  float oa[3][2] = {{7, -8}, {kNaN, 1}, {3, 4}}, ob[3][2] = {{kNaN, kNaN}, {5, 6}, {kNaN, kNaN}};
+  // Row 0: both sides empty (lse -inf, outputs garbage, NaN included); row 1: only b; row 2: only a. The
+  // accumulator of an empty side is never read, and an empty result is exactly 0 whatever the rows held.
+  float oa[3][2] = {{kNaN, -8}, {kNaN, 1}, {3, 4}}, ob[3][2] = {{kNaN, 7}, {5, 6}, {kNaN, kNaN}};
   float la[3] = {-inf, -inf, 0.25f}, lb[3] = {-inf, 1.5f, -inf};
   float o[3][2], l[3];
   const auto view4 = [](float (*p)[2]) { return TensorView::contiguous(p, DType::f32, {1, 1, 3, 2}); };

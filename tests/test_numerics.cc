@@ -128,6 +128,66 @@ TEST(Numerics, HugeLogitsStayFinite) {
   }
 }
 
+// The hardening issues' repros, at every instruction-set level, against closed forms: finite scores of any
+// magnitude give finite, correct rows. A finite mask value is a finite bias, however large: -1e10 on every key
+// (a common padding value) and -FLT_MAX on every key (finfo(float32).min, Hugging Face's padding) both give
+// the softmax over those keys, here the mean of V, as PyTorch does; only -inf hides a key. +1e10 on one key
+// gives that key's value row (not an empty row), and scale = 1e20 the row of the largest dot product.
+TEST(Numerics, HugeFiniteBiasesAndScalesGiveTheExactRow) {
+  const float fmax = std::numeric_limits<float>::max();
+  // Rows of 64 queries (so bf16 calls reach the AMX kernel where it exists), 2 keys, D = 16.
+  const std::int64_t Sq = 64, Skv = 2, D = 16;
+  struct Repro {
+    const char* what;
+    float bias0, bias1;
+    double scale;
+  };
+  const Repro repros[] = {{"-1e10 on every key", -1e10f, -1e10f, 0.25},
+                          {"-FLT_MAX on every key", -fmax, -fmax, 0.25},
+                          {"+1e10 on key 1", 0.0f, 1e10f, 0.25},
+                          {"-1e10 on key 0", -1e10f, 0.0f, 0.25},
+                          {"scale 1e20", 0.0f, 0.0f, 1e20}};
+  for (const DType dt : {DType::f32, DType::bf16})
+    for (const cpu::Isa isa : supported_isas())
+      for (const Repro& r : repros) {
+        SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + dtype_name(dt) + ": " + r.what);
+        ForceIsa force(isa);
+        Tensor q(dt, 1, 1, Sq, D), k(dt, 1, 1, Skv, D), v(dt, 1, 1, Skv, D), out(dt, 1, 1, Sq, D);
+        Tensor lse = Tensor::plain(DType::f32, {1, 1, Sq});
+        Tensor mask = Tensor::plain(DType::f32, {Skv});
+        mask.set(r.bias0, 0), mask.set(r.bias1, 1);
+        // q = 1, k0 = 1/2, k1 = 1 (k1 has the larger dot product: 16 against 8); v rows 1.5 and 2.25 (exact in bf16).
+        q.for_each_index([&](auto a, auto b, auto c, auto d) { q.set(1.0, a, b, c, d); });
+        k.for_each_index([&](auto a, auto b, auto c, auto d) { k.set(c == 0 ? 0.5 : 1.0, a, b, c, d); });
+        v.for_each_index([&](auto a, auto b, auto c, auto d) { v.set(c == 0 ? 1.5 : 2.25, a, b, c, d); });
+        out.poison();
+        lse.poison();
+        Params p;
+        p.scale = r.scale;
+        p.mask = mask.view;
+        if (r.scale != 0.25) p.mask.reset();
+        ASSERT_TRUE(attention(q.view, k.view, v.view, out.view, p, lse.view).ok());
+        // Closed form from the two fp32 logits (scale·q·k + bias rounded once to fp32, as the kernels form them:
+        // at -1e10 the fp32 spacing is 1024, so both keys' logits round to -1e10 and the row is the mean of V,
+        // where the fp64 oracle still separates them), the rest in fp64.
+        const double s0 = static_cast<float>(r.scale * 8.0 + (p.mask ? double(r.bias0) : 0.0));
+        const double s1 = static_cast<float>(r.scale * 16.0 + (p.mask ? double(r.bias1) : 0.0));
+        const double m = std::max(s0, s1), w0 = std::exp(s0 - m), w1 = std::exp(s1 - m);
+        const double o = (w0 * 1.5 + w1 * 2.25) / (w0 + w1), l = m + std::log(w0 + w1);
+        const double otol = dt == DType::bf16 ? 1e-2 : 1e-5;
+        out.for_each_index([&](auto a, auto b, auto c, auto d) {
+          const double x = out.get(a, b, c, d);
+          ASSERT_TRUE(std::isfinite(x)) << "row " << c;
+          EXPECT_NEAR(x, o, otol) << "row " << c;
+        });
+        lse.for_each_index([&](auto a, auto b, auto c, auto) {
+          const double x = lse.get(a, b, c);
+          ASSERT_TRUE(std::isfinite(x)) << "row " << c;
+          EXPECT_NEAR(x, l, 1e-6 * std::fabs(l) + 1e-4) << "row " << c;
+        });
+      }
+}
+
 // -inf in the additive mask combined with every other mask never yields NaN.
 TEST(Numerics, MinusInfinityMaskArithmetic) {
   const std::int64_t Sq = 9, Skv = 9, D = 8;

@@ -3,7 +3,7 @@
 // the same process (tools/bench_ceilings.h) and the resident memory before, with and while running.
 //
 // Counting: flops = 2·(Dk + Dv)·Hq·(allowed (query, key) pairs), exact for the causal mask and ragged key
-// lengths (flops_nominal is ../shared/DESIGN.md's 4·B·Hq·Sq·Skv·D, halved for causal when Sq = Skv);
+// lengths (flops_nominal is docs/DESIGN.md's 4·B·Hq·Sq·Skv·D, halved for causal when Sq = Skv);
 // bytes = Q read + O written at their dtype + the K and V rows the keys use, read once, at the KV dtype.
 //
 // --backward times attn::attention_backward instead (dQ, dK, dV from dO and the O and LSE of one forward run
@@ -37,6 +37,7 @@
 #include "commands.h"
 #include "core/convert.h"
 #include "attn/info.h"
+#include "canonical_shapes.h"
 #include "json_writer.h"
 #include "subcommand.h"
 
@@ -55,21 +56,12 @@ struct Shape {
   std::int64_t kv_len_min = 0;  // 0: every sequence has Skv keys; else lengths spread evenly kv_len_min..Skv
 };
 
-// ../shared/DESIGN.md's canonical shapes.
-const Shape kCanonical[] = {
-    {"P1", 1, 32, 8, 2048, 2048, 128, true, 0, 0},    // LLM prefill
-    {"P2", 8, 12, 12, 512, 512, 64, false, 0, 0},     // encoder layer (BERT-base)
-    {"P3", 1, 8, 8, 16384, 16384, 128, true, 0, 0},   // long prefill
-    {"D1", 1, 32, 8, 1, 4096, 128, false, 0, 0},      // decode
-    {"D2", 1, 32, 8, 1, 32768, 128, false, 0, 0},     // long decode
-    {"D3", 16, 32, 8, 1, 8000, 128, false, 16, 100},  // batched paged decode, ragged 100..8000
-    {"X1", 4, 8, 8, 128, 1024, 64, false, 0, 0},      // cross-attention
-};
+Shape from_table(const char* id, const shapes::Dims& d) {
+  return {id, d.B, d.Hq, d.Hkv, d.Sq, d.Skv, d.D, d.causal, d.page_size, d.kv_len_min};
+}
 
-// Key length of sequence b: Skv, or evenly spaced from kv_len_min (b = 0) to Skv (b = B - 1).
 std::int64_t kv_len(const Shape& s, std::int64_t b) {
-  if (s.kv_len_min <= 0 || s.B == 1) return s.Skv;
-  return s.kv_len_min + ((s.Skv - s.kv_len_min) * b + (s.B - 1) / 2) / (s.B - 1);
+  return shapes::kv_len({s.B, s.Hq, s.Hkv, s.Sq, s.Skv, s.D, s.causal, s.page_size, s.kv_len_min}, b);
 }
 
 // Allowed (query, key) pairs of one (batch, head) with L keys: all, or bottom-right causal.
@@ -235,6 +227,7 @@ std::string percent(double x) { return std::isfinite(x) ? fmt("%.0f%%", 100 * x)
 
 struct BenchArgs {
   std::string shapes;  // comma-separated canonical ids
+  bool list_shapes = false;
   std::int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
   bool causal = false;
   std::string dtype = "f32", kv_dtype;
@@ -274,15 +267,10 @@ Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
     std::stringstream list(a.shapes);
     std::string id;
     while (std::getline(list, id, ',')) {
-      if (id == "all") {
-        shapes->insert(shapes->end(), std::begin(kCanonical), std::end(kCanonical));
-        continue;
-      }
-      const Shape* found = nullptr;
-      for (const Shape& s : kCanonical)
-        if (id == s.name) found = &s;
+      bool found = false;
+      for (const shapes::Canonical& c : shapes::kCanonical)
+        if (id == "all" || id == c.id) shapes->push_back(from_table(c.id, c.full)), found = true;
       if (!found) return Status::Invalid("--shape", "'" + id + "'; expected P1, P2, P3, D1, D2, D3, X1 or all");
-      shapes->push_back(*found);
     }
     if (shapes->empty()) return Status::Invalid("--shape", "empty; expected P1, P2, P3, D1, D2, D3, X1 or all");
     return Status::Ok();
@@ -649,7 +637,23 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   return Status::Ok();
 }
 
+// --list-shapes: the canonical table, one JSON object per shape, its full and its tiny dimensions.
+void list_shapes(std::ostream& out) {
+  const auto dims = [](const shapes::Dims& d) {
+    JsonObject j;
+    j.add("B", d.B).add("Hq", d.Hq).add("Hkv", d.Hkv).add("Sq", d.Sq).add("Skv", d.Skv).add("D", d.D);
+    return j.add("causal", d.causal).add("page_size", d.page_size).add("kv_len_min", d.kv_len_min);
+  };
+  for (const shapes::Canonical& c : shapes::kCanonical)
+    out << JsonObject().add("id", c.id).add("what", c.what).add("full", dims(c.full)).add("tiny", dims(c.tiny)).str()
+        << "\n";
+}
+
 Status bench(const BenchArgs& a, std::ostream& out) {
+  if (a.list_shapes) {
+    list_shapes(out);
+    return Status::Ok();
+  }
   std::vector<Shape> shapes;
   if (Status s = shapes_of(a, &shapes); !s) return s;
   Setup setup;
@@ -692,8 +696,10 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
       "bench",
       "Time attention on random inputs: median time, GFLOP/s, GB/s, fractions of the ceilings (peak FMA, "
       "AMX, streaming read) measured in the same run, and resident memory");
-  sub->add_option("--shape", a->shapes, "Canonical shape(s) of DESIGN.md, comma-separated: P1,P2,P3,D1,D2,D3,X1 or all")
+  sub->add_option("--shape", a->shapes, "Canonical shape(s) of docs/DESIGN.md (tools/canonical_shapes.h), comma-separated: P1,P2,P3,D1,D2,D3,X1 or all")
       ->type_name("IDS");
+  sub->add_flag("--list-shapes", a->list_shapes,
+                "Print the canonical shapes (full and tiny stand-in dimensions) as JSON lines, and exit");
   sub->add_option("--batch", a->batch, "Batch size B (default 1)")->type_name("B");
   sub->add_option("--heads", a->heads, "Query heads Hq")->type_name("HQ");
   sub->add_option("--kv-heads", a->kv_heads, "Key/value heads Hkv, dividing Hq (default Hq)")->type_name("HKV");

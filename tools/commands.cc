@@ -542,7 +542,6 @@ int fail(std::ostream& err, std::string message) {
 void add_cost_commands(CLI::App& app, std::ostream& out);  // tools/cmd_cost.cc: flops, kv-size, params
 void add_generate_command(CLI::App& app, std::ostream& out);  // tools/cmd_generate.cc
 void add_heatmap_command(CLI::App& app, std::ostream& out);   // tools/cmd_heatmap.cc
-void add_decode_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_decode_bench.cc
 void add_info_command(CLI::App& app, std::ostream& out);   // tools/cmd_info.cc
 void add_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_bench.cc
 void add_scaling_experiment_command(CLI::App& app, std::ostream& out);  // tools/cmd_scaling_experiment.cc
@@ -559,7 +558,6 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   add_cost_commands(app, out);
   add_generate_command(app, out);
   add_heatmap_command(app, out);
-  add_decode_bench_command(app, out);
   add_info_command(app, out);
   add_bench_command(app, out);
   add_scaling_experiment_command(app, out);

@@ -1,9 +1,10 @@
 // One SIMD vector of fp32 lanes for the instruction set this translation unit is compiled for.
 //
-// Included only by src/cpu/flash_<isa>.cc, inside that unit's `#pragma GCC target` region and its
-// ISA namespace, after ATTN_VEC_{SSE2,AVX2,AVX512} is defined. Each variant is a thin wrapper over
-// intrinsics with the same static interface; everything above it (exp2, the kernels) is written once.
-// The including unit has already included <immintrin.h> and <cstdint> at file scope.
+// Included by cpu/flash_kernel.h, inside an instruction-set unit's `#pragma GCC target` region and its namespace
+// attn::cpu::<level> (the units are generated from cpu/isa_unit.cc.in, one per line of cpu/isa_list.h), after
+// that line's flavour macro ATTN_VEC_{SSE2,AVX2,AVX512} is defined. Each flavour is a thin wrapper over
+// intrinsics with the same static interface; everything above it (exp2, the micro-kernel, the kernels) is
+// written once. Its own includes (<immintrin.h>, <cstdint>) come from cpu/isa_prelude.h, before the region.
 
 #if defined(ATTN_VEC_AVX512)
 

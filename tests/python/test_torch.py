@@ -1,7 +1,7 @@
 """attn on PyTorch CPU tensors, against torch.nn.functional.scaled_dot_product_attention and the fp64 reference.
 
-Skipped when torch is not installed (`make test` does not install it; `pip install torch` in the venv
-to run these)."""
+Skipped when torch is not installed: `make test` does not install it (a CUDA build from PyPI, about 5 GB);
+`make test-torch` does, and runs these (CI runs both)."""
 
 import re
 
