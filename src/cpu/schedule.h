@@ -70,7 +70,12 @@ void grow_team(std::vector<WS>* team, int n, Make make) {
     }
   }
   if (failed) throw std::bad_alloc();
-  for (std::optional<WS>& ws : made) team->push_back(std::move(*ws));
+  // OpenMP may give the region fewer threads than asked (a call from inside the caller's own parallel region,
+  // OMP_DYNAMIC, thread limits): the workspaces no thread built are built here.
+  for (std::size_t i = 0; i < made.size(); ++i) {
+    if (!made[i]) made[i].emplace(make(have + static_cast<int>(i)));
+    team->push_back(std::move(*made[i]));
+  }
 }
 
 // fn(item, workspace) for items [0, items), dynamically scheduled over the first n workspaces of the team.
