@@ -3,6 +3,7 @@
 #include "canonical_shapes.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <set>
@@ -324,6 +325,75 @@ GradInstance instantiate_grads(const Case& c) {
   g.dk.poison();
   g.dv.poison();
   return g;
+}
+
+std::vector<Case> workspace_primers(const Case& c) {
+  Case longer = c, wider = c;
+  longer.Skv = 3 * c.Skv + 1000, longer.Sq = c.Sq + 3;
+  wider.Dk = c.Dk + 16;
+  return {longer, wider};
+}
+
+std::vector<double> values(const Tensor& t) {
+  std::vector<double> out;
+  out.reserve(static_cast<std::size_t>(t.view.numel()));
+  t.for_each_index([&](auto a, auto b, auto c, auto d) { out.push_back(t.get(a, b, c, d)); });
+  return out;
+}
+
+double max_finite(const std::vector<double>& x, double floor) {
+  double m = floor;
+  for (double v : x)
+    if (std::isfinite(v)) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+double max_row_norm(const Tensor& t) {
+  double m = 0;
+  const std::vector<double> x = values(t);
+  const std::size_t dim = static_cast<std::size_t>(std::max<std::int64_t>(t.view.shape[3], 1));
+  for (std::size_t r = 0; r * dim < x.size(); ++r) {
+    double row = 0;
+    for (std::size_t d = 0; d < dim; ++d) row += x[r * dim + d] * x[r * dim + d];
+    if (std::isfinite(row)) m = std::max(m, std::sqrt(row));
+  }
+  return m;
+}
+
+bool untouched_outside(const Tensor& t, const std::vector<unsigned char>& before) {
+  const std::vector<bool> covered = covered_bytes(t);
+  for (std::size_t i = 0; i < covered.size(); ++i)
+    if (!covered[i] && t.storage[i] != before[i]) return false;
+  return true;
+}
+
+std::string gradient_failures(const Case& c, const Instance& in, const GradInstance& g, double scale,
+                              const reference::Grads& ref, const reference::Grads& naive) {
+  const double u_eff = unit_roundoff(c.dtype) + unit_roundoff(c.kv_dtype);
+  const double dp_size = max_row_norm(g.dout) * max_row_norm(in.v);
+  const struct {
+    const char* name;
+    const Tensor& t;
+    const std::vector<double>& ref;
+    const std::vector<double>& naive;
+    DType dtype;
+    double terms;
+  } grads[] = {{"dq", g.dq, ref.dq, naive.dq, c.dtype, scale * dp_size * max_finite(values(in.k), 0)},
+               {"dk", g.dk, ref.dk, naive.dk, c.kv_dtype, scale * dp_size * max_finite(values(in.q), 0)},
+               {"dv", g.dv, ref.dv, naive.dv, c.kv_dtype, max_finite(values(g.dout), 0)}};
+  std::string failure;
+  for (const auto& x : grads) {
+    const std::vector<double> fast = values(x.t);
+    // A gradient beyond the range of its dtype is ±inf when stored (f16 tops out at 65504).
+    std::vector<double> ref_stored = x.ref;
+    for (double& r : ref_stored)
+      if (std::isfinite(r) && std::isinf(round_to(x.dtype, r))) r = round_to(x.dtype, r);
+    const double atol = 8 * u_eff * (max_finite(x.ref, 1e-3) + x.terms);
+    const Agreement a = agree(ref_stored, [&](std::size_t i) { return fast[i]; },
+                              [&](std::size_t i) { return round_to(x.dtype, x.naive[i]); }, atol);
+    if (!a.ok(3.0)) failure += std::string(x.name) + ": " + a.describe() + "; ";
+  }
+  return failure;
 }
 
 }  // namespace attn::test

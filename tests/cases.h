@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "reference/reference.h"
 #include "support.h"
 
 namespace attn::test {
@@ -55,6 +56,10 @@ Instance instantiate(const Case& c);
 // scatters K and V over its pages.
 Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void(Instance&, std::mt19937_64&)>& adjust);
 
+// Cases that leave other scratch in a reused attn::Workspace before c runs: a longer one (more keys, other
+// split-KV partials and row statistics, more queries) and a wider one (other tile widths).
+std::vector<Case> workspace_primers(const Case& c);
+
 // ---- the backward pass ------------------------------------------------------------------------------
 
 // The registry's cases whose fp64 backward reference stays cheap (B·Hq·Sq·Skv·(Dk + Dv) bounded), which
@@ -66,5 +71,23 @@ struct GradInstance {
   Tensor dout, dq, dk, dv;
 };
 GradInstance instantiate_grads(const Case& c);
+
+// Values of a tensor in logical [B, H, S, D] order (the reference's order).
+std::vector<double> values(const Tensor& t);
+// The largest finite |x| of x, and at least `floor`.
+double max_finite(const std::vector<double>& x, double floor);
+// The largest L2 norm of a [.., .., S, D] tensor's finite rows (0 for an empty tensor).
+double max_row_norm(const Tensor& t);
+// True when no byte of t's storage outside its view differs from `before` (a copy taken before the call).
+bool untouched_outside(const Tensor& t, const std::vector<unsigned char>& before);
+
+// The gradient tolerance rule: dQ, dK, dV in g (the case's dtypes) against the fp64 reference `ref`, with the
+// naive fp32 backward `naive` as the yardstick: error <= 3 x naive's + an atol of rounding noise at the size of
+// the summed terms (for dV the gradient and dO; for dQ and dK also scale·|dO_i|·|V_j|·max|K| (resp. max|Q|), the
+// size of the dS·K terms whose cancellation can leave a gradient far smaller than its terms: a row with one
+// allowed key has dQ = 0 exactly). A reference value past the range of its dtype is compared as stored (±inf).
+// "" when all three pass, else what failed.
+std::string gradient_failures(const Case& c, const Instance& in, const GradInstance& g, double scale,
+                              const reference::Grads& ref, const reference::Grads& naive);
 
 }  // namespace attn::test

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "attn/backward.h"
+#include "attn/info.h"
 #include "cases.h"
 #include "cpu/kernels.h"
 
@@ -101,10 +103,7 @@ TEST_P(AttentionCase, WorkspaceReuseChangesNothing) {
     SCOPED_TRACE(cpu::isa_name(isa));
     ForceIsa force(isa);
     Workspace shared;
-    Case longer = c, wider = c;
-    longer.Skv = 3 * c.Skv + 1000, longer.Sq = c.Sq + 3;
-    wider.Dk = c.Dk + 16;
-    for (const Case& other : {longer, wider}) {
+    for (const Case& other : workspace_primers(c)) {
       Instance o = instantiate(other);
       o.params.workspace = &shared;
       (void)run_backend(other, o, Backend::flash, 3);
@@ -122,6 +121,33 @@ TEST_P(AttentionCase, WorkspaceReuseChangesNothing) {
     EXPECT_EQ(shared.bytes(), held) << "a repeated call of the same shape grew the workspace";
   }
   in.params.workspace = nullptr;
+}
+
+// What a Workspace holds survives calls that only describe, and calls refused after validation borrowed its
+// key-length vector (the thread count is checked after the key lengths): a serving loop's workspace is not
+// emptied by one bad request.
+TEST(WorkspaceReuse, KeptThroughDescribeAndRefusedCalls) {
+  const Case c{.B = 3, .Hq = 4, .Hkv = 2, .Sq = 33, .Skv = 700, .Dk = 32, .Dv = 32, .kv_lens = true};
+  Instance in = instantiate(c);
+  Workspace ws;
+  in.params.workspace = &ws;
+  ASSERT_TRUE(attention(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view).ok());
+  const std::int64_t held = ws.bytes();
+  ASSERT_GT(held, 0);
+  KernelInfo info;
+  ASSERT_TRUE(describe_attention(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view, &info).ok());
+  EXPECT_EQ(ws.bytes(), held) << "describe_attention";
+  Params bad = in.params;
+  bad.threads = -1;
+  EXPECT_FALSE(attention(in.q.view, in.k.view, in.v.view, in.out.view, bad, in.lse.view).ok());
+  EXPECT_EQ(ws.bytes(), held) << "a refused call";
+  GradInstance g = instantiate_grads(c);
+  EXPECT_FALSE(attention_backward(in.q.view, in.k.view, in.v.view, in.out.view, in.lse.view, g.dout.view, g.dq.view,
+                                  g.dk.view, g.dv.view, bad)
+                   .ok());
+  EXPECT_EQ(ws.bytes(), held) << "a refused backward call";
+  ASSERT_TRUE(attention(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view).ok());
+  EXPECT_EQ(ws.bytes(), held) << "the same call again";
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, AttentionCase, ::testing::ValuesIn(registry()),

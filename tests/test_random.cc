@@ -39,40 +39,6 @@ std::vector<std::uint64_t> shard_seeds(int shard, std::uint64_t count, std::uint
   return seeds;
 }
 
-double max_finite(const std::vector<double>& x, double floor) {
-  double m = floor;
-  for (double v : x)
-    if (std::isfinite(v)) m = std::max(m, std::fabs(v));
-  return m;
-}
-
-std::vector<double> values(const Tensor& t) {
-  std::vector<double> out;
-  out.reserve(static_cast<std::size_t>(t.view.numel()));
-  t.for_each_index([&](auto a, auto b, auto c, auto d) { out.push_back(t.get(a, b, c, d)); });
-  return out;
-}
-
-// The largest L2 norm of a [.., .., S, D] tensor's finite rows.
-double max_row_norm(const Tensor& t) {
-  double m = 0;
-  const std::vector<double> x = values(t);
-  const std::int64_t dim = std::max<std::int64_t>(t.view.shape[3], 1);
-  for (std::size_t r = 0; r * dim < x.size(); ++r) {
-    double row = 0;
-    for (std::int64_t d = 0; d < dim; ++d) row += x[r * dim + d] * x[r * dim + d];
-    if (std::isfinite(row)) m = std::max(m, std::sqrt(row));
-  }
-  return m;
-}
-
-bool untouched_outside(const Tensor& t, const std::vector<unsigned char>& before) {
-  const std::vector<bool> covered = covered_bytes(t);
-  for (std::size_t i = 0; i < covered.size(); ++i)
-    if (!covered[i] && t.storage[i] != before[i]) return false;
-  return true;
-}
-
 // "" when the configuration passes, else what failed.
 std::string check_forward(const RandomConfig& rc) {
   Instance in = instantiate_random(rc);
@@ -142,33 +108,7 @@ std::string check_backward(const RandomConfig& rc) {
     return "backward: " + s.message();
   if (!untouched_outside(g.dq, pq) || !untouched_outside(g.dk, pk) || !untouched_outside(g.dv, pv))
     return "bytes outside a gradient view were written";
-  // The tolerance of tests/test_backward.cc (factor 3, rounding noise at the size of the summed terms).
-  const double u_eff = unit_roundoff(rc.shape.dtype) + unit_roundoff(rc.shape.kv_dtype);
-  const double dp_size = max_row_norm(g.dout) * max_row_norm(in.v);
-  const double scale = bp.fwd.scale;
-  const struct {
-    const char* name;
-    const Tensor& t;
-    const std::vector<double>& ref;
-    const std::vector<double>& naive;
-    DType dtype;
-    double terms;
-  } grads[] = {{"dq", g.dq, ref.dq, naive.dq, rc.shape.dtype, scale * dp_size * max_finite(values(in.k), 0)},
-               {"dk", g.dk, ref.dk, naive.dk, rc.shape.kv_dtype, scale * dp_size * max_finite(values(in.q), 0)},
-               {"dv", g.dv, ref.dv, naive.dv, rc.shape.kv_dtype, max_finite(values(g.dout), 0)}};
-  std::string failure;
-  for (const auto& x : grads) {
-    const std::vector<double> fast = values(x.t);
-    // A gradient beyond the range of its dtype is ±inf when stored (f16 tops out at 65504).
-    std::vector<double> ref_stored = x.ref;
-    for (double& r : ref_stored)
-      if (std::isfinite(r) && std::isinf(round_to(x.dtype, r))) r = round_to(x.dtype, r);
-    const double atol = 8 * u_eff * (max_finite(x.ref, 1e-3) + x.terms);
-    const Agreement a = agree(ref_stored, [&](std::size_t i) { return fast[i]; },
-                              [&](std::size_t i) { return round_to(x.dtype, x.naive[i]); }, atol);
-    if (!a.ok(3.0)) failure += std::string(x.name) + ": " + a.describe() + "; ";
-  }
-  return failure;
+  return gradient_failures(rc.shape, in, g, bp.fwd.scale, ref, naive);
 }
 
 class RandomForward : public ::testing::TestWithParam<int> {};

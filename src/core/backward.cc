@@ -15,6 +15,7 @@ Status attention_backward(const TensorView& q, const TensorView& k, const Tensor
                           const TensorView& lse, const TensorView& grad_out, const TensorView& grad_q,
                           const TensorView& grad_k, const TensorView& grad_v, const Params& params) {
   core::BackwardProblem bp;
+  const core::KvLenLoan loan{bp.fwd};
   try {
     if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, &bp); !s)
       return s;
@@ -38,12 +39,6 @@ Status attention_backward(const TensorView& q, const TensorView& k, const Tensor
                                         " with k/v dtype " + dtype_name(bp.fwd.k.dtype));
   // The kernel allocates its statistics, partial sums and scratch before any thread starts and writes nothing
   // until they are there.
-  struct Return {  // the key-length vector validation borrowed goes back to the workspace
-    core::Problem& p;
-    ~Return() {
-      if (p.workspace) p.workspace->impl().kv_len = std::move(p.kv_len);
-    }
-  } give_back{bp.fwd};
   try {
     kernel.fn(bp, threads);
   } catch (const std::bad_alloc&) {

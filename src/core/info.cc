@@ -1,9 +1,12 @@
 // attn/info.h over the private dispatch (cpu/kernels.h) and CPU detection (cpu/cpu_features.h).
 #include "attn/info.h"
 
+#include <new>
+
 #include "attn/backward.h"
 #include "core/backward_problem.h"
 #include "core/problem.h"
+#include "core/workspace_impl.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
 #include "reference/reference.h"
@@ -54,7 +57,12 @@ int resolve_threads(int requested) { return cpu::resolve_threads(requested); }
 Status describe_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                           const Params& params, const std::optional<TensorView>& lse, KernelInfo* info) {
   core::Problem p;
-  if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
+  const core::KvLenLoan loan{p};
+  try {
+    if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
+  }
   KernelInfo r;
   r.threads = cpu::resolve_threads(p.threads);
   if (p.backend == Backend::reference) {
@@ -78,8 +86,13 @@ Status describe_attention_backward(const TensorView& q, const TensorView& k, con
                                    const TensorView& grad_q, const TensorView& grad_k, const TensorView& grad_v,
                                    const Params& params, KernelInfo* info) {
   core::BackwardProblem bp;
-  if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, &bp); !s)
-    return s;
+  const core::KvLenLoan loan{bp.fwd};
+  try {
+    if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, &bp); !s)
+      return s;
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
+  }
   KernelInfo r;
   r.threads = cpu::resolve_threads(bp.fwd.threads);
   if (bp.fwd.backend == Backend::reference) {

@@ -40,37 +40,32 @@ Status run(const core::Problem& p) {
   return Status::Ok();
 }
 
-// Runs a validated problem, then gives the key-length vector validation borrowed back to the workspace.
-Status run_and_return(core::Problem& p) {
-  const Status s = run(p);
-  if (p.workspace) p.workspace->impl().kv_len = std::move(p.kv_len);
-  return s;
-}
-
 }  // namespace
 
 Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                  const Params& params, const std::optional<TensorView>& lse) {
   core::Problem p;
+  const core::KvLenLoan loan{p};
   try {
     if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
   } catch (const std::bad_alloc&) {
     return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
   }
-  return run_and_return(p);
+  return run(p);
 }
 
 Status attention_paged(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
                        const TensorView& page_table, const TensorView& seq_lens, const TensorView& out,
                        const Params& params, const std::optional<TensorView>& lse) {
   core::Problem p;
+  const core::KvLenLoan loan{p};
   try {
     if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens, out, params, lse, &p); !s)
       return s;
   } catch (const std::bad_alloc&) {
     return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
   }
-  return run_and_return(p);
+  return run(p);
 }
 
 }  // namespace attn

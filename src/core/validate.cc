@@ -188,20 +188,17 @@ Strided strided4(const TensorView& t) {
   return s;
 }
 
-template <class T>
-bool finite_or_minus_inf(T x) {
-  return std::isfinite(x) || (std::isinf(x) && x < 0);
-}
+// A mask value the softmax can take: finite or -inf. `x <= FLT_MAX` fails exactly for NaN and +inf.
+bool mask_value_ok(float x) { return x <= std::numeric_limits<float>::max(); }
 
-// Whether n floats at stride st are all finite or -inf: `x <= FLT_MAX` fails exactly for NaN and +inf. The
-// unit-stride loop is a plain count the compiler vectorises (one pass at memory speed).
+// Whether n mask values at stride st are all acceptable. The unit-stride loop is a plain count the compiler
+// vectorises (one pass at memory speed).
 bool values_ok(const float* x, std::int64_t n, std::int64_t st) {
-  constexpr float kMax = std::numeric_limits<float>::max();
   std::int64_t bad = 0;
   if (st == 1)
-    for (std::int64_t e = 0; e < n; ++e) bad += !(x[e] <= kMax);
+    for (std::int64_t e = 0; e < n; ++e) bad += !mask_value_ok(x[e]);
   else
-    for (std::int64_t e = 0; e < n; ++e) bad += !(x[e * st] <= kMax);
+    for (std::int64_t e = 0; e < n; ++e) bad += !mask_value_ok(x[e * st]);
   return bad == 0;
 }
 
@@ -242,7 +239,7 @@ Status check_mask(const TensorView& m, const Problem& p, bool check_values, Stri
           if (values_ok(base + a * st[0] + b * st[1] + c * st[2], sh[3], st[3])) continue;
           for (std::int64_t e = 0; e < sh[3]; ++e) {
             const float x = base[a * st[0] + b * st[1] + c * st[2] + e * st[3]];
-            if (!finite_or_minus_inf(x))
+            if (!mask_value_ok(x))
               return Status::Invalid("mask", "element " + dims_str({a, b, c, e}) + " is " +
                                                  (std::isnan(x) ? std::string("NaN") : std::string("+inf")) +
                                                  "; expected finite values or -inf");
@@ -308,7 +305,10 @@ struct PagedArgs {
 Status validate_impl(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                      const Params& params, const std::optional<TensorView>& lse, const PagedArgs* paged,
                      Problem* problem) {
-  Problem p;
+  // Filled in place: the key-length vector it borrows from a Workspace stays where the entry point's
+  // core::KvLenLoan gives it back, whether validation passes or not (callers discard a failed problem).
+  Problem& p = *problem;
+  p = Problem{};
   const char* kname = paged ? "k_pages" : "k";
   const char* vname = paged ? "v_pages" : "v";
   const struct {
@@ -415,7 +415,8 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
   if (p.window.right > reach_all) p.window.right = reach_all;
 
   // Key lengths.
-  if (params.workspace) p.kv_len = std::move(params.workspace->impl().kv_len);  // (its capacity, lent for the call)
+  p.workspace = params.workspace;
+  if (p.workspace) p.kv_len = std::move(p.workspace->impl().kv_len);  // lent for the call (core::KvLenLoan)
   p.kv_len.assign(static_cast<std::size_t>(p.B), p.Skv);
   if (paged) {
     if (params.kv_lens)
@@ -433,7 +434,6 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
   if (params.threads < 0 || params.threads > 4096)
     return Status::Invalid("threads", std::to_string(params.threads) + "; expected 0 (default) or 1 to 4096");
   p.threads = params.threads;
-  p.workspace = params.workspace;
   if (static_cast<unsigned>(params.backend) > static_cast<unsigned>(Backend::flash))
     return Status::Invalid("backend", "unknown value; expected automatic, reference or flash");
   p.backend = params.backend;
@@ -464,7 +464,6 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
   p.v = strided4(v);
   p.out = strided4(out);
   if (lse) p.lse = strided4(*lse);
-  *problem = std::move(p);
   return Status::Ok();
 }
 
@@ -488,7 +487,7 @@ Status validate_backward(const TensorView& q, const TensorView& k, const TensorV
                          const TensorView& lse, const TensorView& grad_out, const TensorView& grad_q,
                          const TensorView& grad_k, const TensorView& grad_v, const Params& params,
                          BackwardProblem* problem) {
-  BackwardProblem bp;
+  BackwardProblem& bp = *problem;  // in place, as validate_impl (core::KvLenLoan)
   if (Status s = validate(q, k, v, out, params, lse, &bp.fwd); !s) return s;
   // The LSE's values are not read: the backward recomputes each row's statistics from the scores (see
   // cpu/backward_kernel.h, row_statistics); only its shape and dtype are checked (above).
@@ -545,7 +544,6 @@ Status validate_backward(const TensorView& q, const TensorView& k, const TensorV
   bp.dq = strided4(grad_q);
   bp.dk = strided4(grad_k);
   bp.dv = strided4(grad_v);
-  *problem = std::move(bp);
   return Status::Ok();
 }
 

@@ -1,5 +1,5 @@
 // attn::Workspace's inside: typed slots a kernel keeps its scratch in between calls, and the key-length vector
-// validation borrows.
+// validation borrows (KvLenLoan gives it back).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attn/workspace.h"
+#include "core/problem.h"
 
 namespace attn {
 
@@ -34,6 +35,16 @@ struct Workspace::Impl {
 }  // namespace attn
 
 namespace attn::core {
+
+// Gives the key-length vector core::validate borrowed from the caller's Workspace (its capacity, so a repeated
+// call allocates nothing) back to it when the call ends, whichever way it ends. One per entry point, made before
+// validation.
+struct KvLenLoan {
+  Problem& p;
+  ~KvLenLoan() {
+    if (p.workspace) p.workspace->impl().kv_len = std::move(p.kv_len);
+  }
+};
 
 // The scratch of one call: the caller's Workspace slot when it gave one, else `local` (freed with the call).
 template <class T>
