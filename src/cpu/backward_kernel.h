@@ -705,8 +705,8 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
   const std::int64_t qblocks = (p.Sq + BR - 1) / BR, q_items = p.B * p.Hq * qblocks;
   const auto nrows = static_cast<std::size_t>(p.B * p.Hq * p.Sq);
   // The call's scratch, allocated before any thread starts (an allocation failure must not throw inside a
-  // parallel region), kept in the caller's attn::Workspace when it gives one. Every buffer is reset here, so
-  // nothing of an earlier call is read.
+  // parallel region), kept in the caller's attn::Workspace when it gives one. Every buffer is reset here or
+  // written before it is read (dq_part), so nothing of an earlier call is read.
   Scratch local;
   Scratch& sc = core::scratch(p.workspace, &kScratchKey, local);
   if (sc.dk != p.Dk || sc.dv != p.Dv) sc.team.clear(), sc.dk = p.Dk, sc.dv = p.Dv;
@@ -755,7 +755,10 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
   const bool in_place = plan.chunks == 1 && std::is_same_v<QT, float> && bp.dq.stride[3] == 1 && p.Dk == dkp;
   const std::int64_t part_len = in_place ? 0 : p.B * p.Hq * p.Sq * dkp;
   std::vector<float>& dq_part = sc.dq_part;
-  dq_part.assign(static_cast<std::size_t>(plan.chunks * part_len), 0.0f);
+  // Not zeroed: every row of a chunk's partial is stored before it is added to (key_chunk's first term of a
+  // block stores; blocks that see none of the chunk's keys are zero-filled below), so a reused workspace's
+  // partials (up to chunks x the size of dQ) are not cleared serially on every call.
+  dq_part.resize(static_cast<std::size_t>(plan.chunks * part_len));
 #pragma omp parallel num_threads(team) if (team > 1)
   {
     Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];
