@@ -133,16 +133,18 @@ def _flag(name, value):
     raise TypeError(f"{name}: got {type(value).__name__} {value!r}; expected True or False")
 
 
-def _int(name, value):
-    """An int argument (Python or NumPy int, not bool) that fits in int64."""
+def _int(name, value, low=-2**63, high=2**63, expected=None):
+    """An int argument (Python or NumPy int, not bool) in [low, high) (default: one that fits in int64);
+    `expected` describes the range in the message of a value outside it."""
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name}: got bool {value!r}; expected an int")
     try:
         n = operator.index(value)
     except TypeError:
         raise TypeError(f"{name}: got {type(value).__name__} {value!r}; expected an int") from None
-    if not -2**63 <= n < 2**63:
-        raise ValueError(f"{name}: {n} is out of range; expected an int64 (-2**63 <= {name} < 2**63)")
+    if not low <= n < high:
+        raise ValueError(f"{name}: {n} is out of range; expected "
+                         f"{expected or f'an int64 (-2**63 <= {name} < 2**63)'}")
     return n
 
 

@@ -9,8 +9,6 @@ parameter's name; the C++ library validates what Python does not and reports it 
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
 from . import _attn
@@ -87,14 +85,7 @@ class MultiHeadAttention:
                 _optional_dim("head_dim", head_dim, "d_model // heads"),
                 _optional_dim("v_head_dim", v_head_dim, "head_dim"), _flag("bias", bias))
         if seed is not None:
-            if isinstance(seed, (bool, np.bool_)):
-                raise TypeError(f"seed: got bool {seed!r}; expected an int")
-            try:
-                seed = operator.index(seed)
-            except TypeError:
-                raise TypeError(f"seed: got {type(seed).__name__} {seed!r}; expected an int") from None
-            if not 0 <= seed < 2**64:
-                raise ValueError(f"seed: {seed} is out of range; expected 0 <= seed < 2**64")
+            seed = _int("seed", seed, 0, 2**64, "0 <= seed < 2**64")
         count = _exact_parameter_count(*args)
         if count is not None and count > 2**63 - 1:
             raise MemoryError(f"d_model: the module would have {count} parameters, more than can be addressed; "
