@@ -37,7 +37,7 @@ Status attention_backward(const TensorView& q, const TensorView& k, const Tensor
   if (!kernel.fn)
     return Status::Unsupported("q", std::string("no backward kernel for q dtype ") + dtype_name(bp.fwd.q.dtype) +
                                         " with k/v dtype " + dtype_name(bp.fwd.k.dtype));
-  // The kernel allocates its statistics, partial sums and scratch before any thread starts and writes nothing
+  // The kernel allocates its statistics, partial sums and scratch before its work starts and writes nothing
   // until they are there.
   try {
     kernel.fn(bp, threads);

@@ -29,7 +29,7 @@ Status run(const core::Problem& p) {
   if (!kernel.fn)
     return Status::Unsupported("q", std::string("no flash kernel for q/out dtype ") + dtype_name(p.q.dtype) +
                                         " with k/v dtype " + dtype_name(p.k.dtype));
-  // Kernels allocate their scratch before any thread starts and write nothing until it is there, so a failed
+  // Kernels allocate their scratch before their work starts and write nothing until it is there, so a failed
   // allocation leaves the outputs untouched.
   try {
     kernel.fn(p, threads);

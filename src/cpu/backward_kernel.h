@@ -704,8 +704,8 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
   const std::int64_t kblocks = (p.Skv + BC - 1) / BC, tiles = p.B * p.Hkv * kblocks;
   const std::int64_t qblocks = (p.Sq + BR - 1) / BR, q_items = p.B * p.Hq * qblocks;
   const auto nrows = static_cast<std::size_t>(p.B * p.Hq * p.Sq);
-  // The call's scratch, allocated before any thread starts (an allocation failure must not throw inside a
-  // parallel region), kept in the caller's attn::Workspace when it gives one. Every buffer is reset here or
+  // The call's scratch, allocated before the work starts (the team's workspaces by their own threads; an
+  // allocation failure reaches the caller as std::bad_alloc, never an exception leaving a parallel region), kept in the caller's attn::Workspace when it gives one. Every buffer is reset here or
   // written before it is read (dq_part), so nothing of an earlier call is read.
   Scratch local;
   Scratch& sc = core::scratch(p.workspace, &kScratchKey, local);

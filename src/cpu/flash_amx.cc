@@ -504,7 +504,7 @@ template <class Variant, int ExpDegree>
 void amx_forward(const core::Problem& p, int threads) {
   if (p.B == 0 || p.Sq == 0) return;  // nothing to write
   const Plan plan(p);
-  // Per-thread workspaces before any thread starts (cpu/schedule.h), kept in the caller's attn::Workspace when
+  // Per-thread workspaces before the work starts (cpu/schedule.h: each built by its own thread), kept in the caller's attn::Workspace when
   // it gives one.
   Scratch local;
   Scratch& sc = core::scratch(p.workspace, &kScratchKey, local);
