@@ -80,5 +80,12 @@ fuzz:
 	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_TARGETS="$(FUZZ_TARGETS)" JOBS=$(JOBS) \
 	  CMAKE_FLAGS="$(CMAKE_FLAGS)" scripts/fuzz.sh
 
+# A long fuzzing run measured in CPU time (scripts/fuzz_campaign.sh): every target at once, nice 19, until each
+# has used FUZZ_CPU_SECONDS of CPU time; run `make fuzz` once first (it builds the targets).
+FUZZ_CPU_SECONDS ?= 3600
+.PHONY: fuzz-campaign
+fuzz-campaign:
+	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_CPU_SECONDS=$(FUZZ_CPU_SECONDS) FUZZ_TARGETS="$(FUZZ_TARGETS)" scripts/fuzz_campaign.sh
+
 clean:
 	rm -rf $(BUILD) $(BUILD)-sanitize $(FUZZ_BUILD) $(VENV)

@@ -338,6 +338,29 @@ Params choose_params(Input& in, bool* moderate_scale) {
   return p;
 }
 
+// Score variants (drawn last, so that inputs written before they existed keep their meaning): softcap (sometimes
+// invalid), ALiBi slopes [Hq] or [B, Hq] and sinks [Hq] (sometimes of odd shape or values). Returns whether any
+// value is odd (then no differential check).
+bool choose_variants(Input& in, Problem& pr, const Dims& d, Params* p) {
+  bool odd = false;
+  if (in.byte() % 4 == 3) {  // (an exhausted input, all zeros, draws none)
+    static const double caps[] = {0.5, 2.0, 30.0, 50.0, 0.0, -1.0, NAN, INFINITY, 1e-40, 1e39};
+    p->softcap = in.pick(caps);
+  }
+  if (in.byte() % 4 == 3) {  // (an exhausted input, all zeros, draws none)
+    const bool o = in.one_in(8);
+    odd |= o;
+    p->alibi_slopes = in.flag() ? pr.view(DType::f32, {d.Hq}, Role::input, o)
+                                : pr.view(DType::f32, {in.one_in(8) ? d.Hq : d.B, in.one_in(8) ? d.B : d.Hq}, Role::input, o);
+  }
+  if (in.byte() % 4 == 3) {  // (an exhausted input, all zeros, draws none)
+    const bool o = in.one_in(8);
+    odd |= o;
+    p->sinks = pr.view(in.one_in(16) ? DType::bf16 : DType::f32, {in.one_in(16) ? d.Hq + 1 : d.Hq}, Role::input, o);
+  }
+  return odd;
+}
+
 // With ATTN_FUZZ_VERBOSE set, every call's views and params go to stderr (for triage).
 bool verbose() {
   static const bool v = std::getenv("ATTN_FUZZ_VERBOSE") != nullptr;
@@ -486,6 +509,7 @@ void fuzz_attention(Input& in) {
   std::optional<TensorView> lse;
   if (in.flag()) lse = pr.view(DType::f32, {d.B, d.Hq, d.Sq}, Role::output);
   if (lse && in.one_in(32)) lse = in.flag() ? q : out;  // aliasing: must be refused
+  exotic = choose_variants(in, pr, d, &p) || exotic;
 
   if (verbose()) {
     std::fprintf(stderr, "attention:\n");
@@ -582,9 +606,13 @@ void fuzz_backward(Input& in) {
     p.kv_lens = lens;
   }
   if (in.one_in(4)) p.mask = pr.view(in.flag() ? DType::boolean : DType::f32, {d.Sq, d.Skv}, Role::input, in.one_in(8));
-  const Status s = attn::attention_backward(q, k, v, o, lse, g, dq, dk, dv, p);
+  choose_variants(in, pr, d, &p);
+  std::optional<TensorView> dsinks;
+  if (in.flag()) dsinks = pr.view(DType::f32, {in.one_in(16) ? d.Hq + 1 : d.Hq}, Role::output);
+  if (dsinks && in.one_in(32)) dsinks = lse;  // aliasing an input: must be refused
+  const Status s = attn::attention_backward(q, k, v, o, lse, g, dq, dk, dv, p, dsinks);
   check_error(s, "attention_backward");
-  check_untouched(pr, s, {&dq, &dk, &dv}, "attention_backward");
+  check_untouched(pr, s, {&dq, &dk, &dv, dsinks ? &*dsinks : nullptr}, "attention_backward");
 }
 
 void fuzz_merge(Input& in) {

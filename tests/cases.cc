@@ -56,6 +56,9 @@ std::string Case::name() const {
   if (amplitude != 1.0) n += "_amp" + real(amplitude);
   if (scale) n += "_scale" + real(*scale);
   if (page_size) n += "_paged" + num(page_size);
+  if (softcap > 0) n += "_softcap" + real(softcap);
+  if (alibi) n += alibi == 1 ? "_alibi" : "_alibiB";
+  if (sinks) n += "_sinks";
   return n;
 }
 
@@ -177,6 +180,31 @@ std::vector<Case> registry() {
   add({.B = 4, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .kv_lens = true, .kv_dtype = DType::bf16,
        .page_size = 16});
   add({.B = 1, .Hq = 4, .Hkv = 4, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .layout = Layout::bshd, .page_size = 16});
+  // Score variants (softcap, ALiBi, sinks): alone and together, with every causal alignment, dense masks, key
+  // lengths, windows, GQA, decode (split-KV: the sink joins once, after the merge), paged caches, empty rows
+  // (a sink gives lse = sink), large logits under the cap.
+  for (Causal c : causals) {
+    add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .causal = c, .softcap = 2.0});
+    add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .causal = c, .alibi = 1});
+    add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .causal = c, .sinks = true});
+    add({.B = 3, .Hq = 4, .Hkv = 1, .Sq = 7, .Skv = 113, .Dk = 32, .Dv = 48, .causal = c, .mask = MaskCase::additive_full,
+         .kv_lens = true, .layout = Layout::bshd, .softcap = 5.0, .alibi = 2, .sinks = true});
+  }
+  for (MaskCase m : {MaskCase::additive_2d, MaskCase::keep_per_batch, MaskCase::keep_keys})
+    add({.B = 2, .Hq = 2, .Hkv = 1, .Sq = 65, .Skv = 90, .Dk = 16, .Dv = 16, .mask = m, .softcap = 1.0, .alibi = 1,
+         .sinks = true});
+  add({.B = 2, .Hq = 2, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = 32, .Dv = 32, .causal = Causal::bottom_right,
+       .window = {20, 0}, .kv_lens = true, .alibi = 2, .sinks = true});
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .amplitude = 30, .softcap = 30.0});
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .amplitude = 30, .scale = 1.0,
+       .softcap = 50.0, .sinks = true});
+  add({.B = 1, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .kv_lens = true, .softcap = 3.0,
+       .alibi = 1, .sinks = true});
+  add({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 4000, .Dk = 128, .Dv = 128, .sinks = true});
+  add({.B = 3, .Hq = 4, .Hkv = 2, .Sq = 1, .Skv = 113, .Dk = 64, .Dv = 64, .causal = Causal::bottom_right,
+       .kv_lens = true, .page_size = 16, .softcap = 2.0, .alibi = 2, .sinks = true});
+  add({.B = 2, .Hq = 2, .Hkv = 1, .Sq = 7, .Skv = 0, .Dk = 16, .Dv = 16, .sinks = true});
+  add({.B = 2, .Hq = 3, .Hkv = 1, .Sq = 17, .Skv = 9, .Dk = 8, .Dv = 8, .causal = Causal::bottom_right, .sinks = true});
   // bf16 prefill runs on its own kernel where the CPU has AMX, and bf16 rows are widened in registers by
   // the decode micro-kernels: every fp32 case above again in bf16 (every head dim, mask, window,
   // alignment, layout, key length, page size, decode and prefill).
@@ -250,6 +278,22 @@ Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void
     }
     p.kv_lens = in.kv_lens.view;
   }
+  if (c.softcap > 0) p.softcap = c.softcap;
+  if (c.alibi) {  // ALiBi's geometric slopes 2^(-8(h+1)/Hq), varied per batch for [B, Hq]
+    in.alibi = c.alibi == 1 ? Tensor::plain(DType::f32, {c.Hq}) : Tensor::plain(DType::f32, {c.B, c.Hq});
+    in.alibi.for_each_index([&](auto a, auto b, auto, auto) {
+      const std::int64_t h = c.alibi == 1 ? a : b;
+      const double slope = std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(c.Hq));
+      c.alibi == 1 ? in.alibi.set(slope, a) : in.alibi.set(slope * (0.5 + u(rng)), a, b);
+    });
+    p.alibi_slopes = in.alibi.view;
+  }
+  if (c.sinks) {
+    in.sinks = Tensor::plain(DType::f32, {c.Hq});
+    for (std::int64_t h = 0; h < c.Hq; ++h)
+      in.sinks.set(h == 0 && c.Hq > 1 ? -std::numeric_limits<double>::infinity() : 6.0 * u(rng) - 2.0, h);
+    p.sinks = in.sinks.view;
+  }
   if (adjust) adjust(in, rng);
   if (c.page_size > 0) {
     // Scatter K/V over a shuffled pool with spare pages full of NaN: a page outside a sequence's table
@@ -321,6 +365,10 @@ GradInstance instantiate_grads(const Case& c) {
   g.dk = Tensor(c.kv_dtype, c.B, c.Hkv, c.Skv, c.Dk, c.layout);
   g.dv = Tensor(c.kv_dtype, c.B, c.Hkv, c.Skv, c.Dv, c.layout);
   g.dout.randomize(rng, 1.0);
+  if (c.sinks) {
+    g.dsinks = Tensor::plain(DType::f32, {c.Hq});
+    g.dsinks.poison();
+  }
   g.dq.poison();
   g.dk.poison();
   g.dv.poison();
@@ -392,6 +440,15 @@ std::string gradient_failures(const Case& c, const Instance& in, const GradInsta
     const Agreement a = agree(ref_stored, [&](std::size_t i) { return fast[i]; },
                               [&](std::size_t i) { return round_to(x.dtype, x.naive[i]); }, atol);
     if (!a.ok(3.0)) failure += std::string(x.name) + ": " + a.describe() + "; ";
+  }
+  // ∂L/∂sinks (when the call asked for it): a sum of P_sink·D over every row of the head, D = dO·O from the
+  // stored O (rounded to q's dtype), so its atol scales with the size of those terms.
+  if (c.sinks && !g.dsinks.storage.empty()) {
+    const std::vector<double> fast = values(g.dsinks);
+    const double atol = 8 * u_eff * (max_finite(ref.dsinks, 1e-3) + max_finite(ref.dsinks_terms, 0));
+    const Agreement a = agree(ref.dsinks, [&](std::size_t i) { return fast[i]; },
+                              [&](std::size_t i) { return naive.dsinks[i]; }, atol);
+    if (!a.ok(3.0)) failure += "dsinks: " + a.describe() + "; ";
   }
   return failure;
 }

@@ -34,6 +34,11 @@ struct Case {
   double amplitude = 1.0;       // inputs uniform in [-amplitude, amplitude]
   std::optional<double> scale;
   std::int64_t page_size = 0;  // > 0: K/V go through attention_paged from a shuffled page pool
+  // Score variants (attn::Params): softcap (0 = off); ALiBi slopes (0 none, 1 [Hq], 2 [B, Hq]); sinks [Hq]
+  // (random logits, head 0's -inf = no sink when Hq > 1).
+  double softcap = 0;
+  int alibi = 0;
+  bool sinks = false;
 
   std::string name() const;  // a gtest-safe unique name
 };
@@ -43,7 +48,7 @@ inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 
 // Inputs and poisoned outputs for one case, built deterministically from the case's name.
 struct Instance {
-  Tensor q, k, v, out, lse, mask, kv_lens;
+  Tensor q, k, v, out, lse, mask, kv_lens, alibi, sinks;
   Params params;
   // Paged cases: the same K/V scattered over a pool of pages (unused pages hold NaN).
   Tensor k_pages, v_pages, page_table, seq_lens;
@@ -69,6 +74,7 @@ std::vector<Case> backward_registry();
 // dO (random) and poisoned gradient outputs dQ, dK, dV for one case, in the case's layout and dtypes.
 struct GradInstance {
   Tensor dout, dq, dk, dv;
+  Tensor dsinks;  // [Hq] f32, for cases with sinks (poisoned)
 };
 GradInstance instantiate_grads(const Case& c);
 

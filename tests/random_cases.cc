@@ -100,6 +100,10 @@ RandomConfig random_config(std::uint64_t seed, bool backward) {
     const std::int64_t pages[] = {1, 2, 3, 8, 16, 64};
     c.page_size = d.one_of(pages);
   }
+  // Score variants: softcap (small caps that bite, and Gemma's 30/50), ALiBi slopes, sinks.
+  if (d.chance(0.15)) c.softcap = d.chance(0.5) ? d.log_uniform(0.1, 10) : d.one_of({30.0, 50.0});
+  if (d.chance(0.15)) c.alibi = 1 + d.pick(2);
+  if (d.chance(0.15)) c.sinks = true;
   // Scale: the default, moderate, or extreme (scores up to ~1e30 in magnitude at most; see below).
   const int scale_kind = d.pick(10);
   if (scale_kind < 6) c.scale.reset();

@@ -25,12 +25,15 @@ void forward(Instance& in) {
 // Poisons the gradients, runs the backward, checks nothing outside the gradient views changed.
 Status backward(Instance& in, GradInstance& g, Backend backend, int threads) {
   g.dq.poison(), g.dk.poison(), g.dv.poison();
+  const bool sinks = !g.dsinks.storage.empty();
+  if (sinks) g.dsinks.poison();
   const std::vector<unsigned char> pq = g.dq.storage, pk = g.dk.storage, pv = g.dv.storage;
   Params p = in.params;
   p.backend = backend;
   p.threads = threads;
   const Status s = attention_backward(in.q.view, in.k.view, in.v.view, in.out.view, in.lse.view, g.dout.view,
-                                      g.dq.view, g.dk.view, g.dv.view, p);
+                                      g.dq.view, g.dk.view, g.dv.view, p,
+                                      sinks ? std::optional<TensorView>(g.dsinks.view) : std::nullopt);
   EXPECT_TRUE(untouched_outside(g.dq, pq) && untouched_outside(g.dk, pk) && untouched_outside(g.dv, pv))
       << "bytes outside a gradient view were written";
   return s;
@@ -47,7 +50,7 @@ TEST_P(BackwardCase, MatchesFp64Reference) {
   forward(in);
   core::BackwardProblem bp;
   ASSERT_TRUE(core::validate_backward(in.q.view, in.k.view, in.v.view, in.out.view, in.lse.view, g.dout.view,
-                                      g.dq.view, g.dk.view, g.dv.view, in.params, &bp).ok());
+                                      g.dq.view, g.dk.view, g.dv.view, in.params, std::nullopt, &bp).ok());
   const reference::Grads ref = reference::attention_backward<double>(bp.fwd, bp.dout);
   const reference::Grads naive = reference::attention_backward<float>(bp.fwd, bp.dout);
 
@@ -124,6 +127,9 @@ std::vector<Case> fd_cases() {
   with([](Case& c) { c.window = {2, 0, Align::bottom_right}, c.causal = Causal::bottom_right; });
   with([](Case& c) { c.Hq = 4, c.Hkv = 1, c.Dk = 5, c.Dv = 2; });
   with([](Case& c) { c.scale = 2.0, c.amplitude = 2.0; });
+  with([](Case& c) { c.softcap = 0.5, c.amplitude = 2.0; });
+  with([](Case& c) { c.alibi = 2, c.causal = Causal::bottom_right; });
+  with([](Case& c) { c.sinks = true, c.mask = MaskCase::additive_full, c.softcap = 1.5, c.alibi = 1; });
   return out;
 }
 
@@ -137,7 +143,7 @@ TEST_P(FiniteDifference, ReferenceBackwardMatchesCentralDifferences) {
   core::BackwardProblem bp;
   forward(in);
   ASSERT_TRUE(core::validate_backward(in.q.view, in.k.view, in.v.view, in.out.view, in.lse.view, g.dout.view,
-                                      g.dq.view, g.dk.view, g.dv.view, in.params, &bp).ok());
+                                      g.dq.view, g.dk.view, g.dv.view, in.params, std::nullopt, &bp).ok());
   const reference::Grads analytic = reference::attention_backward<double>(bp.fwd, bp.dout);
   const std::vector<double> G = values(g.dout);
   auto loss = [&] {
@@ -147,8 +153,10 @@ TEST_P(FiniteDifference, ReferenceBackwardMatchesCentralDifferences) {
     return l;
   };
   const double h = 1e-4;
+  std::vector<double> dsinks_ref = analytic.dsinks;  // (laid out as a [1, 1, 1, Hq] tensor below)
   for (auto [name, t, grad] : {std::tuple{"dq", &in.q, &analytic.dq}, {"dk", &in.k, &analytic.dk},
-                               {"dv", &in.v, &analytic.dv}}) {
+                               {"dv", &in.v, &analytic.dv}, {"dsinks", &in.sinks, &dsinks_ref}}) {
+    if (t->storage.empty()) continue;
     const double tol = 1e-6 * std::max(1.0, max_abs(*grad));
     std::size_t n = 0;
     double worst = 0;

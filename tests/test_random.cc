@@ -95,15 +95,17 @@ std::string check_backward(const RandomConfig& rc) {
     return "forward: " + s.message();
   core::BackwardProblem bp;
   if (Status s = core::validate_backward(in.q.view, in.k.view, in.v.view, in.out.view, in.lse.view, g.dout.view,
-                                         g.dq.view, g.dk.view, g.dv.view, in.params, &bp);
+                                         g.dq.view, g.dk.view, g.dv.view, in.params, std::nullopt, &bp);
       !s)
     return "validate_backward: " + s.message();
   const reference::Grads ref = reference::attention_backward<double>(bp.fwd, bp.dout);
   const reference::Grads naive = reference::attention_backward<float>(bp.fwd, bp.dout);
   g.dq.poison(), g.dk.poison(), g.dv.poison();
   const std::vector<unsigned char> pq = g.dq.storage, pk = g.dk.storage, pv = g.dv.storage;
+  const bool sinks = !g.dsinks.storage.empty();
   if (Status s = attention_backward(in.q.view, in.k.view, in.v.view, in.out.view, in.lse.view, g.dout.view, g.dq.view,
-                                    g.dk.view, g.dv.view, p);
+                                    g.dk.view, g.dv.view, p,
+                                    sinks ? std::optional<TensorView>(g.dsinks.view) : std::nullopt);
       !s)
     return "backward: " + s.message();
   if (!untouched_outside(g.dq, pq) || !untouched_outside(g.dk, pk) || !untouched_outside(g.dv, pv))

@@ -239,6 +239,8 @@ struct BenchArgs {
   std::string label;
   bool json = false, no_ceilings = false, quick_ceilings = false, no_huge_pages = false;
   bool backward = false;
+  double softcap = 0;              // score variants: softcap (0 = off),
+  bool alibi = false, sinks = false;  // ALiBi's geometric slopes, a sink of 0.5 per head
 };
 
 Status parse_dtype(const std::string& text, const char* option, DType* dtype) {
@@ -488,6 +490,16 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   params.backend = setup.backend;
   if (s.causal) params.causal = Causal::bottom_right;
   if (s.kv_len_min > 0 && s.page_size == 0) params.kv_lens = in.lens_view;
+  std::vector<float> slopes, sinks;
+  params.softcap = a.softcap;
+  if (a.alibi) {  // ALiBi's slopes 2^(-8(h+1)/Hq)
+    for (std::int64_t h = 0; h < s.Hq; ++h) slopes.push_back(std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(s.Hq)));
+    params.alibi_slopes = TensorView::contiguous(slopes.data(), DType::f32, {s.Hq});
+  }
+  if (a.sinks) {
+    sinks.assign(static_cast<std::size_t>(s.Hq), 0.5f);
+    params.sinks = TensorView::contiguous(sinks.data(), DType::f32, {s.Hq});
+  }
 
   if (a.backward)  // the forward's O and LSE, which the backward reads
     if (Status st = attention(in.qv, in.kv[0], in.vv[0], in.ov, params, in.lse_view); !st) return with_option_names(st);
@@ -728,6 +740,9 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
       ->type_name("TEXT");
   sub->add_flag("--backward", a->backward,
                 "Time attention_backward (dQ, dK, dV from dO and one forward's O and LSE); flops = 2.5x the forward's");
+  sub->add_option("--softcap", a->softcap, "Score variant: logit soft-capping at C (0 = off)")->type_name("C");
+  sub->add_flag("--alibi", a->alibi, "Score variant: ALiBi biases with the geometric slopes 2^(-8(h+1)/Hq)");
+  sub->add_flag("--sinks", a->sinks, "Score variant: an attention sink of logit 0.5 per head");
   sub->add_flag("--json", a->json, "Print one JSON object per run (fields: see the README's Benchmarks section)");
   sub->add_flag("--no-ceilings", a->no_ceilings, "Skip measuring the machine's ceilings (fractions become null)");
   sub->add_flag("--no-huge-pages", a->no_huge_pages,

@@ -34,6 +34,7 @@ Status with_option_names(const Status& status) {
       {"causal", "--causal"}, {"window.align", "--window-align"},
       {"window", "--window"}, {"kv_lens", "--kv-lens"}, {"mask", "--mask"},
       {"threads", "--threads"}, {"backend", "--backend"},
+      {"softcap", "--softcap"}, {"alibi_slopes", "--alibi-slopes"}, {"sinks", "--sinks"}, {"grad_sinks", "--dsinks"},
       {"grad_out", "--grad-out"}, {"grad_q", "--dq"}, {"grad_k", "--dk"}, {"grad_v", "--dv"}};
   const std::string& message = status.message();
   for (const auto& [param, option] : kOptions) {
@@ -150,7 +151,9 @@ Status parse_backend(const std::string& text, Backend* backend) {
 
 struct RunArgs {
   std::string q, k, v, out, lse, causal, scale, mask, kv_lens, window, threads;
+  std::string softcap, alibi_slopes, sinks;  // score variants
   std::string grad_out, dq, dk, dv;  // the backward pass, all four or none
+  std::string dsinks;                // with --sinks: also dL/dsinks
   std::string window_align = "bottom-right";
   std::string backend = "auto";
 };
@@ -169,6 +172,12 @@ Status run_params(const RunArgs& a, Params* params) {
   if (Status s = parse_backend(a.backend, &params->backend); !s) return s;
   if (!a.threads.empty())
     if (Status s = parse_threads(a.threads, &params->threads); !s) return s;
+  if (!a.softcap.empty()) {
+    const char* end = a.softcap.data() + a.softcap.size();
+    const auto [ptr, ec] = std::from_chars(a.softcap.data(), end, params->softcap);
+    if (ec != std::errc() || ptr != end || !std::isfinite(params->softcap) || params->softcap < 0)
+      return Status::Invalid("--softcap", "'" + a.softcap + "'; expected a number >= 0 (0 = off), such as 50");
+  }
   return Status::Ok();
 }
 
@@ -190,6 +199,7 @@ Status check_qkv(const npy::Array& t, const std::string& option, const char* lay
 constexpr npy::DTypeSet kAttentionDTypes{DType::f32, DType::f16};  // --q, --k, --v, --grad-out
 constexpr npy::DTypeSet kMaskDTypes{DType::f32, DType::boolean};   // --mask: additive or keep
 constexpr npy::DTypeSet kLengthDTypes{DType::i32, DType::i64};     // --kv-lens
+constexpr npy::DTypeSet kPerHeadDTypes{DType::f32};                 // --alibi-slopes, --sinks
 
 // Reads an optional input (mask, key lengths) of rank 1 to 4 into `array` and points `*view` at it.
 Status read_optional(const std::string& path, const std::string& option, npy::DTypeSet dtypes, const char* shape,
@@ -243,18 +253,23 @@ Status run_command(const RunArgs& a, std::ostream& out) {
     for (auto [path, option] : {std::pair{&a.grad_out, "--grad-out"}, {&a.dq, "--dq"}, {&a.dk, "--dk"}, {&a.dv, "--dv"}})
       if (path->empty())
         return Status::Invalid(option, "missing; expected all of --grad-out, --dq, --dk and --dv for the backward pass");
+  if (!a.dsinks.empty() && (!backward || a.sinks.empty()))
+    return Status::Invalid("--dsinks", "needs --sinks and the backward pass (--grad-out, --dq, --dk, --dv)");
   // Output files, before anything is read: each new or a regular file, none an input, all distinct.
-  if (Status s = check_outputs({{"--out", a.out, true}, {"--lse", a.lse}, {"--dq", a.dq}, {"--dk", a.dk}, {"--dv", a.dv}},
+  if (Status s = check_outputs({{"--out", a.out, true}, {"--lse", a.lse}, {"--dq", a.dq}, {"--dk", a.dk}, {"--dv", a.dv},
+                                {"--dsinks", a.dsinks}},
                                {{"--q", a.q},
                                 {"--k", a.k},
                                 {"--v", a.v},
                                 {"--mask", a.mask},
                                 {"--kv-lens", a.kv_lens},
+                                {"--alibi-slopes", a.alibi_slopes},
+                                {"--sinks", a.sinks},
                                 {"--grad-out", a.grad_out}});
       !s)
     return s;
 
-  npy::Array q, k, v, mask, kv_lens, g;
+  npy::Array q, k, v, mask, kv_lens, slopes, sinks, g;
   if (Status s = npy::read(a.q, "--q", &q, kAttentionDTypes); !s) return s;
   if (Status s = check_qkv(q, "--q", "[B, Hq, Sq, Dk]", nullptr); !s) return s;
   if (Status s = npy::read(a.k, "--k", &k, kAttentionDTypes); !s) return s;
@@ -266,6 +281,11 @@ Status run_command(const RunArgs& a, std::ostream& out) {
       !s)
     return s;
   if (Status s = read_optional(a.kv_lens, "--kv-lens", kLengthDTypes, "[B]", &kv_lens, &params.kv_lens); !s) return s;
+  if (Status s = read_optional(a.alibi_slopes, "--alibi-slopes", kPerHeadDTypes, "[Hq] or [B, Hq]", &slopes,
+                               &params.alibi_slopes);
+      !s)
+    return s;
+  if (Status s = read_optional(a.sinks, "--sinks", kPerHeadDTypes, "[Hq]", &sinks, &params.sinks); !s) return s;
   if (backward) {
     if (Status s = npy::read(a.grad_out, "--grad-out", &g, kAttentionDTypes); !s) return s;
     if (Status s = check_qkv(g, "--grad-out", "[B, Hq, Sq, Dv]", &q); !s) return s;
@@ -297,7 +317,7 @@ Status run_command(const RunArgs& a, std::ostream& out) {
   };
   std::vector<File> files = {{a.out, "--out", "O", q.dtype, out_shape, o.get()}};
   if (!a.lse.empty()) files.push_back({a.lse, "--lse", "LSE", DType::f32, lse_shape, lse.get()});
-  std::vector<float> dq32, dk32, dv32;
+  std::vector<float> dq32, dk32, dv32, dsinks32;
   if (backward) {
     TensorView gv;
     if (Status s = view_of(g, "--grad-out", &gv); !s) return s;
@@ -308,16 +328,21 @@ Status run_command(const RunArgs& a, std::ostream& out) {
     auto view4 = [&](const unsigned char* p, const std::vector<std::int64_t>& sh) {
       return TensorView::contiguous(p, q.dtype, {sh[0], sh[1], sh[2], sh[3]});
     };
+    std::vector<float> ds(a.dsinks.empty() ? 0 : static_cast<std::size_t>(q.shape[1]));
+    std::optional<TensorView> ds_view;
+    if (!ds.empty()) ds_view = TensorView::contiguous(ds.data(), DType::f32, {q.shape[1]});
     if (Status s = attention_backward(qv, kv, vv, ov, *lse_view, gv, view4(dq.get(), q.shape),
-                                      view4(dk.get(), k.shape), view4(dv.get(), v.shape), params);
+                                      view4(dk.get(), k.shape), view4(dv.get(), v.shape), params, ds_view);
         !s)
       return with_option_names(s);
+    dsinks32 = std::move(ds);
     dq32 = as_f32(q.dtype, dq.get(), q.numel());
     dk32 = as_f32(q.dtype, dk.get(), k.numel());
     dv32 = as_f32(q.dtype, dv.get(), v.numel());
     files.push_back({a.dq, "--dq", "dQ", DType::f32, q.shape, dq32.data()});
     files.push_back({a.dk, "--dk", "dK", DType::f32, k.shape, dk32.data()});
     files.push_back({a.dv, "--dv", "dV", DType::f32, v.shape, dv32.data()});
+    if (!a.dsinks.empty()) files.push_back({a.dsinks, "--dsinks", "dsinks", DType::f32, {q.shape[1]}, dsinks32.data()});
   }
   // All or nothing: every file goes to a temporary first; only when all are written are they renamed.
   FileWriter writer;
@@ -362,6 +387,17 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   run->add_option("--dk", a.dk, "Write dL/dK [B, Hkv, Skv, Dk] (float32; summed over the query heads of a KV head)")
       ->type_name("dK.npy");
   run->add_option("--dv", a.dv, "Write dL/dV [B, Hkv, Skv, Dv] (float32)")->type_name("dV.npy");
+  run->add_option("--softcap", a.softcap, "Logit soft-capping (Gemma 2): s = C*tanh(scale*q.k / C) before any bias; "
+                                          "0 or absent = off")
+      ->type_name("C");
+  run->add_option("--alibi-slopes", a.alibi_slopes, "ALiBi slopes [Hq] or [B, Hq], float32: s -= slope*|i + Skv - Sq - j| "
+                                                    "(bottom-right aligned, as FlashAttention)")
+      ->type_name("SLOPES.npy");
+  run->add_option("--sinks", a.sinks, "Attention sinks [Hq], float32: a logit per head in every row's softmax "
+                                      "denominator with no value (gpt-oss)")
+      ->type_name("SINKS.npy");
+  run->add_option("--dsinks", a.dsinks, "With --sinks and the backward pass: write dL/dsinks [Hq] (float32)")
+      ->type_name("dSINKS.npy");
   return run;
 }
 

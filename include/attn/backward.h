@@ -30,8 +30,14 @@ namespace attn {
 // it touches, and no others. The result is bitwise identical on every run and at every thread count. Every
 // argument is validated before anything is written: on error the Status names the parameter and the
 // expectation, and grad_q, grad_k and grad_v are untouched. Gradients may not alias inputs or each other.
+//
+// Score variants (Params::softcap, alibi_slopes, sinks) are differentiated as they are defined: dS passes through
+// the softcap's 1 − tanh²(x / softcap); ALiBi slopes are constants (no gradient); with sinks, grad_sinks (f32
+// [Hq], optional) gets ∂L/∂sink_h = −Σ_{b,i} e^(sink_h − lse_bhi) · D_bhi (D_i = dO_i · O_i), summed in a fixed
+// order.
 Status attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                           const TensorView& lse, const TensorView& grad_out, const TensorView& grad_q,
-                          const TensorView& grad_k, const TensorView& grad_v, const Params& params = {});
+                          const TensorView& grad_k, const TensorView& grad_v, const Params& params = {},
+                          const std::optional<TensorView>& grad_sinks = std::nullopt);
 
 }  // namespace attn

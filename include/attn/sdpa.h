@@ -60,6 +60,20 @@ struct Params {
   // Scratch kept between calls (attn/workspace.h): repeated calls of a shape it fits allocate nothing. null:
   // every call allocates and frees its own.
   Workspace* workspace = nullptr;
+  // ---- score variants (FlashAttention's names and meanings; README "Score variants") ----
+  // With x = scale·q·k, the score of key j for query i of head h is
+  //   s_ij = T(x) − slope_h·|i + Skv_b − Sq − j| + mask_ij,   T(x) = softcap·tanh(x / softcap)  (x when softcap = 0)
+  // (Skv_b: the batch's key length). Logit soft-capping (Gemma 2): softcap > 0 caps every score at ±softcap
+  // after the scale and before any bias; 0 turns it off. Must be 0 or a normal fp32 number.
+  double softcap = 0;
+  // ALiBi slopes, f32 [Hq] or [B, Hq] (finite; 0 = no bias for that head): the bias −slope·|i + Skv_b − Sq − j|,
+  // aligned bottom-right as FlashAttention aligns it (the last query sits on the last key) whatever `causal` is.
+  std::optional<TensorView> alibi_slopes;
+  // Attention sinks (gpt-oss, StreamingLLM), f32 [Hq] (finite or −inf = none): a logit per head, in natural-log
+  // units like s_ij, that joins every row's softmax denominator but carries no value:
+  //   out_i = Σ_j e^(s_ij) v_j / (e^(sink_h) + Σ_j e^(s_ij)),   lse_i = log(e^(sink_h) + Σ_j e^(s_ij)).
+  // A row with no allowed key then gets out = 0 and lse = sink_h.
+  std::optional<TensorView> sinks;
   // Whether the values of an f32 mask are checked (one pass over the mask; NaN and +inf are refused). false
   // trusts them: a NaN or +inf value then gives NaN in its row, as IEEE arithmetic does.
   bool check_mask_values = true;

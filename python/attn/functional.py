@@ -367,7 +367,7 @@ def _scale(scale):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, causal_alignment=None, kv_lens=None, window=None,
-                                 return_lse=False):
+                                 return_lse=False, softcap=0.0, alibi_slopes=None, sinks=None):
     """softmax(scale · query keyᵀ + mask) value, with torch.nn.functional.scaled_dot_product_attention's
     signature and semantics where the names match.
 
@@ -397,8 +397,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     window      (left, right) local attention: key j allowed when diag(i) - left <= j <= diag(i) + right;
                 -1 or None on a side means unbounded; each side -1 or 0 <= side < 2**63.
     return_lse  also return the log-sum-exp (for merge_attention).
+    softcap     logit soft-capping (Gemma 2), FlashAttention's softcap: with x = scale·q·k the score is
+                softcap·tanh(x / softcap), before the mask and ALiBi biases; 0.0 = off.
+    alibi_slopes  float [Hq] or [B, Hq] (FlashAttention's alibi_slopes): adds −slope·|i + Skv − Sq − j| to
+                the score of query i and key j (bottom-right aligned; Skv = kv_lens[b] when given).
+    sinks       float [Hq] (gpt-oss attention sinks): a logit per head that joins every row's softmax
+                denominator and carries no value (-inf = none); lse includes it. A torch tensor that
+                requires grad gets its gradient through the autograd path.
 
-    A row with no allowed key gets out = 0 and lse = -inf (PyTorch's math path gives NaN or 0).
+    A row with no allowed key gets out = 0 and lse = -inf (lse = the sink with sinks; PyTorch's math
+    path gives NaN or 0).
 
     Errors: ValueError (values, shapes), TypeError (types, dtypes, kinds) or MemoryError (the library
     could not allocate its scratch), each message starting with the parameter's name; nothing is
@@ -429,27 +437,33 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     lens = _lengths("kv_lens", kv_lens, kind, "query")
     causal, left, right, align = _diagonals(is_causal, causal_alignment, window)
     scale = _scale(scale)
+    softcap = _softcap(softcap)
+    slopes = _per_head("alibi_slopes", alibi_slopes, kind, grad_ok=False)
+    sinks_in = _per_head("sinks", sinks, kind, grad_ok=True)
 
     batched = query.ndim == 4
     q, k, v = (x if batched else _lead1(x) for x in (query, key, value))
-    options = (mask, lens, scale, causal, left, right, align)
-    if _wants_grad(query, key, value):
-        out, lse = _autograd_function().apply(q, k, v, options)
+    options = (mask, lens, scale, causal, left, right, align, softcap, slopes)
+    if _wants_grad(query, key, value, sinks):
+        # sinks as given (float32, or cast within the graph), so that its gradient reaches it
+        sinks_arg = None if sinks is None else sinks if _dtype_name(sinks) == "float32" else sinks.float()
+        out, lse = _autograd_function().apply(q, k, v, sinks_arg, options)
     else:
-        out, lse = _forward(kind, q, k, v, options, return_lse, kind == "numpy" and qdtype == "bfloat16")
+        out, lse = _forward(kind, q, k, v, options, return_lse, kind == "numpy" and qdtype == "bfloat16", sinks_in)
     if not batched:
         out = out[0]
         lse = None if lse is None else lse[0]
     return (out, lse) if return_lse else out
 
 
-def _forward(kind, q, k, v, options, return_lse, bf16_bits=False):
-    """out (and lse when asked, else None) of 4-D q, k, v, allocated as q's kind."""
+def _forward(kind, q, k, v, options, return_lse, bf16_bits=False, sinks=None):
+    """out (and lse when asked, else None) of 4-D q, k, v, allocated as q's kind. options: the binding's
+    (mask, kv_lens, scale, causal, window_left, window_right, window_align, softcap, alibi_slopes)."""
     b, hq, sq, _ = q.shape
     out = _empty(kind, q, (b, hq, sq, v.shape[-1]))
     lse = _empty(kind, q, (b, hq, sq), "float32") if return_lse else None
-    _call(_attn.attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse, *options,
-          bf16_bits)
+    _call(_attn.attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse, *options[:7],
+          bf16_bits, *options[7:], sinks)
     return out, lse
 
 
@@ -459,31 +473,58 @@ _AUTOGRAD = None
 def _autograd_function():
     """attn as a torch.autograd.Function (made on first use, so that torch stays optional): the forward
     saves O and the log-sum-exp, the backward is attn's deterministic FlashAttention-style backward.
-    Gradients flow to query, key and value through out; lse is returned as non-differentiable."""
+    Gradients flow to query, key, value and sinks (when given) through out; lse is returned as
+    non-differentiable."""
     global _AUTOGRAD
     if _AUTOGRAD is None:
         torch = _torch()
 
         class Attention(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, q, k, v, options):
+            def forward(ctx, q, k, v, sinks, options):
                 q, k, v = (_for_binding(x) for x in (q, k, v))
-                out, lse = _forward("torch", q, k, v, options, True)
-                ctx.save_for_backward(q, k, v, out, lse)
+                sinks = None if sinks is None else _for_binding(sinks)
+                out, lse = _forward("torch", q, k, v, options, True, sinks=sinks)
+                ctx.save_for_backward(q, k, v, out, lse, sinks)
                 ctx.options = options
                 ctx.mark_non_differentiable(lse)
                 return out, lse
 
             @staticmethod
             def backward(ctx, grad_out, _grad_lse):
-                q, k, v, out, lse = ctx.saved_tensors
+                q, k, v, out, lse, sinks = ctx.saved_tensors
                 grads = [torch.empty(x.shape, dtype=x.dtype) for x in (q, k, v)]
+                grad_sinks = None
+                if sinks is not None and ctx.needs_input_grad[3]:
+                    grad_sinks = torch.empty(sinks.shape, dtype=torch.float32)
                 _call(_attn.attention_backward, q, k, v, out, lse, _for_binding(grad_out.to(q.dtype)), *grads,
-                      *ctx.options)
-                return (*grads, None)
+                      *ctx.options, sinks, grad_sinks)
+                return (*grads, grad_sinks, None)
 
         _AUTOGRAD = Attention
     return _AUTOGRAD
+
+
+def _softcap(softcap):
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (int, float, np.floating, np.integer)):
+        raise TypeError(f"softcap: got {type(softcap).__name__}; expected a float (0.0 = off)")
+    return float(softcap)
+
+
+def _per_head(name, x, kind, grad_ok):
+    """alibi_slopes / sinks as the binding reads them: float32 (other float dtypes as a float32 copy), of
+    query's kind; shapes and values are checked by the library."""
+    if x is None:
+        return None
+    _array(name, x, kind, "query")
+    if not grad_ok and kind == "torch" and _wants_grad(x):
+        raise ValueError(f"{name}: requires grad; expected a tensor without grad (attn treats {name} as constants)")
+    dtype = _dtype_name(x)
+    if dtype not in ("float32", "float16", "bfloat16", "float64"):
+        raise TypeError(f"{name}: dtype {dtype}; expected a float dtype (used as float32)")
+    if isinstance(x, np.ndarray) and not x.dtype.isnative:
+        return x.astype(np.float32)
+    return _for_binding(x if dtype == "float32" else _as_float32(kind, x))
 
 
 def _diagonals(is_causal, causal_alignment, window):

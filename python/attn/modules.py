@@ -13,6 +13,7 @@ import numpy as np
 
 from . import _attn
 from .functional import (_array, _call, _diagonals, _dtype_name, _empty, _flag, _float_dtype, _for_binding, _int, _ints,
+                         _per_head, _softcap,
                          _is_tensor, _lengths, _mask, _rank, _scale)
 
 _WEIGHTS = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
@@ -256,7 +257,8 @@ class PagedKVCache:
 
 
 def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=None, is_causal=False,
-                    causal_alignment=None, scale=None, window=None, return_lse=False):
+                    causal_alignment=None, scale=None, window=None, return_lse=False, softcap=0.0, alibi_slopes=None,
+                    sinks=None):
     """attn.scaled_dot_product_attention over a paged KV cache (vLLM's and FlashInfer's layout):
     query [B, Hq, Sq, Dk], k_pages [P, Hkv, page_size, Dk], v_pages [P, Hkv, page_size, Dv],
     page_table [B, max_pages] (page n of sequence b), seq_lens [B] (keys j >= seq_lens[b] are ignored).
@@ -269,8 +271,8 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
     page_table: any integer dtype, converted to int32 when every value fits (else a ValueError naming the
     element); seq_lens: any integer dtype (int32 and int64 as they are, the others converted to int64
     after a range check). bool and float dtypes are TypeErrors. attn_mask, is_causal, causal_alignment,
-    scale and window mean what they mean for scaled_dot_product_attention, with Skv = max_pages ·
-    page_size. No autograd: the result does not require grad.
+    scale, window, softcap, alibi_slopes and sinks mean what they mean for scaled_dot_product_attention,
+    with Skv = max_pages · page_size. No autograd: the result does not require grad.
     """
     kind = _array("query", query)
     _array("k_pages", k_pages, kind, "query")
@@ -289,12 +291,16 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
     lens = _lengths("seq_lens", seq_lens, kind, "query")
     causal, left, right, align = _diagonals(is_causal, causal_alignment, window)
     scale = _scale(scale)
+    softcap = _softcap(softcap)
+    slopes = _per_head("alibi_slopes", alibi_slopes, kind, grad_ok=False)
+    sinks = _per_head("sinks", sinks, kind, grad_ok=False)
     b, hq, sq, _ = query.shape
     out = _empty(kind, query, (b, hq, sq, v_pages.shape[-1]))
     lse = _empty(kind, query, (b, hq, sq), "float32") if return_lse else None
     bf16_bits = kind == "numpy" and "bfloat16" in (qdtype, kdtype)
     _call(_attn.attention_paged, _for_binding(query), _for_binding(k_pages), _for_binding(v_pages), table, lens,
-          _for_binding(out), lse, mask, scale, causal, left, right, align, bf16_bits, names=_PAGED_NAMES)
+          _for_binding(out), lse, mask, scale, causal, left, right, align, bf16_bits, softcap, slopes, sinks,
+          names=_PAGED_NAMES)
     return (out, lse) if return_lse else out
 
 

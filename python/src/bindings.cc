@@ -128,23 +128,34 @@ attn::Align to_align(const std::string& s) {
   throw nb::value_error(("window_align: '" + s + "'; expected 'top_left' or 'bottom_right'").c_str());
 }
 
+// Score variants (attn::Params::softcap, alibi_slopes, sinks), passed together.
+struct Variants {
+  double softcap = 0;
+  std::optional<In> alibi_slopes, sinks;
+};
+
 attn::Params to_params(const std::optional<In>& mask, const std::optional<In>& kv_lens, std::optional<double> scale,
                        const std::string& causal, std::int64_t window_left, std::int64_t window_right,
-                       const std::string& window_align) {
+                       const std::string& window_align, const Variants& variants = {}) {
   attn::Params p;
   p.scale = scale;
   p.causal = to_causal(causal);
   p.window = attn::Window{window_left, window_right, to_align(window_align)};
   p.mask = to_view("mask", mask);
   p.kv_lens = to_view("kv_lens", kv_lens);
+  p.softcap = variants.softcap;
+  p.alibi_slopes = to_view("alibi_slopes", variants.alibi_slopes);
+  p.sinks = to_view("sinks", variants.sinks);
   return p;
 }
 
 void attention(const In& q, const In& k, const In& v, const Out& out, const std::optional<Out>& lse,
                const std::optional<In>& mask, const std::optional<In>& kv_lens, std::optional<double> scale,
                const std::string& causal, std::int64_t window_left, std::int64_t window_right,
-               const std::string& window_align, bool bf16_bits) {
-  const attn::Params p = to_params(mask, kv_lens, scale, causal, window_left, window_right, window_align);
+               const std::string& window_align, bool bf16_bits, double softcap, const std::optional<In>& alibi_slopes,
+               const std::optional<In>& sinks) {
+  const attn::Params p = to_params(mask, kv_lens, scale, causal, window_left, window_right, window_align,
+                                   {softcap, alibi_slopes, sinks});
   const attn::TensorView qv = to_view("q", q, bf16_bits), kv = to_view("k", k, bf16_bits),
                          vv = to_view("v", v, bf16_bits), ov = to_view("out", out, bf16_bits);
   const std::optional<attn::TensorView> lv = to_view("lse", lse);
@@ -159,15 +170,19 @@ void attention(const In& q, const In& k, const In& v, const Out& out, const std:
 void attention_backward(const In& q, const In& k, const In& v, const In& out, const In& lse, const In& grad_out,
                         const Out& grad_q, const Out& grad_k, const Out& grad_v, const std::optional<In>& mask,
                         const std::optional<In>& kv_lens, std::optional<double> scale, const std::string& causal,
-                        std::int64_t window_left, std::int64_t window_right, const std::string& window_align) {
-  const attn::Params p = to_params(mask, kv_lens, scale, causal, window_left, window_right, window_align);
+                        std::int64_t window_left, std::int64_t window_right, const std::string& window_align,
+                        double softcap, const std::optional<In>& alibi_slopes, const std::optional<In>& sinks,
+                        const std::optional<Out>& grad_sinks) {
+  const attn::Params p = to_params(mask, kv_lens, scale, causal, window_left, window_right, window_align,
+                                   {softcap, alibi_slopes, sinks});
   const attn::TensorView qv = to_view("q", q), kv = to_view("k", k), vv = to_view("v", v), ov = to_view("out", out),
                          lv = to_view("lse", lse), gov = to_view("grad_out", grad_out), gq = to_view("grad_q", grad_q),
                          gk = to_view("grad_k", grad_k), gv = to_view("grad_v", grad_v);
+  const std::optional<attn::TensorView> gs = to_view("grad_sinks", grad_sinks);
   attn::Status s;
   {
     nb::gil_scoped_release unlocked;
-    s = attn::attention_backward(qv, kv, vv, ov, lv, gov, gq, gk, gv, p);
+    s = attn::attention_backward(qv, kv, vv, ov, lv, gov, gq, gk, gv, p, gs);
   }
   check(s);
 }
@@ -187,8 +202,10 @@ void merge_attention(const In& out_a, const In& lse_a, const In& out_b, const In
 void attention_paged(const In& q, const In& k_pages, const In& v_pages, const In& page_table, const In& seq_lens,
                      const Out& out, const std::optional<Out>& lse, const std::optional<In>& mask,
                      std::optional<double> scale, const std::string& causal, std::int64_t window_left,
-                     std::int64_t window_right, const std::string& window_align, bool bf16_bits) {
-  const attn::Params p = to_params(mask, std::nullopt, scale, causal, window_left, window_right, window_align);
+                     std::int64_t window_right, const std::string& window_align, bool bf16_bits, double softcap,
+                     const std::optional<In>& alibi_slopes, const std::optional<In>& sinks) {
+  const attn::Params p = to_params(mask, std::nullopt, scale, causal, window_left, window_right, window_align,
+                                   {softcap, alibi_slopes, sinks});
   const attn::TensorView qv = to_view("q", q, bf16_bits), kv = to_view("k_pages", k_pages, bf16_bits),
                          vv = to_view("v_pages", v_pages, bf16_bits), tv = to_view("page_table", page_table),
                          sv = to_view("seq_lens", seq_lens), ov = to_view("out", out, bf16_bits);
@@ -267,16 +284,20 @@ NB_MODULE(_attn, m) {
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
         nb::arg("mask").none(), nb::arg("kv_lens").none(), nb::arg("scale").none(), nb::arg("causal"),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("window_align"), nb::arg("bf16_bits") = false,
+        nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
         "attn::attention(q, k, v, out, params, lse): writes out (and lse) in place.");
   m.def("attention_backward", &attention_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("grad_out"), nb::arg("grad_q"), nb::arg("grad_k"), nb::arg("grad_v"),
         nb::arg("mask").none(), nb::arg("kv_lens").none(), nb::arg("scale").none(), nb::arg("causal"),
-        nb::arg("window_left"), nb::arg("window_right"), nb::arg("window_align"),
-        "attn::attention_backward: writes grad_q, grad_k and grad_v in place.");
+        nb::arg("window_left"), nb::arg("window_right"), nb::arg("window_align"), nb::arg("softcap") = 0.0,
+        nb::arg("alibi_slopes").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
+        nb::arg("grad_sinks").none() = nb::none(),
+        "attn::attention_backward: writes grad_q, grad_k and grad_v (and grad_sinks) in place.");
   m.def("attention_paged", &attention_paged, nb::arg("q"), nb::arg("k_pages"), nb::arg("v_pages"),
         nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("out"), nb::arg("lse").none(), nb::arg("mask").none(),
         nb::arg("scale").none(), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
-        nb::arg("window_align"), nb::arg("bf16_bits") = false,
+        nb::arg("window_align"), nb::arg("bf16_bits") = false, nb::arg("softcap") = 0.0,
+        nb::arg("alibi_slopes").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
         "attn::attention_paged: writes out (and lse) in place.");
   m.def("attention_cost", &attention_cost, nb::arg("seq"), nb::arg("d_model"), nb::arg("heads"), nb::arg("kv_heads"),
         nb::arg("head_dim"), nb::arg("v_head_dim"), nb::arg("causal"), nb::arg("batch"), nb::arg("bytes_per_element"));

@@ -13,11 +13,12 @@ namespace attn {
 
 Status attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                           const TensorView& lse, const TensorView& grad_out, const TensorView& grad_q,
-                          const TensorView& grad_k, const TensorView& grad_v, const Params& params) {
+                          const TensorView& grad_k, const TensorView& grad_v, const Params& params,
+                          const std::optional<TensorView>& grad_sinks) {
   core::BackwardProblem bp;
   const core::KvLenLoan loan{bp.fwd};
   try {
-    if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, &bp); !s)
+    if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, grad_sinks, &bp); !s)
       return s;
   } catch (const std::bad_alloc&) {
     return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
@@ -25,7 +26,8 @@ Status attention_backward(const TensorView& q, const TensorView& k, const Tensor
   if (bp.fwd.backend == Backend::reference) {
     if (Status s = reference::check_size(bp.fwd, /*backward=*/true); !s) return s;
     try {
-      reference::store_grads(bp.fwd, reference::attention_backward<double>(bp.fwd, bp.dout), bp.dq, bp.dk, bp.dv);
+      reference::store_grads(bp.fwd, reference::attention_backward<double>(bp.fwd, bp.dout), bp.dq, bp.dk, bp.dv,
+                             bp.dsinks);
     } catch (const std::bad_alloc&) {
       return Status::OutOfMemory("backend", "the reference backend could not allocate its fp64 buffers; expected "
                                             "a smaller problem (or the flash backend)");

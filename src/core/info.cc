@@ -88,7 +88,7 @@ Status describe_attention_backward(const TensorView& q, const TensorView& k, con
   core::BackwardProblem bp;
   const core::KvLenLoan loan{bp.fwd};
   try {
-    if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, &bp); !s)
+    if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, std::nullopt, &bp); !s)
       return s;
   } catch (const std::bad_alloc&) {
     return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");

@@ -105,6 +105,23 @@ ATTN_HD float finish_factor(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
 // One output value o/l: exactly 0 for an empty row (l = 0), whatever o holds (it may hold 0·NaN).
 ATTN_HD float finish_output(float o, float l, float factor) { return l == 0.0f ? 0.0f : o * factor; }
 
+// A row finished with a sink: a logit `sink` (natural-log units) that joins the denominator with no value
+// (attn::Params::sinks). Absorbed once, as the row finishes (after any split-KV merge), in double:
+//   M = max(m·k, sink),  α = e^(m·k − M),  l' = α·l + e^(sink − M),  out = o·α / l',  lse = M + ln l'.
+// A row that saw no key (l = 0) gets out = 0 and lse = sink; sink = -inf is no sink (finish_factor/finish_lse);
+// NaN rows stay NaN. `factor` multiplies the accumulator as finish_output does.
+struct Finish {
+  float factor, lse;
+};
+ATTN_HD Finish finish_with_sink(float m, float l, double k, float sink) {
+  if (sink == kNegInf) return {finish_factor(l), finish_lse(m, l, k)};
+  if (l == 0.0f) return {0.0f, sink};
+  const double mk = static_cast<double>(m) * k, s = sink;
+  const double M = (mk != mk || mk > s) ? mk : s;  // (NaN stays NaN)
+  const double alpha = std::exp(mk - M), L = alpha * static_cast<double>(l) + std::exp(s - M);
+  return {static_cast<float>(alpha / L), static_cast<float>(M + std::log(L))};
+}
+
 // ---- merging -------------------------------------------------------------------------------------------------
 
 // Merges state b (accumulator ob) into state a (accumulator oa), n values each, both in the units of c.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -11,6 +12,10 @@
 namespace attn::core {
 
 enum class MaskKind : std::uint8_t { none, additive, keep };
+
+// The kernel variant a call needs (core/variant.h, cpu/pick.h): its dense-mask kind, or `mods` when it
+// transforms scores (softcap or ALiBi; its dense mask, of any kind, then read at run time).
+enum class VariantKind : std::uint8_t { none, additive, keep, mods };
 
 // A tensor's data pointer with strides expanded to the logical [B, H, S, D] (or [B, Hq, Sq, Skv]
 // for a broadcast mask), in elements.
@@ -45,10 +50,32 @@ struct Problem {
   Strided out;
   std::optional<Paged> paged;  // set by validate_paged(): K/V come from a page pool
   std::optional<Strided> lse;  // [B, Hq, Sq] in stride[0..2]
+  // Score variants (attn::Params): softcap (0 = off), ALiBi slopes (stride[0] over the batch, 0 for [Hq];
+  // stride[1] over heads) and sinks (stride[1] over heads; natural-log units).
+  float softcap = 0;
+  std::optional<Strided> alibi;
+  std::optional<Strided> sinks;
+  float alibi_slope(std::int64_t b, std::int64_t h) const {
+    return alibi ? static_cast<const float*>(alibi->data)[b * alibi->stride[0] + h * alibi->stride[1]] : 0.0f;
+  }
+  // The head's sink logit, -inf without sinks.
+  float sink(std::int64_t h) const {
+    return sinks ? static_cast<const float*>(sinks->data)[h * sinks->stride[1]]
+                 : -std::numeric_limits<float>::infinity();
+  }
   int threads = 0;
   Backend backend = Backend::automatic;
   Workspace* workspace = nullptr;  // the caller's, to keep scratch in between calls (or null)
 };
+
+inline VariantKind variant_kind(const Problem& p) {
+  if (p.softcap > 0 || p.alibi) return VariantKind::mods;
+  switch (p.mask_kind) {
+    case MaskKind::additive: return VariantKind::additive;
+    case MaskKind::keep: return VariantKind::keep;
+    default: return VariantKind::none;
+  }
+}
 
 // Element offset of row j of K or V (tensor t) for batch b and KV head hk: strided, or through the page table.
 inline std::int64_t kv_row_offset(const Problem& p, const Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j) {

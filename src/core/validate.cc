@@ -228,7 +228,7 @@ Status check_mask(const TensorView& m, const Problem& p, bool check_values, Stri
                                          std::to_string(full[d]) + " (" + names[d] + ")");
     s.stride[d] = (n == 1) ? 0 : m.strides[d - lead];
   }
-  if (m.dtype == DType::f32 && check_values) {
+  if (m.dtype == DType::f32 && check_values && m.numel() > 0) {  // an empty mask may have a null data pointer
     // Walk the mask's own elements once, a row at a time; only a bad row is searched for the element to name.
     const auto* base = static_cast<const float*>(m.data);
     std::int64_t sh[4] = {1, 1, 1, 1}, st[4] = {0, 0, 0, 0};
@@ -293,6 +293,72 @@ Status check_page_table(const TensorView& t, std::int64_t pages, std::int64_t pa
     }
   }
   p->paged = pg;
+  return Status::Ok();
+}
+
+// A per-head vector of f32 values ([Hq], or [B, Hq] where `batched`), every value passing `ok`; fills *out
+// (stride[0] over the batch, 0 for [Hq]; stride[1] over heads).
+template <class Ok>
+Status check_per_head(const char* name, const TensorView& t, const Problem& p, bool batched, Ok ok,
+                      const char* expected_values, Strided* out) {
+  if (t.rank != 1 && !(batched && t.rank == 2))
+    return Status::Invalid(name, "expected rank 1 ([Hq])" + std::string(batched ? " or 2 ([B, Hq])" : "") +
+                                     ", got rank " + std::to_string(t.rank));
+  if (Status s = check_view(name, t, t.rank); !s) return s;
+  if (t.dtype != DType::f32)
+    return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32");
+  const bool two = t.rank == 2;
+  if ((two && (t.shape[0] != p.B || t.shape[1] != p.Hq)) || (!two && t.shape[0] != p.Hq))
+    return Status::Invalid(name, "shape " + shape_str(t) + "; expected [" + std::to_string(p.Hq) + "] (Hq)" +
+                                     (batched ? " or " + dims_str({p.B, p.Hq}) + " ([B, Hq])" : std::string()));
+  Strided s;
+  s.data = t.data;
+  s.dtype = t.dtype;
+  s.stride[0] = two ? t.strides[0] : 0;
+  s.stride[1] = two ? t.strides[1] : t.strides[0];
+  const std::int64_t rows = two ? p.B : 1;
+  for (std::int64_t b = 0; b < rows; ++b)
+    for (std::int64_t h = 0; h < p.Hq; ++h) {
+      const float x = static_cast<const float*>(t.data)[b * s.stride[0] + h * s.stride[1]];
+      if (!ok(x)) {
+        std::ostringstream v;
+        v << x;
+        return Status::Invalid(name, std::string(name) + (two ? "[" + std::to_string(b) + "]" : std::string()) + "[" +
+                                         std::to_string(h) + "] = " + v.str() + "; expected " + expected_values);
+      }
+    }
+  *out = s;
+  return Status::Ok();
+}
+
+// softcap, alibi_slopes and sinks (attn::Params).
+Status check_variants(const Params& params, Problem* p) {
+  const double cap = params.softcap;
+  if (!(cap == 0 || (cap >= std::numeric_limits<float>::min() && cap <= std::numeric_limits<float>::max()))) {
+    std::ostringstream v;
+    v << cap;
+    return Status::Invalid("softcap", "is " + v.str() +
+                                          "; expected 0 (off) or a value in [1.18e-38, 3.4e38] (a normal fp32 number)");
+  }
+  p->softcap = static_cast<float>(cap);
+  p->alibi.reset();
+  p->sinks.reset();
+  if (params.alibi_slopes) {
+    Strided s;
+    if (Status st = check_per_head("alibi_slopes", *params.alibi_slopes, *p, true,
+                                   [](float x) { return std::isfinite(x); }, "finite slopes", &s);
+        !st)
+      return st;
+    p->alibi = s;
+  }
+  if (params.sinks) {
+    Strided s;
+    if (Status st = check_per_head("sinks", *params.sinks, *p, false,
+                                   [](float x) { return mask_value_ok(x); }, "finite logits or -inf (no sink)", &s);
+        !st)
+      return st;
+    p->sinks = s;
+  }
   return Status::Ok();
 }
 
@@ -431,6 +497,9 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
   if (params.mask)
     if (Status s = check_mask(*params.mask, p, params.check_mask_values, &p.mask, &p.mask_kind); !s) return s;
 
+  // Score variants.
+  if (Status s = check_variants(params, &p); !s) return s;
+
   if (params.threads < 0 || params.threads > 4096)
     return Status::Invalid("threads", std::to_string(params.threads) + "; expected 0 (default) or 1 to 4096");
   p.threads = params.threads;
@@ -447,7 +516,9 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
                 {"mask", params.mask ? &*params.mask : nullptr},
                 {"kv_lens", params.kv_lens ? &*params.kv_lens : nullptr},
                 {"page_table", paged ? &paged->page_table : nullptr},
-                {"seq_lens", paged ? &paged->seq_lens : nullptr}};
+                {"seq_lens", paged ? &paged->seq_lens : nullptr},
+                {"alibi_slopes", params.alibi_slopes ? &*params.alibi_slopes : nullptr},
+                {"sinks", params.sinks ? &*params.sinks : nullptr}};
   for (const auto& [name, t] : inputs) {
     if (!t) continue;
     const Extent ei = extent_of(*t);
@@ -486,7 +557,7 @@ Status validate_paged(const TensorView& q, const TensorView& k_pages, const Tens
 Status validate_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                          const TensorView& lse, const TensorView& grad_out, const TensorView& grad_q,
                          const TensorView& grad_k, const TensorView& grad_v, const Params& params,
-                         BackwardProblem* problem) {
+                         const std::optional<TensorView>& grad_sinks, BackwardProblem* problem) {
   BackwardProblem& bp = *problem;  // in place, as validate_impl (core::KvLenLoan)
   if (Status s = validate(q, k, v, out, params, lse, &bp.fwd); !s) return s;
   // The LSE's values are not read: the backward recomputes each row's statistics from the scores (see
@@ -524,7 +595,9 @@ Status validate_backward(const TensorView& q, const TensorView& k, const TensorV
     const TensorView* t;
   } reads[] = {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}, {"grad_out", &grad_out},
                {"mask", params.mask ? &*params.mask : nullptr},
-               {"kv_lens", params.kv_lens ? &*params.kv_lens : nullptr}};
+               {"kv_lens", params.kv_lens ? &*params.kv_lens : nullptr},
+               {"alibi_slopes", params.alibi_slopes ? &*params.alibi_slopes : nullptr},
+               {"sinks", params.sinks ? &*params.sinks : nullptr}};
   const struct {
     const char* name;
     const TensorView* t;
@@ -539,6 +612,28 @@ Status validate_backward(const TensorView& q, const TensorView& k, const TensorV
       if (overlaps(ew, extent_of(*writes[o].t)))
         return Status::Invalid(writes[w].name, std::string("memory overlaps ") + writes[o].name +
                                                    "; expected a separate buffer");
+  }
+  bp.dsinks.reset();
+  if (grad_sinks) {
+    if (!params.sinks) return Status::Invalid("grad_sinks", "is set; expected it only with params.sinks");
+    const TensorView& g = *grad_sinks;
+    if (Status s = check_view("grad_sinks", g, 1); !s) return s;
+    if (g.dtype != DType::f32)
+      return Status::Invalid("grad_sinks", std::string("dtype ") + dtype_name(g.dtype) + "; expected f32");
+    if (g.shape[0] != bp.fwd.Hq)
+      return Status::Invalid("grad_sinks", "shape " + shape_str(g) + "; expected [" + std::to_string(bp.fwd.Hq) + "] (Hq)");
+    if (Status s = check_output_strides("grad_sinks", g); !s) return s;
+    const Extent eg = extent_of(g);
+    for (const auto& [name, t] : reads)
+      if (t && overlaps(eg, extent_of(*t)))
+        return Status::Invalid("grad_sinks", std::string("memory overlaps input ") + name + "; expected a separate buffer");
+    for (const auto& w : writes)
+      if (overlaps(eg, extent_of(*w.t)))
+        return Status::Invalid("grad_sinks", std::string("memory overlaps ") + w.name + "; expected a separate buffer");
+    if (overlaps(eg, extent_of(*params.sinks)))
+      return Status::Invalid("grad_sinks", "memory overlaps input sinks; expected a separate buffer");
+    bp.dsinks = strided4(g);
+    bp.dsinks->stride[1] = g.strides[0];
   }
   bp.dout = strided4(grad_out);
   bp.dq = strided4(grad_q);

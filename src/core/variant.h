@@ -6,8 +6,10 @@
 //
 // A Variant composes
 //   - a dense mask (None, Additive f32, Keep bool): per pair a bias (0, the value, or -inf to hide the key);
-//   - a logits transform (Identity today; softcap, ALiBi slopes and sinks are next): the score from the scaled
-//     dot product x = scale·q·k, before the bias.
+//   - a logits transform (Identity, or ScoreMods: softcap and ALiBi): the score from the scaled dot product
+//     x = scale·q·k, before the bias.
+// Sinks are no variant: a per-head logit with no value, absorbed into each row's state as it finishes
+// (core::finish_with_sink), so every kernel and split-KV take it the same way, once per row.
 // The hooks a kernel calls, per query row (Variant::row(problem, b, h, i)):
 //   hidden(j)          the key is hidden from the row (the kernel then never reads it: -inf, no weight)
 //   logit(j, x)        the row's score of key j from x = scale·q·k, in natural-log units (-inf when hidden);
@@ -23,6 +25,7 @@
 // field and validation, and tests; the kernels call only these hooks.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -67,12 +70,76 @@ struct KeepMask {
   }
 };
 
+// A dense mask of any kind, chosen at run time (the `mods` variants: one instantiation for every mask kind, so
+// score transforms do not multiply the kernels by the mask kinds).
+struct AnyMask {
+  static constexpr bool kActive = true;
+  struct Row {
+    const void* base = nullptr;  // null: no dense mask
+    std::int64_t stride = 0;
+    MaskKind kind = MaskKind::none;
+    float bias(std::int64_t j) const {
+      switch (kind) {
+        case MaskKind::additive: return static_cast<const float*>(base)[j * stride];
+        case MaskKind::keep:
+          return static_cast<const unsigned char*>(base)[j * stride] ? 0.0f : -std::numeric_limits<float>::infinity();
+        default: return 0.0f;
+      }
+    }
+    bool same(const Row& o) const { return base == o.base && stride == o.stride && kind == o.kind; }
+  };
+  static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
+    if (p.mask_kind == MaskKind::none) return {};
+    const auto* base = static_cast<const unsigned char*>(p.mask.data) +
+                       p.mask.offset(b, h, i, 0) * (p.mask_kind == MaskKind::additive ? sizeof(float) : 1);
+    return {base, p.mask.stride[3], p.mask_kind};
+  }
+};
+
 // ---- logits transforms ------------------------------------------------------------------------------------
+// T(j, x): the row's score of key j from x = scale·q·k, before the dense mask's bias; dx(x): dT/dx, the factor
+// the backward's dS takes (the ALiBi bias, a constant, has none).
 
 struct Identity {
   static constexpr bool kActive = false;
-  static float apply(float x) { return x; }
-  static double apply(double x) { return x; }
+  struct Row {
+    float apply(std::int64_t, float x) const { return x; }
+    double apply(std::int64_t, double x) const { return x; }
+    float dx(float) const { return 1.0f; }
+    double dx(double) const { return 1.0; }
+  };
+  static Row row(const Problem&, std::int64_t, std::int64_t, std::int64_t) { return {}; }
+};
+
+// Soft-capping and ALiBi (attn::Params::softcap, alibi_slopes), each off when its parameter is 0:
+//   T(j, x) = cap·tanh(x / cap) − slope·|diag − j|,   diag = i + Skv_b − Sq (bottom-right, as FlashAttention).
+struct ScoreMods {
+  static constexpr bool kActive = true;
+  struct Row {
+    float cap = 0, slope = 0;
+    std::int64_t diag = 0;
+    float apply(std::int64_t j, float x) const {
+      const float y = cap > 0 ? cap * std::tanh(x / cap) : x;
+      return slope != 0 ? y - slope * static_cast<float>(diag > j ? diag - j : j - diag) : y;
+    }
+    double apply(std::int64_t j, double x) const {
+      const double y = cap > 0 ? cap * std::tanh(x / cap) : x;
+      return slope != 0 ? y - static_cast<double>(slope) * static_cast<double>(diag > j ? diag - j : j - diag) : y;
+    }
+    float dx(float x) const {
+      if (!(cap > 0)) return 1.0f;
+      const float t = std::tanh(x / cap);
+      return 1.0f - t * t;
+    }
+    double dx(double x) const {
+      if (!(cap > 0)) return 1.0;
+      const double t = std::tanh(x / cap);
+      return 1.0 - t * t;
+    }
+  };
+  static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
+    return {p.softcap, p.alibi_slope(b, h), i + p.kv_len[static_cast<std::size_t>(b)] - p.Sq};
+  }
 };
 
 // ---- the composition ------------------------------------------------------------------------------------------
@@ -81,25 +148,33 @@ template <class Mask, class Transform = Identity>
 struct Variant {
   static constexpr bool kPerElement = Mask::kActive || Transform::kActive;
   static constexpr bool kBiasOnly = !Transform::kActive;
+  static constexpr bool kTransform = Transform::kActive;
 
   struct Row {
     typename Mask::Row mask;
+    typename Transform::Row transform;
     bool hidden(std::int64_t j) const { return mask.bias(j) == -std::numeric_limits<float>::infinity(); }
     float logit(std::int64_t j, float x) const {
       const float b = mask.bias(j);
-      return b == -std::numeric_limits<float>::infinity() ? b : Transform::apply(x) + b;
+      return b == -std::numeric_limits<float>::infinity() ? b : transform.apply(j, x) + b;
     }
     double logit(std::int64_t j, double x) const {
       const float b = mask.bias(j);
       return b == -std::numeric_limits<float>::infinity() ? -std::numeric_limits<double>::infinity()
-                                                          : Transform::apply(x) + b;
+                                                          : transform.apply(j, x) + b;
     }
+    // d logit / dx at x (1 without a transform)
+    float dx(float x) const { return transform.dx(x); }
+    double dx(double x) const { return transform.dx(x); }
     float bias(std::int64_t j) const { return mask.bias(j); }
     bool same_row(const Row& o) const { return mask.same(o.mask); }
   };
   static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
-    return {Mask::row(p, b, h, i)};
+    return {Mask::row(p, b, h, i), Transform::row(p, b, h, i)};
   }
 };
+
+// The variant of the `mods` kind (softcap or ALiBi, with any dense mask).
+using ModsVariant = Variant<AnyMask, ScoreMods>;
 
 }  // namespace attn::core

@@ -131,6 +131,7 @@ struct Workspace {
   AlignedVector<float> s;        // [BR][BC]   scores, then P
   AlignedVector<double> sd;      // [BR][BC]   fp64 scores (tiles with large logits)
   AlignedVector<float> ds;       // [BR][BC]   dP, then dS
+  AlignedVector<float> dfac;     // [BR][BC]   d logit / dx of each pair (variants with a logits transform)
   AlignedVector<float> kt, vt;   // [Dk][BC], [Dv][BC]  the key tile transposed (keys in lanes; zero past its keys)
   AlignedVector<float> kbuf;     // [BC][Dkp]  its key rows, when not read in place
   AlignedVector<float> dk, dv;   // [BC][Dkp], [BC][Dvp]  the key block's accumulators
@@ -142,11 +143,11 @@ struct Workspace {
   core::KeyRange range[BR];
   Workspace(std::int64_t dk_, std::int64_t dv_)
       : dkp(padded(dk_)), dvp(padded(dv_)), qbuf(BR * dkp), doutbuf(BR * dvp), s(BR * BC), sd(BR * BC),
-        ds(BR * BC), kt(dk_ * BC), vt(dv_ * BC), kbuf(BC * dkp), dk(BC * dkp), dv(BC * dvp), qt(dk_ * BR),
+        ds(BR * BC), dfac(BR * BC), kt(dk_ * BC), vt(dv_ * BC), kbuf(BC * dkp), dk(BC * dkp), dv(BC * dvp), qt(dk_ * BR),
         dot(dv_ * BR) {}
   std::int64_t bytes() const {
     return static_cast<std::int64_t>(sizeof(Workspace)) +
-           4 * static_cast<std::int64_t>(qbuf.size() + doutbuf.size() + s.size() + ds.size() + kt.size() + vt.size() +
+           4 * static_cast<std::int64_t>(qbuf.size() + doutbuf.size() + s.size() + ds.size() + dfac.size() + kt.size() + vt.size() +
                                          kbuf.size() + dk.size() + dv.size() + qt.size() + dot.size()) +
            8 * static_cast<std::int64_t>(sd.size());
   }
@@ -298,11 +299,19 @@ void masked_scores(const core::Problem& p, std::int64_t b, std::int64_t h, std::
       continue;
     }
     const auto vrow = Variant::row(p, b, h, i0 + r);
+    float* dfac = ws.dfac.data() + r * BC;
     for (std::int64_t c = 0; c < BC; ++c) {
       const std::int64_t j = j0 + c;
       const bool hidden = c >= cols || j < ws.range[r].lo || j >= ws.range[r].hi || vrow.hidden(j);
-      if (wide) rowd[c] = hidden ? -std::numeric_limits<double>::infinity() : vrow.logit(j, rowd[c] * p.scale);
-      else row[c] = hidden ? core::kNegInf : vrow.logit(j, row[c] * scale_f);
+      if (wide) {
+        const double x = rowd[c] * p.scale;
+        rowd[c] = hidden ? -std::numeric_limits<double>::infinity() : vrow.logit(j, x);
+        if constexpr (Variant::kTransform) dfac[c] = hidden ? 0.0f : static_cast<float>(vrow.dx(x));
+      } else {
+        const float x = row[c] * scale_f;
+        row[c] = hidden ? core::kNegInf : vrow.logit(j, x);
+        if constexpr (Variant::kTransform) dfac[c] = hidden ? 0.0f : vrow.dx(x);
+      }
     }
   }
 }
@@ -326,14 +335,17 @@ inline void probabilities(std::int64_t rows, bool wide, Workspace& ws) {
 }
 
 // scale · dS = scale · P ∘ (dP − D), in place over dP (the scale of dK = scale · dSᵀ Q and dQ = scale · dS K
-// taken once here).
-inline void dscores(const float* pt, std::int64_t rows, const double* d, float scale, float* ds) {
+// taken once here); with a logits transform, times its derivative dfac (the gradient reaching x = scale·q·k).
+template <bool Transform>
+inline void dscores(const float* pt, std::int64_t rows, const double* d, float scale, const float* dfac, float* ds) {
   const V sc = Vec::set1(scale);
   for (std::int64_t r = 0; r < rows; ++r) {
     const V neg_d = Vec::set1(-static_cast<float>(d[r]));
-    for (std::int64_t c = 0; c < BC; c += W)
-      Vec::store(ds + r * BC + c, Vec::mul(Vec::mul(Vec::load(pt + r * BC + c), sc),
-                                           Vec::add(Vec::load(ds + r * BC + c), neg_d)));
+    for (std::int64_t c = 0; c < BC; c += W) {
+      V x = Vec::mul(Vec::mul(Vec::load(pt + r * BC + c), sc), Vec::add(Vec::load(ds + r * BC + c), neg_d));
+      if constexpr (Transform) x = Vec::mul(x, Vec::load(dfac + r * BC + c));
+      Vec::store(ds + r * BC + c, x);
+    }
   }
 }
 
@@ -362,14 +374,16 @@ inline core::KeyRange block_keys(const core::Problem& p, std::int64_t b, std::in
 
 // The score of pair (row r of the block, key c of the tile) in fp64 from the block's and the tile's fp32 rows,
 // -inf for a key the row may not see: what tile_exact and the exact statistics use.
+// *dx (if given) gets d logit / dx for the pair (1 without a logits transform).
 template <class Variant>
 double pair_score(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
-                  core::KeyRange range, const float* q, const KeyTile& kt, std::int64_t c) {
+                  core::KeyRange range, const float* q, const KeyTile& kt, std::int64_t c, double* dx = nullptr) {
   if (j < range.lo || j >= range.hi) return -std::numeric_limits<double>::infinity();
   const auto row = Variant::row(p, b, h, i);
   if (row.hidden(j)) return -std::numeric_limits<double>::infinity();
   double dot = 0;
   for (std::int64_t d = 0; d < p.Dk; ++d) dot += static_cast<double>(q[d]) * kt.kt[d * BC + c];
+  if (dx) *dx = row.dx(dot * p.scale);
   return row.logit(j, dot * p.scale);
 }
 
@@ -392,7 +406,10 @@ void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std:
   const core::Problem& p = bp.fwd;
   load_query_block<QT>(bp, norms, false, b, h, i0, rows, ws);
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  for (std::int64_t r = 0; r < BR; ++r) ws.m[r] = neg_inf, ws.lsum[r] = 0.0, ws.pdsum[r] = 0.0;
+  // A sink (natural-log units) starts every row's sums: a weight e^(sink − m) with no value (dP = 0).
+  const double sink = p.sink(h);
+  for (std::int64_t r = 0; r < BR; ++r)
+    ws.m[r] = sink, ws.lsum[r] = sink == neg_inf ? 0.0 : 1.0, ws.pdsum[r] = 0.0;
   const core::KeyRange keys = block_keys(p, b, i0, rows);
   const std::int64_t len = p.kv_len[static_cast<std::size_t>(b)], hk = h / p.group;
   const std::int64_t tiles_per_head = (p.Skv + BC - 1) / BC;
@@ -564,12 +581,13 @@ void tile_exact(const core::Problem& p, std::int64_t b, std::int64_t h, std::int
     const float* q = ws.q + r * ws.ldq;
     const float* g = ws.dout + r * ws.ldo;
     for (std::int64_t c = 0; c < cols; ++c) {
-      const double s = pair_score<Variant>(p, b, h, i0 + r, j0 + c, ws.range[r], q, kt, c);
+      double dx = 1;
+      const double s = pair_score<Variant>(p, b, h, i0 + r, j0 + c, ws.range[r], q, kt, c, &dx);
       if (s == -std::numeric_limits<double>::infinity()) continue;
       const double prob = std::exp(s - ws.m[r]) * ws.inv_l[r];
       double dp = 0;
       for (std::int64_t e = 0; e < p.Dv; ++e) dp += static_cast<double>(g[e]) * kt.vt[e * BC + c];
-      const double ds = p.scale * prob * (dp - ws.d[r]);
+      const double ds = p.scale * prob * (dp - ws.d[r]) * dx;
       for (std::int64_t e = 0; e < p.Dv; ++e) ws.dv[c * ws.dvp + e] += static_cast<float>(prob * g[e]);
       for (std::int64_t e = 0; e < p.Dk; ++e) {
         ws.dk[c * ws.dkp + e] += static_cast<float>(ds * q[e]);
@@ -656,7 +674,7 @@ void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int6
           masked_scores<Variant>(p, b, h, i0, rows, j0, seen, kind.wide, interior, ws);  // scale·S + mask
           probabilities(rows, kind.wide, ws);                                            // P
           dprobs(p, rows, kt, ws, ws.ds.data());                                         // dP = dO Vᵀ
-          dscores(ws.s.data(), rows, ws.d, scale, ws.ds.data());                         // dS = scale·P ∘ (dP − D)
+          dscores<Variant::kTransform>(ws.s.data(), rows, ws.d, scale, ws.dfac.data(), ws.ds.data());  // dS = scale·P ∘ (dP − D)
           cols_times_rows(ws.s.data(), rows, seen, ws.dout, ws.ldo, dvp, dv, add);       // dV += Pᵀ dO
           cols_times_rows(ws.ds.data(), rows, seen, ws.q, ws.ldq, dkp, dk, add);         // dK += dSᵀ Q
           rows_times_rows(ws.ds.data(), rows, seen, kt.k, kt.ldk, dkp, dq, dqt.rs, dq_add);  // dQ += dS K
@@ -774,10 +792,11 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
     for (std::int64_t it = 0; it < plan.items; ++it) {
       const std::int64_t c = it % plan.chunks, hk = (it / plan.chunks) % p.Hkv, b = it / (plan.chunks * p.Hkv);
       const std::int64_t h0 = hk * p.group;
-      DqTarget dqt{dq_part.data() + c * part_len + (b * p.Hq + h0) * p.Sq * dkp, p.Sq * dkp, dkp};
-      if (in_place)
-        dqt = {static_cast<float*>(const_cast<void*>(bp.dq.data)) + bp.dq.offset(b, h0, 0, 0), bp.dq.stride[1],
-               bp.dq.stride[2]};
+      // (in place, dq_part is empty: no offset is formed from its null data pointer)
+      const DqTarget dqt =
+          in_place ? DqTarget{static_cast<float*>(const_cast<void*>(bp.dq.data)) + bp.dq.offset(b, h0, 0, 0),
+                              bp.dq.stride[1], bp.dq.stride[2]}
+                   : DqTarget{dq_part.data() + c * part_len + (b * p.Hq + h0) * p.Sq * dkp, p.Sq * dkp, dkp};
       std::fill(written.begin(), written.end(), 0);
       key_chunk<QT, KVT, Variant>(bp, stats, b, hk, c * plan.chunk_len, std::min(p.Skv, (c + 1) * plan.chunk_len),
                                     dqt, written, ws);
@@ -798,6 +817,21 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
       store_rows<QT>(bp.dq, b, h, i0, rows, p.Dk, sum, dkp, 1.0f);
     }
   }
+  // ∂L/∂sink_h = −Σ_{b,i} P_sink · D_i with P_sink = e^(sink_h − m_i)·inv_l_i (the sink's weight in the row's
+  // softmax; it has no value, so its dP is 0), summed over the rows in order: the same bits at any thread count.
+  if (bp.dsinks) {
+    auto* out = static_cast<float*>(const_cast<void*>(bp.dsinks->data));
+    for (std::int64_t h = 0; h < p.Hq; ++h) {
+      const double sink = p.sink(h);
+      double acc = 0;
+      for (std::int64_t b = 0; b < p.B && sink != -std::numeric_limits<double>::infinity(); ++b)
+        for (std::int64_t i = 0; i < p.Sq; ++i) {
+          const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i);
+          if (stats.inv_l[row] != 0.0f) acc += std::exp(sink - stats.m[row]) * stats.inv_l[row] * stats.d[row];
+        }
+      out[h * bp.dsinks->stride[1]] = static_cast<float>(-acc);
+    }
+  }
 }
 
 // The bytes a call allocates at `threads` threads: the team's scratch, the per-row statistics and norms, and
@@ -811,7 +845,7 @@ inline std::int64_t workspace_bytes(const core::Problem& p, int threads) {
   const bool in_place = plan.chunks == 1 && p.q.dtype == DType::f32 && p.Dk == dkp;  // (the dq stride aside)
   const std::int64_t rows = p.B * p.Hq * p.Sq;
   const std::int64_t per_thread =
-      4 * (BR * dkp + BR * dvp + 2 * BR * BC + p.Dk * BC + p.Dv * BC + BC * dkp + BC * dkp + BC * dvp) +
+      4 * (BR * dkp + BR * dvp + 3 * BR * BC + p.Dk * BC + p.Dv * BC + BC * dkp + BC * dkp + BC * dvp) +
       8 * BR * BC + static_cast<std::int64_t>(sizeof(Workspace)) + p.group * qblocks;
   return team * per_thread + rows * (8 + 8 + 4) + 4 * 2 * (q_items + tiles) +
          (in_place ? 0 : 4 * plan.chunks * rows * dkp);
@@ -822,8 +856,8 @@ template <class QT, class KVT, class Variant>
 struct BackwardKernel {
   static constexpr BackwardFn fn = &flash_backward<QT, KVT, Variant>;
 };
-inline BackwardFn pick_backward(DType q, DType kv, core::MaskKind mask) {
-  return pick_kernel<BackwardFn, BackwardKernel>(q, kv, mask);
+inline BackwardFn pick_backward(DType q, DType kv, core::VariantKind variant) {
+  return pick_kernel<BackwardFn, BackwardKernel>(q, kv, variant);
 }
 
 }  // namespace attn::cpu::ATTN_ISA_NS::bwd

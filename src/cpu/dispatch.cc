@@ -108,7 +108,7 @@ Choice select_flash(const core::Problem& p, int threads) {
     c.isa = static_cast<Isa>(static_cast<int>(Isa::amx) - 1);
   }
   const KernelSet& k = levels()[static_cast<int>(c.isa)].kernels;
-  c.fn = k.flash(p.q.dtype, p.k.dtype, p.mask_kind);
+  c.fn = k.flash(p.q.dtype, p.k.dtype, core::variant_kind(p));
   c.workspace_bytes = c.fn ? k.flash_workspace(p, threads) : 0;
   return c;
 }
@@ -118,7 +118,7 @@ BackwardChoice select_backward(const core::Problem& p, int threads) {
   c.isa = active_isa();
   if (c.isa == Isa::amx) c.isa = static_cast<Isa>(static_cast<int>(Isa::amx) - 1);  // no AMX backward
   const KernelSet& k = levels()[static_cast<int>(c.isa)].kernels;
-  c.fn = k.backward(p.q.dtype, p.k.dtype, p.mask_kind);
+  c.fn = k.backward(p.q.dtype, p.k.dtype, core::variant_kind(p));
   c.workspace_bytes = c.fn ? k.backward_workspace(p, threads) : 0;
   return c;
 }

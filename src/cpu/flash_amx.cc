@@ -471,12 +471,13 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
     }
   }
 
-  // O = o / l and the LSE per row (core::finish_*).
+  // O = o / l and the LSE per row, the head's sink absorbed (core::finish_with_sink).
   auto* out = static_cast<core::bf16*>(const_cast<void*>(p.out.data));
   const double k_nat = core::score_nat_factor<Variant>(p);
   for (std::int64_t r = 0; r < rows; ++r) {
     const core::RowState& st = ws.state[r];
-    const float factor = core::finish_factor(st.l);
+    const core::Finish f = core::finish_with_sink(st.m, st.l, k_nat, p.sink(ws.head[r]));
+    const float factor = f.factor;
     core::bf16* o = out + p.out.offset(b, ws.head[r], ws.row[r], 0);
     std::int64_t d = 0;
     if (p.out.stride[3] == 1 && st.l != 0.0f)  // vcvtneps2bf16 rounds to nearest even, as core::from_float does
@@ -487,8 +488,7 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
     for (; d < p.Dv; ++d)
       o[d * p.out.stride[3]] = core::from_float<core::bf16>(core::finish_output(ws.o[r * dvp + d], st.l, factor));
     if (p.lse)
-      static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(b, ws.head[r], ws.row[r], 0)] =
-          core::finish_lse(st.m, st.l, k_nat);
+      static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(b, ws.head[r], ws.row[r], 0)] = f.lse;
   }
 }
 
@@ -544,8 +544,8 @@ struct Degree3 {
 
 FlashFn flash_kernel(const core::Problem& p) {
   if (p.q.dtype != DType::bf16 || p.k.dtype != DType::bf16) return nullptr;
-  return p.lse ? pick_for_mask<FlashFn, Degree5, core::bf16, core::bf16>(p.mask_kind)
-               : pick_for_mask<FlashFn, Degree3, core::bf16, core::bf16>(p.mask_kind);
+  return p.lse ? pick_for_variant<FlashFn, Degree5, core::bf16, core::bf16>(core::variant_kind(p))
+               : pick_for_variant<FlashFn, Degree3, core::bf16, core::bf16>(core::variant_kind(p));
 }
 
 std::int64_t flash_workspace(const core::Problem& p, int threads) {

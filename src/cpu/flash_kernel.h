@@ -571,13 +571,12 @@ void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, st
   QT* out = static_cast<QT*>(const_cast<void*>(p.out.data));
   const Units u = units<Variant>(p);
   for (std::int64_t r = 0; r < lanes.n; ++r) {
-    const float factor = core::finish_factor(l[r]);
+    const core::Finish f = core::finish_with_sink(m[r], l[r], u.k, p.sink(lanes.h[r]));
     QT* o = out + p.out.offset(lanes.b, lanes.h[r], lanes.i[r], 0);
     for (std::int64_t d = 0; d < p.Dv; ++d)
-      o[d * p.out.stride[3]] = core::from_float<QT>(core::finish_output(ot[d * d_stride + r * r_stride], l[r], factor));
+      o[d * p.out.stride[3]] = core::from_float<QT>(core::finish_output(ot[d * d_stride + r * r_stride], l[r], f.factor));
     if (p.lse)
-      static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(lanes.b, lanes.h[r], lanes.i[r], 0)] =
-          core::finish_lse(m[r], l[r], u.k);
+      static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(lanes.b, lanes.h[r], lanes.i[r], 0)] = f.lse;
   }
 }
 
@@ -675,8 +674,8 @@ template <class QT, class KVT, class Variant>
 struct ForwardKernel {
   static constexpr FlashFn fn = &flash_forward<QT, KVT, Variant>;
 };
-inline FlashFn pick_flash(DType q, DType kv, core::MaskKind mask) {
-  return pick_kernel<FlashFn, ForwardKernel>(q, kv, mask);
+inline FlashFn pick_flash(DType q, DType kv, core::VariantKind variant) {
+  return pick_kernel<FlashFn, ForwardKernel>(q, kv, variant);
 }
 
 }  // namespace attn::cpu::ATTN_ISA_NS

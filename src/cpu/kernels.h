@@ -34,8 +34,8 @@ const char* isa_name(Isa isa);
 // What one level's unit exports: the kernel for these dtypes and dense-mask kind (null: none), and the bytes a
 // call of its kernel allocates (per-thread scratch for `threads` threads and whatever is shared).
 struct KernelSet {
-  FlashFn (*flash)(DType q, DType kv, core::MaskKind mask);
-  BackwardFn (*backward)(DType q, DType kv, core::MaskKind mask);
+  FlashFn (*flash)(DType q, DType kv, core::VariantKind variant);
+  BackwardFn (*backward)(DType q, DType kv, core::VariantKind variant);
   std::int64_t (*flash_workspace)(const core::Problem& problem, int threads);
   std::int64_t (*backward_workspace)(const core::Problem& problem, int threads);
 };

@@ -1,6 +1,6 @@
 // The one place a call's runtime description becomes a kernel instantiation: (Q dtype, K/V dtype, variant)
-// -> Kernel<QT, KVT, Variant>::fn, the variant (core/variant.h) from the problem's dense-mask kind (and, as
-// variants are added, their parameters). The forward and the backward of every instruction set and the AMX
+// -> Kernel<QT, KVT, Variant>::fn, the variant (core/variant.h) from core::variant_kind: the dense-mask kind, or
+// the one `mods` variant (softcap / ALiBi over any dense mask). The forward and the backward of every instruction set and the AMX
 // kernel use it, each with its own Kernel adapter (a struct template holding a pointer to its kernel function
 // template).
 #pragma once
@@ -13,32 +13,33 @@
 namespace attn::cpu {
 
 template <class Fn, template <class, class, class> class Kernel, class QT, class KVT>
-Fn pick_for_mask(core::MaskKind mask) {
-  switch (mask) {
-    case core::MaskKind::none: return Kernel<QT, KVT, core::Variant<core::NoDenseMask>>::fn;
-    case core::MaskKind::additive: return Kernel<QT, KVT, core::Variant<core::AdditiveMask>>::fn;
-    case core::MaskKind::keep: return Kernel<QT, KVT, core::Variant<core::KeepMask>>::fn;
+Fn pick_for_variant(core::VariantKind variant) {
+  switch (variant) {
+    case core::VariantKind::none: return Kernel<QT, KVT, core::Variant<core::NoDenseMask>>::fn;
+    case core::VariantKind::additive: return Kernel<QT, KVT, core::Variant<core::AdditiveMask>>::fn;
+    case core::VariantKind::keep: return Kernel<QT, KVT, core::Variant<core::KeepMask>>::fn;
+    case core::VariantKind::mods: return Kernel<QT, KVT, core::ModsVariant>::fn;
   }
   return nullptr;
 }
 
 template <class Fn, template <class, class, class> class Kernel, class QT>
-Fn pick_for_kv(DType kv, core::MaskKind mask) {
+Fn pick_for_kv(DType kv, core::VariantKind variant) {
   switch (kv) {
-    case DType::f32: return pick_for_mask<Fn, Kernel, QT, float>(mask);
-    case DType::bf16: return pick_for_mask<Fn, Kernel, QT, core::bf16>(mask);
-    case DType::f16: return pick_for_mask<Fn, Kernel, QT, core::f16>(mask);
+    case DType::f32: return pick_for_variant<Fn, Kernel, QT, float>(variant);
+    case DType::bf16: return pick_for_variant<Fn, Kernel, QT, core::bf16>(variant);
+    case DType::f16: return pick_for_variant<Fn, Kernel, QT, core::f16>(variant);
     default: return nullptr;
   }
 }
 
-// The instantiation for these dtypes and this dense-mask kind, or null for dtypes no kernel takes.
+// The instantiation for these dtypes and this variant (core::variant_kind), or null for dtypes no kernel takes.
 template <class Fn, template <class, class, class> class Kernel>
-Fn pick_kernel(DType q, DType kv, core::MaskKind mask) {
+Fn pick_kernel(DType q, DType kv, core::VariantKind variant) {
   switch (q) {
-    case DType::f32: return pick_for_kv<Fn, Kernel, float>(kv, mask);
-    case DType::bf16: return pick_for_kv<Fn, Kernel, core::bf16>(kv, mask);
-    case DType::f16: return pick_for_kv<Fn, Kernel, core::f16>(kv, mask);
+    case DType::f32: return pick_for_kv<Fn, Kernel, float>(kv, variant);
+    case DType::bf16: return pick_for_kv<Fn, Kernel, core::bf16>(kv, variant);
+    case DType::f16: return pick_for_kv<Fn, Kernel, core::f16>(kv, variant);
     default: return nullptr;
   }
 }

@@ -82,11 +82,21 @@ bool attends(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_
   return allowed(p, b, i, j) && bias(p, b, h, i, j) != -std::numeric_limits<double>::infinity();
 }
 
-// The score scale · q_i · k_j + mask_ij of an attended pair, in Acc; *terms (if given) gets the size of the terms
-// it sums, scale · Σ_d |q_d k_d| + |mask|, in double.
+// The ALiBi bias of pair (i, j): −slope_bh·|i + Skv_b − Sq − j| (FlashAttention's bottom-right alignment).
+double alibi(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+  if (!p.alibi) return 0.0;
+  const double slope = static_cast<const float*>(p.alibi->data)[b * p.alibi->stride[0] + h * p.alibi->stride[1]];
+  const std::int64_t diag = i + p.kv_len[static_cast<std::size_t>(b)] - p.Sq;
+  return -slope * static_cast<double>(std::llabs(diag - j));
+}
+
+// The score of an attended pair, in Acc, from the definitions (attn::Params):
+//   x = scale · q_i · k_j,   s = T(x) + alibi_ij + mask_ij,   T(x) = softcap · tanh(x / softcap) (x when off);
+// *terms (if given) gets the size of the terms it sums, scale · Σ_d |q_d k_d| + |alibi| + |mask|, in double;
+// *dx (if given) dT/dx = 1 − tanh²(x / softcap) (1 when off).
 template <class Acc>
 Acc score(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
-          double* terms = nullptr) {
+          double* terms = nullptr, Acc* dx = nullptr) {
   Acc dot = 0;
   double abs_sum = 0;
   for (std::int64_t d = 0; d < p.Dk; ++d) {
@@ -94,16 +104,24 @@ Acc score(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i
     dot += static_cast<Acc>(qd) * static_cast<Acc>(kd);
     abs_sum += std::fabs(qd * kd);
   }
-  const double m = bias(p, b, h, i, j);
-  if (terms) *terms = abs_sum * p.scale + std::fabs(m);
-  return static_cast<Acc>(p.scale) * dot + static_cast<Acc>(m);
+  const double m = bias(p, b, h, i, j), a = alibi(p, b, h, i, j);
+  if (terms) *terms = abs_sum * p.scale + std::fabs(a) + std::fabs(m);
+  Acc x = static_cast<Acc>(p.scale) * dot;
+  if (dx) *dx = 1;
+  if (p.softcap > 0) {
+    const Acc cap = static_cast<Acc>(p.softcap), t = std::tanh(x / cap);
+    x = cap * t;
+    if (dx) *dx = 1 - t * t;
+  }
+  return x + static_cast<Acc>(a) + static_cast<Acc>(m);
 }
 
 // The formula as it reads, in Acc, over the keys each row attends (the others are never read), with IEEE
-// arithmetic for non-finite values: S = scale·Q Kᵀ + mask; m = the largest score that is not NaN; a row with a
-// NaN score, or with m = +inf, is NaN throughout; a row whose scores are all -inf (or that attends no key) is
-// empty (out 0, lse -inf); else P = e^(S - m) / Σ e^(S - m) (a -inf score weighs 0) and out = Σ_j P_j V_j over
-// every attended key, P_j = 0 included (0·NaN is NaN).
+// arithmetic for non-finite values: S = score() (scale·Q Kᵀ, softcap, ALiBi, mask); m = the largest score that is
+// not NaN; a row with a NaN score, or with m = +inf, is NaN throughout; a row whose scores are all -inf (or that
+// attends no key) is empty (out 0, lse -inf, or lse = sink_h with a sink); else, with the head's sink (a logit in
+// the denominator only; -inf = none) M = max(m, sink), P = e^(S - M) / (e^(sink - M) + Σ e^(S - M)) (a -inf score
+// weighs 0) and out = Σ_j P_j V_j over every attended key, P_j = 0 included (0·NaN is NaN).
 template <class Acc>
 Result attention(const core::Problem& p, bool keep_probs) {
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
@@ -132,9 +150,11 @@ Result attention(const core::Problem& p, bool keep_probs) {
           else mx = std::max(mx, s[j]);
           if (std::isfinite(terms)) r.score_terms = std::max(r.score_terms, terms);
         }
-        // 2. the row-wise softmax
-        if (!any_nan && mx == neg_inf) {  // empty: out = 0, lse = -inf
-          r.lse[orow] = -std::numeric_limits<double>::infinity();
+        // 2. the row-wise softmax, with the head's sink in the denominator
+        const double sink = p.sinks ? static_cast<const float*>(p.sinks->data)[h * p.sinks->stride[1]]
+                                    : -std::numeric_limits<double>::infinity();
+        if (!any_nan && mx == neg_inf) {  // empty: out = 0, lse = -inf (or the sink)
+          r.lse[orow] = sink;
           continue;
         }
         if (any_nan || std::isinf(mx)) {  // NaN throughout
@@ -145,7 +165,8 @@ Result attention(const core::Problem& p, bool keep_probs) {
               if (seen[j] && s[j] != neg_inf) r.probs[orow * p.Skv + j] = nan;
           continue;
         }
-        Acc sum = 0;
+        if (static_cast<Acc>(sink) > mx) mx = static_cast<Acc>(sink);
+        Acc sum = sink == -std::numeric_limits<double>::infinity() ? Acc(0) : std::exp(static_cast<Acc>(sink) - mx);
         for (std::int64_t j = 0; j < p.Skv; ++j)
           if (seen[j]) sum += (s[j] = std::exp(s[j] - mx));
         for (std::int64_t j = 0; j < p.Skv; ++j)
@@ -201,6 +222,9 @@ Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
   std::vector<Acc> dk(static_cast<std::size_t>(p.B * p.Hkv * p.Skv * p.Dk), 0);
   std::vector<Acc> dv(static_cast<std::size_t>(p.B * p.Hkv * p.Skv * p.Dv), 0);
   std::vector<Acc> ds(static_cast<std::size_t>(p.Sq * p.Skv));   // dS of one head
+  std::vector<Acc> dxs(static_cast<std::size_t>(p.Sq * p.Skv));  // dT/dx of one head's pairs (softcap)
+  g.dsinks.assign(static_cast<std::size_t>(p.Hq), 0.0);
+  g.dsinks_terms.assign(static_cast<std::size_t>(p.Hq), 0.0);
   std::vector<char> live(static_cast<std::size_t>(p.Sq * p.Skv));  // the pairs that carry weight
   const Acc scale = static_cast<Acc>(p.scale);
 
@@ -210,9 +234,11 @@ Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
       const double* P = fwd.probs.data() + (b * p.Hq + h) * p.Sq * p.Skv;  // (no element to reference when empty)
       const std::size_t kv_head = static_cast<std::size_t>((b * p.Hkv + hk) * p.Skv);
       for (std::int64_t i = 0; i < p.Sq; ++i) {
-        const bool empty = fwd.lse[static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i)] == -INFINITY;
+        const double lse = fwd.lse[static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i)];
+        const bool empty = lse == -INFINITY;
         for (std::int64_t j = 0; j < p.Skv; ++j)
-          live[i * p.Skv + j] = !empty && attends(p, b, h, i, j) && score<Acc>(p, b, h, i, j) != neg_inf;
+          live[i * p.Skv + j] = !empty && attends(p, b, h, i, j) &&
+                                score<Acc>(p, b, h, i, j, nullptr, &dxs[i * p.Skv + j]) != neg_inf;
         // dP_ij = dO_i · V_j, and D_i = Σ_j P_ij dP_ij (= dO_i · O_i)
         Acc D = 0;
         for (std::int64_t j = 0; j < p.Skv; ++j) {
@@ -223,10 +249,19 @@ Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
           ds[i * p.Skv + j] = dp;
           D += static_cast<Acc>(P[i * p.Skv + j]) * dp;
         }
+        // the sink's probability e^(sink − lse) (no value: dP = 0), so ∂L/∂sink = −P_sink · D
+        if (p.sinks && !empty) {
+          const double sink = static_cast<const float*>(p.sinks->data)[h * p.sinks->stride[1]];
+          if (sink != -INFINITY) {
+            const double term = static_cast<double>(std::exp(static_cast<Acc>(sink - lse)) * D);
+            g.dsinks[static_cast<std::size_t>(h)] -= term;
+            g.dsinks_terms[static_cast<std::size_t>(h)] += std::fabs(term);
+          }
+        }
         for (std::int64_t j = 0; j < p.Skv; ++j) {
           if (!live[i * p.Skv + j]) continue;
           const Acc pij = static_cast<Acc>(P[i * p.Skv + j]);
-          ds[i * p.Skv + j] = pij * (ds[i * p.Skv + j] - D);
+          ds[i * p.Skv + j] = pij * (ds[i * p.Skv + j] - D) * dxs[i * p.Skv + j];  // (through the softcap)
           for (std::int64_t d = 0; d < p.Dv; ++d)  // dV_j += P_ij dO_i
             dv[(kv_head + j) * p.Dv + d] += pij * static_cast<Acc>(load(dout, b, h, i, d));
         }
@@ -278,7 +313,11 @@ void store_one(const core::Strided& t, const std::vector<double>& x, std::int64_
 }  // namespace
 
 void store_grads(const core::Problem& p, const Grads& g, const core::Strided& dq, const core::Strided& dk,
-                 const core::Strided& dv) {
+                 const core::Strided& dv, const std::optional<core::Strided>& dsinks) {
+  if (dsinks)
+    for (std::int64_t h = 0; h < p.Hq; ++h)
+      static_cast<float*>(const_cast<void*>(dsinks->data))[h * dsinks->stride[1]] =
+          static_cast<float>(g.dsinks[static_cast<std::size_t>(h)]);
   store_one(dq, g.dq, p.B, p.Hq, p.Sq, p.Dk);
   store_one(dk, g.dk, p.B, p.Hkv, p.Skv, p.Dk);
   store_one(dv, g.dv, p.B, p.Hkv, p.Skv, p.Dv);

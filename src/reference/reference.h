@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "core/problem.h"
@@ -45,10 +46,13 @@ struct Grads {
   std::vector<double> dq;  // [B, Hq,  Sq,  Dk], contiguous
   std::vector<double> dk;  // [B, Hkv, Skv, Dk]
   std::vector<double> dv;  // [B, Hkv, Skv, Dv]
+  std::vector<double> dsinks;        // [Hq]: ∂L/∂sink_h (0 without sinks)
+  std::vector<double> dsinks_terms;  // [Hq]: Σ |P_sink · D| of its terms (the size rounding is relative to)
 };
 
-// dQ, dK, dV for upstream gradient dout [B, Hq, Sq, Dv], the way the formulas read: P is materialised from
-// attention<Acc>(p, true), then dV = Pᵀ dO, dP = dO Vᵀ, D_i = Σ_j P_ij dP_ij, dS = P ∘ (dP − D),
+// dQ, dK, dV (and dsinks) for upstream gradient dout [B, Hq, Sq, Dv], the way the formulas read: P is
+// materialised from attention<Acc>(p, true), then dV = Pᵀ dO, dP = dO Vᵀ, D_i = Σ_j P_ij dP_ij,
+// dS = P ∘ (dP − D) ∘ T'(x) (the softcap's derivative), dsink_h = −Σ_{b,i} P_sink,bhi · D_bhi,
 // dQ = scale · dS K, dK = scale · dSᵀ Q (dK and dV summed over the query heads of each KV head), all in Acc.
 // Uses neither the saved O nor the saved LSE.
 template <class Acc>
@@ -59,6 +63,6 @@ extern template Grads attention_backward<float>(const core::Problem&, const core
 
 // Writes gradients into views shaped like q, k and v, converting to their dtypes.
 void store_grads(const core::Problem& p, const Grads& g, const core::Strided& dq, const core::Strided& dk,
-                 const core::Strided& dv);
+                 const core::Strided& dv, const std::optional<core::Strided>& dsinks = std::nullopt);
 
 }  // namespace attn::reference
