@@ -75,24 +75,25 @@ struct KeepMask {
 struct AnyMask {
   static constexpr bool kActive = true;
   struct Row {
-    const void* base = nullptr;  // null: no dense mask
-    std::int64_t stride = 0;
     MaskKind kind = MaskKind::none;
+    const float* add = nullptr;          // the additive row (kind additive)
+    const unsigned char* keep = nullptr;  // the keep row (kind keep)
+    std::int64_t stride = 0;
     float bias(std::int64_t j) const {
       switch (kind) {
-        case MaskKind::additive: return static_cast<const float*>(base)[j * stride];
-        case MaskKind::keep:
-          return static_cast<const unsigned char*>(base)[j * stride] ? 0.0f : -std::numeric_limits<float>::infinity();
+        case MaskKind::additive: return add[j * stride];
+        case MaskKind::keep: return keep[j * stride] ? 0.0f : -std::numeric_limits<float>::infinity();
         default: return 0.0f;
       }
     }
-    bool same(const Row& o) const { return base == o.base && stride == o.stride && kind == o.kind; }
+    bool same(const Row& o) const { return kind == o.kind && add == o.add && keep == o.keep && stride == o.stride; }
   };
   static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
-    if (p.mask_kind == MaskKind::none) return {};
-    const auto* base = static_cast<const unsigned char*>(p.mask.data) +
-                       p.mask.offset(b, h, i, 0) * (p.mask_kind == MaskKind::additive ? sizeof(float) : 1);
-    return {base, p.mask.stride[3], p.mask_kind};
+    switch (p.mask_kind) {
+      case MaskKind::additive: return {MaskKind::additive, AdditiveMask::row(p, b, h, i).base, nullptr, p.mask.stride[3]};
+      case MaskKind::keep: return {MaskKind::keep, nullptr, KeepMask::row(p, b, h, i).base, p.mask.stride[3]};
+      default: return {};
+    }
   }
 };
 

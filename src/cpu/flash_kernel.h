@@ -248,6 +248,48 @@ Units units(const core::Problem& p) {
   return u;
 }
 
+// Softcap and ALiBi with no dense mask (core::ScoreMods), every lane at once: s = cap·tanh(scale·x / cap) −
+// slope·|diag − j| (each part only when on), -inf outside each lane's key range; what the lane-by-lane path
+// computes, up to the vector tanh's few ulp (tanhv). Lanes past lanes.n are transformed too and never stored.
+// Returns whether some (lane, key) pair is hidden.
+template <int QV>
+bool mods_scores(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool interior,
+                 float* st) {
+  alignas(64) float slope[BR], base[BR], lo[BR], hi[BR];
+  const auto rel = [&](std::int64_t x) {  // a key index relative to j0, exact in fp32 where it matters
+    return static_cast<float>(std::clamp<std::int64_t>(x - j0, -1, BC + 1));
+  };
+  for (std::int64_t r = 0; r < BR; ++r) {
+    slope[r] = 0, base[r] = 0, lo[r] = -1, hi[r] = BC + 1;
+    if (r >= lanes.n) continue;
+    const auto row = core::ScoreMods::row(p, lanes.b, lanes.h[r], lanes.i[r]);
+    const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
+    slope[r] = row.slope;
+    base[r] = static_cast<float>(row.diag - j0);  // |diag − j| = |base − c| for key j = j0 + c
+    lo[r] = rel(range.lo), hi[r] = rel(range.hi);
+  }
+  const bool cap = p.softcap > 0, alibi = p.alibi.has_value();
+  const V scale = Vec::set1(static_cast<float>(p.scale)), cap_v = Vec::set1(p.softcap),
+          inv_cap = Vec::set1(cap ? 1.0f / p.softcap : 0.0f), neg_inf = Vec::set1(core::kNegInf), zero = Vec::zero();
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const V cf = Vec::set1(static_cast<float>(c));
+    for (int v = 0; v < QV; ++v) {
+      V x = Vec::mul(Vec::load(st + c * BR + v * W), scale);
+      if (cap) x = Vec::mul(cap_v, tanhv(Vec::mul(x, inv_cap)));
+      if (alibi) {
+        const V d = Vec::sub(Vec::load(base + v * W), cf);
+        x = Vec::sub(x, Vec::mul(Vec::load(slope + v * W), Vec::max(d, Vec::sub(zero, d))));
+      }
+      if (!interior) {
+        x = Vec::select_lt(cf, Vec::load(lo + v * W), neg_inf, x);
+        x = Vec::select_lt(cf, Vec::load(hi + v * W), x, neg_inf);
+      }
+      Vec::store(st + c * BR + v * W, x);
+    }
+  }
+  return !interior;
+}
+
 // Turns dot products into scores (Units) and hides what a lane may not see (-inf). Without per-element work
 // (Variant::kPerElement) scores() already stored them in the call's units, so a tile every lane sees whole needs
 // nothing at all. With a dense mask, a tile every lane sees whole whose lanes share one bias row (a key-padding
@@ -279,6 +321,8 @@ bool finish_scores(const core::Problem& p, const Lanes& lanes, std::int64_t j0, 
       }
     }
   }
+  if constexpr (Variant::kTransform)
+    if (p.mask_kind == core::MaskKind::none) return mods_scores<QV>(p, lanes, j0, cols, interior, st);
   bool hidden = !interior;
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);

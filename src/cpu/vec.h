@@ -18,6 +18,7 @@ struct Vec {
   static T add(T a, T b) { return _mm512_add_ps(a, b); }
   static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
   static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static T div(T a, T b) { return _mm512_div_ps(a, b); }
   static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static T max(T a, T b) { return _mm512_max_ps(a, b); }
   static float reduce_add(T x) { return _mm512_reduce_add_ps(x); }
@@ -56,6 +57,7 @@ struct Vec {
   static T add(T a, T b) { return _mm256_add_ps(a, b); }
   static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
   static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static T div(T a, T b) { return _mm256_div_ps(a, b); }
   static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static T max(T a, T b) { return _mm256_max_ps(a, b); }
   static float reduce_add(T x) {
@@ -96,6 +98,7 @@ struct Vec {
   static T add(T a, T b) { return _mm_add_ps(a, b); }
   static T sub(T a, T b) { return _mm_sub_ps(a, b); }
   static T mul(T a, T b) { return _mm_mul_ps(a, b); }
+  static T div(T a, T b) { return _mm_div_ps(a, b); }
   static T fmadd(T a, T b, T c) { return _mm_add_ps(_mm_mul_ps(a, b), c); }
   static T max(T a, T b) { return _mm_max_ps(a, b); }
   static float reduce_add(T x) {
@@ -158,6 +161,26 @@ inline Vec::T exp2v(Vec::T x) {
   p = Vec::fmadd(p, f, Vec::set1(6.9314718055994531e-1f));
   p = Vec::fmadd(p, f, Vec::set1(1.0f));
   return Vec::select_lt(x, lo, Vec::zero(), Vec::ldexp(p, n));
+}
+
+// tanh(y) for every lane: for |y| <= 1/2 the odd Taylor polynomial through y^15 (truncation below 1e-8 relative),
+// above it (1 − e) / (1 + e) with e = 2^(−2|y|·log2 e) <= 1/e (no cancellation), the sign restored. ±inf give ±1
+// (e = 0), NaN stays NaN (|y| and e are NaN). A few ulp from the exact value, like a libm tanhf.
+inline Vec::T tanhv(Vec::T y) {
+  const Vec::T a = Vec::max(y, Vec::sub(Vec::zero(), y));  // |y| (NaN when y is: max returns its second operand)
+  const Vec::T z = Vec::mul(y, y);
+  Vec::T p = Vec::set1(-929569.0f / 638512875.0f);
+  p = Vec::fmadd(p, z, Vec::set1(21844.0f / 6081075.0f));
+  p = Vec::fmadd(p, z, Vec::set1(-1382.0f / 155925.0f));
+  p = Vec::fmadd(p, z, Vec::set1(62.0f / 2835.0f));
+  p = Vec::fmadd(p, z, Vec::set1(-17.0f / 315.0f));
+  p = Vec::fmadd(p, z, Vec::set1(2.0f / 15.0f));
+  p = Vec::fmadd(p, z, Vec::set1(-1.0f / 3.0f));
+  const Vec::T small = Vec::fmadd(Vec::mul(p, z), y, y);  // y + y·z·P(z)
+  const Vec::T e = exp2v(Vec::mul(a, Vec::set1(-2.0f * 1.4426950408889634f)));
+  const Vec::T t = Vec::div(Vec::sub(Vec::set1(1.0f), e), Vec::add(Vec::set1(1.0f), e));
+  const Vec::T large = Vec::select_lt(y, Vec::zero(), Vec::sub(Vec::zero(), t), t);
+  return Vec::select_lt(a, Vec::set1(0.5f), small, large);
 }
 
 // The lane arithmetic core::OnlineSoftmax needs, over this instruction set's vectors (one query row per lane).

@@ -7,19 +7,29 @@ UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
 
 
 def attention(q, k, v, *, mask=None, causal=False, align="top_left", scale=None, kv_lens=None, window=None,
-              dtype=np.float64):
+              softcap=0.0, alibi_slopes=None, sinks=None, dtype=np.float64):
     """softmax(scale q kᵀ + mask) v over [B, H, S, D] inputs (any float dtype, read as fp64, computed in
-    `dtype`). GQA by repeating key/value heads. Returns (out, lse); a row without keys gets 0 and -inf."""
+    `dtype`). GQA by repeating key/value heads. Returns (out, lse); a row without keys gets 0 and -inf.
+    Score variants as attn defines them: softcap·tanh(x / softcap) of the scaled scores, then
+    −slope·|i + Skv_b − Sq − j| (alibi_slopes [H] or [B, H]), then the mask; sinks [H] join each row's
+    denominator (a row without keys then gets 0 and lse = sink)."""
     q, k, v = (np.asarray(x).astype(np.float64).astype(dtype) for x in (q, k, v))
     b, hq, sq, dk = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     k = np.repeat(k, hq // hkv, axis=1)
     v = np.repeat(v, hq // hkv, axis=1)
     s = (q @ np.swapaxes(k, -1, -2)) * dtype(1.0 / np.sqrt(dk) if scale is None else scale)
+    if softcap:
+        s = dtype(softcap) * np.tanh(s / dtype(softcap))
 
     lens = np.full(b, skv) if kv_lens is None else np.asarray(kv_lens)
     i = np.arange(sq)[:, None]
     j = np.arange(skv)[None, :]
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes, dtype=np.float64)
+        slopes = np.broadcast_to(slopes if slopes.ndim == 2 else slopes[None], (b, hq))[:, :, None, None]
+        dist = np.stack([np.abs(i + lens[bi] - sq - j) for bi in range(b)])[:, None]  # [B, 1, Sq, Skv]
+        s = s - (slopes * dist).astype(dtype)
     allowed = np.ones((b, 1, sq, skv), dtype=bool)
     for bi in range(b):
         diag = i + (lens[bi] - sq if align == "bottom_right" else 0)
@@ -41,10 +51,12 @@ def attention(q, k, v, *, mask=None, causal=False, align="top_left", scale=None,
             s = s + m.astype(np.float64).astype(dtype)
     s = np.where(np.broadcast_to(allowed, s.shape), s, -np.inf)
 
-    peak = s.max(axis=-1, keepdims=True)
+    sink = (np.full(hq, -np.inf) if sinks is None else np.asarray(sinks, dtype=np.float64)).astype(dtype)
+    sink = np.broadcast_to(sink[None, :, None, None], (b, hq, sq, 1))
+    peak = np.maximum(s.max(axis=-1, keepdims=True), sink)
     peak = np.where(np.isfinite(peak), peak, 0)
     p = np.exp(s - peak)
-    total = p.sum(axis=-1, keepdims=True)
+    total = p.sum(axis=-1, keepdims=True) + np.exp(sink - peak)
     has_keys = total > 0
     out = np.where(has_keys, (p @ v) / np.where(has_keys, total, 1), 0)
     with np.errstate(divide="ignore"):
