@@ -136,12 +136,14 @@ struct Agreement {
   std::int64_t nonfinite_mismatch = 0;
   std::size_t first_mismatch = 0;  // the index of the first non-finite mismatch, its reference and fast values
   double mismatch_ref = 0, mismatch_fast = 0;
+  std::size_t worst = 0;  // the index of the largest finite error
   bool ok(double factor = 2.0) const { return nonfinite_mismatch == 0 && fast_err <= factor * naive_err + atol; }
   std::string describe() const {
     char buf[160];
     std::snprintf(buf, sizeof buf, "max|fast-ref| = %.3g, max|naive-ref| = %.3g, atol = %.3g, non-finite mismatches = %lld",
                   fast_err, naive_err, atol, static_cast<long long>(nonfinite_mismatch));
     std::string s = buf;
+    if (fast_err > 0) s += " (largest at index " + std::to_string(worst) + ")";
     if (nonfinite_mismatch)
       s += " (first at index " + std::to_string(first_mismatch) + ": reference " + std::to_string(mismatch_ref) +
            ", fast " + std::to_string(mismatch_fast) + ")";
@@ -159,7 +161,8 @@ inline double unit_roundoff(DType d) {
 // (an LSE: -inf marks an empty row and must be -inf exactly). A fast NaN or inf where the reference is finite
 // always fails.
 template <class GetFast, class GetNaive>
-Agreement agree(const std::vector<double>& ref, GetFast fast, GetNaive naive, double atol, bool exact_inf = false) {
+Agreement agree(const std::vector<double>& ref, GetFast fast, GetNaive naive, double atol, bool exact_inf = false,
+               double range = std::numeric_limits<double>::infinity()) {
   Agreement a;
   a.atol = atol;
   for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -170,10 +173,13 @@ Agreement agree(const std::vector<double>& ref, GetFast fast, GetNaive naive, do
       continue;
     }
     if (!std::isfinite(f)) {
+      // ±inf is within the rule only where the rounding noise the atol allows passes the output dtype's range
+      // (`range`: its largest finite value): a result that rounding may move that far may overflow.
+      if (std::isinf(f) && atol > range) continue;
       if (a.nonfinite_mismatch++ == 0) a.first_mismatch = i, a.mismatch_ref = r, a.mismatch_fast = f;
       continue;
     }
-    a.fast_err = std::max(a.fast_err, std::fabs(f - r));
+    if (std::fabs(f - r) > a.fast_err) a.fast_err = std::fabs(f - r), a.worst = i;
     if (std::isfinite(n)) a.naive_err = std::max(a.naive_err, std::fabs(n - r));
   }
   return a;
@@ -197,6 +203,16 @@ inline double round_to(DType d, double x) {
 // would compare two equally rounded fp32 computations, this library's and the naive one, on luck.)
 inline double forward_atol(DType out_dtype, const reference::Result& ref, double max_abs_v) {
   return 2 * unit_roundoff(out_dtype) * std::max(max_abs_v, 1e-3) + std::ldexp(1.0, -24) * ref.score_terms * max_abs_v;
+}
+
+// The rounding-noise atol of an LSE (fp32): eight units at the size of the largest |LSE|, plus the rounding noise of
+// a score, ε·score_terms (see forward_atol), which moves an LSE by up to as much (a row with one key has LSE = its
+// score: with a large scale and cancelling q·k terms, the score's own fp32 rounding dominates, whoever computes it).
+inline double lse_atol(const reference::Result& ref) {
+  double max_lse = 1;
+  for (double x : ref.lse)
+    if (std::isfinite(x)) max_lse = std::max(max_lse, std::fabs(x));
+  return 8 * std::ldexp(1.0, -24) * max_lse + std::ldexp(1.0, -24) * ref.score_terms;
 }
 
 // The largest finite |value| of a tensor.

@@ -336,8 +336,22 @@ inline void probabilities(std::int64_t rows, bool wide, Workspace& ws) {
 
 // scale · dS = scale · P ∘ (dP − D), in place over dP (the scale of dK = scale · dSᵀ Q and dQ = scale · dS K
 // taken once here); with a logits transform, times its derivative dfac (the gradient reaching x = scale·q·k).
+// Above kExactDScale, dP − D is formed in fp64 (D as row_statistics summed it, never rounded to fp32 first): the
+// scale multiplies whatever that difference carries, and with tied keys (P = ½, ½) the two differences must stay
+// exact opposites so that their dQ terms cancel as the naive computation's do (else rounding noise ×1e20 turns an
+// exact 0 into ±inf in f16).
 template <bool Transform>
-inline void dscores(const float* pt, std::int64_t rows, const double* d, float scale, const float* dfac, float* ds) {
+inline void dscores(const float* pt, std::int64_t rows, const double* d, double scale_d, const float* dfac, float* ds) {
+  const float scale = static_cast<float>(scale_d);
+  if (scale_d > kExactDScale) {
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < BC; ++c) {
+        double x = scale_d * pt[r * BC + c] * (static_cast<double>(ds[r * BC + c]) - d[r]);
+        if constexpr (Transform) x *= dfac[r * BC + c];
+        ds[r * BC + c] = static_cast<float>(x);
+      }
+    return;
+  }
   const V sc = Vec::set1(scale);
   for (std::int64_t r = 0; r < rows; ++r) {
     const V neg_d = Vec::set1(-static_cast<float>(d[r]));
@@ -431,6 +445,10 @@ void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std:
       const float x = saved[p.lse->offset(b, h, i0 + r, 0)];
       lse_ok = (std::isfinite(x) && std::fabs(x) <= kMildLse) || x == core::kNegInf;
     }
+    // With a sink, D = dO·O must stay the sum over the row's keys (Σ_j P_ij dP_ij: the sink has no value), which
+    // dO·O is not when dO holds a NaN or inf and the row attends no key (O = 0): such a block recomputes.
+    for (std::int64_t r = 0; r < rows && lse_ok && p.sinks; ++r)
+      for (std::int64_t e = 0; e < p.Dv && lse_ok; ++e) lse_ok = std::isfinite(ws.dout[r * ws.ldo + e]);
     if (lse_ok) {
       for (std::int64_t r = 0; r < rows; ++r) {
         const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
@@ -565,11 +583,14 @@ void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std:
 // the vector products would turn 0·NaN into NaN for pairs that carry no weight: over the pairs that carry
 // weight only, in fp64, P = e^(s − m)·inv_l, dP = dO·v, dS = scale·P·(dP − D), then dV += P dO, dK += dS q,
 // dQ += dS k. The accumulators (dk, dv: the key block's rows; dq: the block's rows at stride ldq_acc) are
-// stored into, not added to, when kv_add / dq_add are false.
+// stored into, not added to, when kv_add / dq_add are false. `scored`: the tile itself is finite and only a row's
+// statistics are not; its scores were formed by scores() and masked_scores() (fp32, or fp64 when `wide`), as
+// sweep 1 formed them, and are read from there: recomputing them in fp64 here would normalise fp32 scores of
+// sweep 1 by scores of another rounding (by hundreds for scores of 1e10).
 template <class Variant>
 void tile_exact(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
                 std::int64_t j0, std::int64_t cols, const KeyTile& kt, Workspace& ws, bool kv_add, float* dq,
-                std::int64_t ldq_acc, bool dq_add) {
+                std::int64_t ldq_acc, bool dq_add, bool scored = false, bool wide = false) {
   if (!kv_add) {
     std::fill(ws.dk.begin(), ws.dk.end(), 0.0f);
     std::fill(ws.dv.begin(), ws.dv.end(), 0.0f);
@@ -582,7 +603,10 @@ void tile_exact(const core::Problem& p, std::int64_t b, std::int64_t h, std::int
     const float* g = ws.dout + r * ws.ldo;
     for (std::int64_t c = 0; c < cols; ++c) {
       double dx = 1;
-      const double s = pair_score<Variant>(p, b, h, i0 + r, j0 + c, ws.range[r], q, kt, c, &dx);
+      const double s = !scored ? pair_score<Variant>(p, b, h, i0 + r, j0 + c, ws.range[r], q, kt, c, &dx)
+                       : wide  ? ws.sd[r * BC + c]
+                               : static_cast<double>(ws.s[r * BC + c]);
+      if (scored && Variant::kTransform) dx = ws.dfac[r * BC + c];
       if (s == -std::numeric_limits<double>::infinity()) continue;
       const double prob = std::exp(s - ws.m[r]) * ws.inv_l[r];
       double dp = 0;
@@ -643,7 +667,6 @@ void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int6
   const core::Problem& p = bp.fwd;
   const std::int64_t dkp = ws.dkp, dvp = ws.dvp, qblocks = (p.Sq + BR - 1) / BR;
   const std::int64_t len = p.kv_len[static_cast<std::size_t>(b)];
-  const float scale = static_cast<float>(p.scale);
   float* dk = ws.dk.data();
   float* dv = ws.dv.data();
   for (std::int64_t j0 = k_lo; j0 < k_hi; j0 += BC) {
@@ -662,19 +685,23 @@ void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int6
           char& dq_add = written[static_cast<std::size_t>(g * qblocks + i0 / BR)];
           load_query_block<QT>(bp, stats, true, b, h, i0, rows, ws);
           const TileKind kind = tile_kind(p, ws, kt);
-          if (kind.exact || !stats_finite(rows, ws)) {  // NaN or inf somewhere: pair by pair
-            tile_exact<Variant>(p, b, h, i0, rows, j0, seen, kt, ws, add, dq, dqt.rs, dq_add);
-            add = true, dq_add = 1;
-            continue;
-          }
           bool interior = !Variant::kPerElement && seen == BC;
           for (std::int64_t r = 0; r < rows && interior; ++r)
             interior = ws.range[r].lo <= j0 && j0 + BC <= ws.range[r].hi;
+          if (kind.exact || !stats_finite(rows, ws)) {  // NaN or inf somewhere: pair by pair
+            if (!kind.exact) {  // a finite tile: its scores as sweep 1 formed them
+              scores(p, rows, kt, kind.wide, ws);
+              masked_scores<Variant>(p, b, h, i0, rows, j0, seen, kind.wide, interior, ws);
+            }
+            tile_exact<Variant>(p, b, h, i0, rows, j0, seen, kt, ws, add, dq, dqt.rs, dq_add, !kind.exact, kind.wide);
+            add = true, dq_add = 1;
+            continue;
+          }
           scores(p, rows, kt, kind.wide, ws);                                            // S = Q Kᵀ
           masked_scores<Variant>(p, b, h, i0, rows, j0, seen, kind.wide, interior, ws);  // scale·S + mask
           probabilities(rows, kind.wide, ws);                                            // P
           dprobs(p, rows, kt, ws, ws.ds.data());                                         // dP = dO Vᵀ
-          dscores<Variant::kTransform>(ws.s.data(), rows, ws.d, scale, ws.dfac.data(), ws.ds.data());  // dS = scale·P ∘ (dP − D)
+          dscores<Variant::kTransform>(ws.s.data(), rows, ws.d, p.scale, ws.dfac.data(), ws.ds.data());  // dS = scale·P ∘ (dP − D)
           cols_times_rows(ws.s.data(), rows, seen, ws.dout, ws.ldo, dvp, dv, add);       // dV += Pᵀ dO
           cols_times_rows(ws.ds.data(), rows, seen, ws.q, ws.ldq, dkp, dk, add);         // dK += dSᵀ Q
           rows_times_rows(ws.ds.data(), rows, seen, kt.k, kt.ldk, dkp, dq, dqt.rs, dq_add);  // dQ += dS K
@@ -792,9 +819,10 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
     for (std::int64_t it = 0; it < plan.items; ++it) {
       const std::int64_t c = it % plan.chunks, hk = (it / plan.chunks) % p.Hkv, b = it / (plan.chunks * p.Hkv);
       const std::int64_t h0 = hk * p.group;
-      // (in place, dq_part is empty: no offset is formed from its null data pointer)
+      // (no offset is formed from a null data pointer: dq_part is empty in place, and so may be dQ when Sq = 0)
       const DqTarget dqt =
-          in_place ? DqTarget{static_cast<float*>(const_cast<void*>(bp.dq.data)) + bp.dq.offset(b, h0, 0, 0),
+          p.Sq == 0  ? DqTarget{nullptr, 0, 0}
+          : in_place ? DqTarget{static_cast<float*>(const_cast<void*>(bp.dq.data)) + bp.dq.offset(b, h0, 0, 0),
                               bp.dq.stride[1], bp.dq.stride[2]}
                    : DqTarget{dq_part.data() + c * part_len + (b * p.Hq + h0) * p.Sq * dkp, p.Sq * dkp, dkp};
       std::fill(written.begin(), written.end(), 0);
