@@ -263,6 +263,31 @@ TEST(Numerics, UncheckedMaskValuesPropagateNaN) {
 
 // The state: advancing over all keys equals merging per-half states; empty states merge safely; huge finite
 // scores keep the largest one at weight exactly 1; NaN reaches the state.
+// A split whose scores were NaN, followed in its tile by a -inf score, ends with m = -inf (x86 max drops the NaN)
+// and l = NaN: poisoned, not empty. Merged with an empty split, or merged into, it must keep the row NaN (the
+// soak's configuration 4333753285616122833: a NaN in q, a dense mask, split-KV, returned an empty row).
+TEST(Numerics, PoisonedStateWithMinusInfMaxIsNotEmpty) {
+  using core::RowState;
+  const float c = static_cast<float>(core::kLog2e), nan = std::numeric_limits<float>::quiet_NaN();
+  RowState empty, poisoned, plain;
+  poisoned.l = nan;  // m stays -inf
+  plain.m = 1.0f, plain.l = 2.0f;
+  float o_empty = 0, o_poisoned = nan, o_plain = 3.0f;
+  RowState a = empty;
+  float oa = o_empty;
+  core::merge(a, &oa, poisoned, &o_poisoned, 1, c);
+  EXPECT_TRUE(std::isnan(a.l)) << "an empty side merged with a poisoned one";
+  EXPECT_TRUE(std::isnan(core::finish_lse(a.m, a.l, 1.0)));
+  RowState b = poisoned;
+  float ob = o_poisoned;
+  core::merge(b, &ob, plain, &o_plain, 1, c);
+  EXPECT_TRUE(std::isnan(b.l) && std::isnan(ob)) << "a poisoned side merged with an ordinary one";
+  RowState d = plain;
+  float od = o_plain;
+  core::merge(d, &od, poisoned, &o_poisoned, 1, c);
+  EXPECT_TRUE(std::isnan(d.l) && std::isnan(od)) << "an ordinary side merged with a poisoned one";
+}
+
 TEST(Numerics, SoftmaxStateMerge) {
   using core::RowState;
   const float c = static_cast<float>(core::kLog2e);

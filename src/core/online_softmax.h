@@ -127,9 +127,12 @@ ATTN_HD Finish finish_with_sink(float m, float l, double k, float sink) {
 // Merges state b (accumulator ob) into state a (accumulator oa), n values each, both in the units of c.
 // An empty side contributes nothing (its accumulator is not read); otherwise both sides are weighted (IEEE:
 // a NaN anywhere reaches the result, 0·NaN included).
+// Empty means m = -inf and l = 0: a state whose tile max came out -inf while its weights were NaN (x86 max
+// drops a NaN followed by a -inf score, so m can stay -inf while l is NaN) is poisoned, not empty, and poisons the
+// merge.
 ATTN_HD void merge(RowState& a, float* oa, const RowState& b, const float* ob, std::int64_t n, float c) {
-  if (b.m == kNegInf) return;  // b empty
-  if (a.m == kNegInf) {        // a empty: the result is b
+  if (b.m == kNegInf && b.l == 0.0f) return;  // b empty
+  if (a.m == kNegInf && a.l == 0.0f) {        // a empty: the result is b
     for (std::int64_t d = 0; d < n; ++d) oa[d] = ob[d];
     a = b;
     return;
