@@ -85,7 +85,7 @@ bool attends(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_
 // The ALiBi bias of pair (i, j): −slope_bh·|i + Skv_b − Sq − j| (FlashAttention's bottom-right alignment).
 double alibi(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
   if (!p.alibi) return 0.0;
-  const double slope = static_cast<const float*>(p.alibi->data)[b * p.alibi->stride[0] + h * p.alibi->stride[1]];
+  const double slope = p.alibi_slope(b, h);
   const std::int64_t diag = i + p.kv_len[static_cast<std::size_t>(b)] - p.Sq;
   return -slope * static_cast<double>(std::llabs(diag - j));
 }
@@ -151,8 +151,7 @@ Result attention(const core::Problem& p, bool keep_probs) {
           if (std::isfinite(terms)) r.score_terms = std::max(r.score_terms, terms);
         }
         // 2. the row-wise softmax, with the head's sink in the denominator
-        const double sink = p.sinks ? static_cast<const float*>(p.sinks->data)[h * p.sinks->stride[1]]
-                                    : -std::numeric_limits<double>::infinity();
+        const double sink = p.sink(h);  // -inf without sinks
         if (!any_nan && mx == neg_inf) {  // empty: out = 0, lse = -inf (or the sink)
           r.lse[orow] = sink;
           continue;
@@ -251,7 +250,7 @@ Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
         }
         // the sink's probability e^(sink − lse) (no value: dP = 0), so ∂L/∂sink = −P_sink · D
         if (p.sinks && !empty) {
-          const double sink = static_cast<const float*>(p.sinks->data)[h * p.sinks->stride[1]];
+          const double sink = p.sink(h);
           if (sink != -INFINITY) {
             const double term = static_cast<double>(std::exp(static_cast<Acc>(sink - lse)) * D);
             g.dsinks[static_cast<std::size_t>(h)] -= term;
