@@ -44,7 +44,8 @@ run_target() {
     fi
     local cpu execs
     cpu=$(awk 'NR == 1 { print $1 + $2 }' "$out.time")
-    execs=$(awk '/number_of_executed_units/ { print $NF }' "$out")
+    # grep -a: the chunk log holds raw fuzz bytes, on which mawk silently stops matching
+    execs=$(grep -a 'number_of_executed_units' "$out" | tail -n 1 | awk '{ print $NF }')
     used=$(awk -v u="$used" -v c="$cpu" 'BEGIN { print u + c }')
     runs=$((runs + ${execs:-0}))
     echo "chunk $n: ${cpu} CPU s, ${execs:-0} executions; total ${used} CPU s, ${runs} executions" >> "$log"
