@@ -59,6 +59,7 @@ std::string Case::name() const {
   if (softcap > 0) n += "_softcap" + real(softcap);
   if (alibi) n += alibi == 1 ? "_alibi" : "_alibiB";
   if (sinks) n += "_sinks";
+  if (dropout > 0) n += "_drop" + real(dropout);
   return n;
 }
 
@@ -205,6 +206,21 @@ std::vector<Case> registry() {
        .kv_lens = true, .page_size = 16, .softcap = 2.0, .alibi = 2, .sinks = true});
   add({.B = 2, .Hq = 2, .Hkv = 1, .Sq = 7, .Skv = 0, .Dk = 16, .Dv = 16, .sinks = true});
   add({.B = 2, .Hq = 3, .Hkv = 1, .Sq = 17, .Skv = 9, .Dk = 8, .Dv = 8, .causal = Causal::bottom_right, .sinks = true});
+  // Dropout: prefill (lanes of one head), decode (lanes of a GQA group, split-KV), paged, with masks, windows and the
+  // other variants; rates FlashAttention tests (0.17) and extreme ones.
+  for (Causal c : causals)
+    add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .causal = c, .dropout = 0.17});
+  add({.B = 2, .Hq = 2, .Hkv = 1, .Sq = 65, .Skv = 90, .Dk = 16, .Dv = 16, .mask = MaskCase::keep_keys, .kv_lens = true,
+       .dropout = 0.5});
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 7, .Skv = 203, .Dk = 32, .Dv = 48, .mask = MaskCase::additive_full,
+       .softcap = 5.0, .alibi = 2, .sinks = true, .dropout = 0.9});
+  add({.B = 2, .Hq = 2, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = 32, .Dv = 32, .causal = Causal::bottom_right,
+       .window = {20, 0}, .kv_lens = true, .dropout = 0.01});
+  add({.B = 1, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 2100, .Dk = 64, .Dv = 64, .kv_lens = true, .dropout = 0.3});
+  add({.B = 3, .Hq = 4, .Hkv = 2, .Sq = 1, .Skv = 113, .Dk = 64, .Dv = 64, .causal = Causal::bottom_right,
+       .kv_lens = true, .page_size = 16, .dropout = 0.2});
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .amplitude = 30, .softcap = 30.0,
+       .dropout = 0.25});
   // bf16 prefill runs on its own kernel where the CPU has AMX, and bf16 rows are widened in registers by
   // the decode micro-kernels: every fp32 case above again in bf16 (every head dim, mask, window,
   // alignment, layout, key length, page size, decode and prefill).
@@ -294,6 +310,7 @@ Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void
       in.sinks.set(h == 0 && c.Hq > 1 ? -std::numeric_limits<double>::infinity() : 6.0 * u(rng) - 2.0, h);
     p.sinks = in.sinks.view;
   }
+  if (c.dropout > 0) p.dropout_p = c.dropout, p.dropout_seed = rng();
   if (adjust) adjust(in, rng);
   if (c.page_size > 0) {
     // Scatter K/V over a shuffled pool with spare pages full of NaN: a page outside a sequence's table
@@ -350,6 +367,8 @@ std::vector<Case> backward_registry() {
     out.push_back({.B = 2, .Hq = 4, .Hkv = 1, .Sq = 65, .Skv = 130, .Dk = 32, .Dv = 48, .window = {20, 4},
                    .mask = MaskCase::additive_2d, .kv_lens = true, .scale = scale});
     out.push_back({.B = 1, .Hq = 2, .Hkv = 2, .Sq = 33, .Skv = 1, .Dk = 16, .Dv = 16, .scale = scale});  // dQ = dK = 0
+    out.push_back({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 65, .Skv = 130, .Dk = 32, .Dv = 32, .causal = Causal::bottom_right,
+                   .scale = scale, .dropout = 0.3});
     out.push_back({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 70, .Skv = 90, .Dk = 64, .Dv = 64, .causal = Causal::bottom_right,
                    .dtype = DType::bf16, .kv_dtype = DType::bf16, .scale = scale});
   }

@@ -35,10 +35,11 @@ struct Case {
   std::optional<double> scale;
   std::int64_t page_size = 0;  // > 0: K/V go through attention_paged from a shuffled page pool
   // Score variants (attn::Params): softcap (0 = off); ALiBi slopes (0 none, 1 [Hq], 2 [B, Hq]); sinks [Hq]
-  // (random logits, head 0's -inf = no sink when Hq > 1).
+  // (random logits, head 0's -inf = no sink when Hq > 1); dropout.
   double softcap = 0;
   int alibi = 0;
   bool sinks = false;
+  double dropout = 0;  // dropout_p (the seed drawn from the case's name)
 
   std::string name() const;  // a gtest-safe unique name
 };

@@ -139,6 +139,8 @@ RandomConfig random_config(std::uint64_t seed, bool backward) {
   r.isa = d.pick(static_cast<int>(supported_isas().size()));
   r.threads = 1 + d.pick(3);
   r.with_lse = backward || d.chance(0.8);
+  // Dropout, drawn last so that the draws above stay what they were for a seed.
+  if (d.chance(0.1)) c.dropout = d.chance(0.5) ? d.log_uniform(1e-3, 0.5) : d.one_of({0.17, 0.9});
   return r;
 }
 

@@ -130,6 +130,9 @@ std::vector<Case> fd_cases() {
   with([](Case& c) { c.softcap = 0.5, c.amplitude = 2.0; });
   with([](Case& c) { c.alibi = 2, c.causal = Causal::bottom_right; });
   with([](Case& c) { c.sinks = true, c.mask = MaskCase::additive_full, c.softcap = 1.5, c.alibi = 1; });
+  // Dropout: the mask is fixed by the seed, so the loss is smooth in the inputs.
+  with([](Case& c) { c.dropout = 0.4, c.causal = Causal::bottom_right; });
+  with([](Case& c) { c.dropout = 0.2, c.sinks = true, c.softcap = 1.0, c.kv_lens = true, c.B = 3; });
   return out;
 }
 

@@ -710,6 +710,44 @@ TEST_F(CliTest, CliRunBackwardWritesGradientsMatchingTheLibrary) {
   expect_close(read_f32("dv.npy", {d.B, d.Hkv, d.Skv, d.Dv}), dv, 1e-5, "dV");
 }
 
+// Score variants and dropout from the command line: the reference backend's result for the same Params.
+TEST_F(CliTest, CliRunScoreVariantsAndDropout) {
+  write_qkv({});
+  const Dims& d = dims_;
+  std::vector<float> slopes(static_cast<std::size_t>(d.Hq)), sinks(static_cast<std::size_t>(d.Hq));
+  for (std::int64_t h = 0; h < d.Hq; ++h)
+    slopes[static_cast<std::size_t>(h)] = std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(d.Hq)),
+    sinks[static_cast<std::size_t>(h)] = 0.5f * static_cast<float>(h) - 1.0f;
+  save("slopes.npy", DType::f32, {d.Hq}, slopes);
+  save("sinks.npy", DType::f32, {d.Hq}, sinks);
+  const auto slopes_view = TensorView::contiguous(slopes.data(), DType::f32, {d.Hq});
+  const auto sinks_view = TensorView::contiguous(sinks.data(), DType::f32, {d.Hq});
+  Params params;
+  params.softcap = 2.5;
+  expect_matches({"--softcap", "2.5"}, params);
+  params.alibi_slopes = slopes_view;
+  params.sinks = sinks_view;
+  expect_matches({"--softcap", "2.5", "--alibi-slopes", path("slopes.npy"), "--sinks", path("sinks.npy")}, params);
+  Params drop;
+  drop.dropout_p = 0.25;
+  drop.dropout_seed = 12345678901234ull;
+  drop.causal = Causal::bottom_right;
+  expect_matches({"--dropout", "0.25", "--seed", "12345678901234", "--causal", "bottom-right"}, drop);
+  drop.dropout_seed = 0;  // the default seed
+  expect_matches({"--dropout", "0.25", "--causal", "bottom-right"}, drop);
+}
+
+TEST_F(CliTest, CliErrorBadDropoutAndSeed) {
+  write_qkv({});
+  expect_error(run_args({"--dropout", "1"}), "--dropout");
+  expect_error(run_args({"--dropout", "-0.1"}), "[0, 1)");
+  expect_error(run_args({"--dropout", "0.1x"}), "--dropout");
+  expect_error(run_args({"--dropout", "0.1", "--seed", "-3"}), "--seed");
+  expect_error(run_args({"--dropout", "0.1", "--seed", "18446744073709551616"}), "--seed");
+  expect_error(run_args({"--seed", "3"}), "without --dropout");
+  expect_error(run_args({"--softcap", "-1"}), "--softcap");
+}
+
 TEST_F(CliTest, CliErrorBackwardNeedsAllFour) {
   write_qkv({});
   expect_error(run_args({"--dq", path("dq.npy"), "--dk", path("dk.npy"), "--dv", path("dv.npy")}), "--grad-out");

@@ -35,6 +35,7 @@ Status with_option_names(const Status& status) {
       {"window", "--window"}, {"kv_lens", "--kv-lens"}, {"mask", "--mask"},
       {"threads", "--threads"}, {"backend", "--backend"},
       {"softcap", "--softcap"}, {"alibi_slopes", "--alibi-slopes"}, {"sinks", "--sinks"}, {"grad_sinks", "--dsinks"},
+      {"dropout_p", "--dropout"},
       {"grad_out", "--grad-out"}, {"grad_q", "--dq"}, {"grad_k", "--dk"}, {"grad_v", "--dv"}};
   const std::string& message = status.message();
   for (const auto& [param, option] : kOptions) {
@@ -152,6 +153,7 @@ Status parse_backend(const std::string& text, Backend* backend) {
 struct RunArgs {
   std::string q, k, v, out, lse, causal, scale, mask, kv_lens, window, threads;
   std::string softcap, alibi_slopes, sinks;  // score variants
+  std::string dropout, seed;                 // attention dropout and its generator's seed
   std::string grad_out, dq, dk, dv;  // the backward pass, all four or none
   std::string dsinks;                // with --sinks: also dL/dsinks
   std::string window_align = "bottom-right";
@@ -177,6 +179,19 @@ Status run_params(const RunArgs& a, Params* params) {
     const auto [ptr, ec] = std::from_chars(a.softcap.data(), end, params->softcap);
     if (ec != std::errc() || ptr != end || !std::isfinite(params->softcap) || params->softcap < 0)
       return Status::Invalid("--softcap", "'" + a.softcap + "'; expected a number >= 0 (0 = off), such as 50");
+  }
+  if (!a.dropout.empty()) {
+    const char* end = a.dropout.data() + a.dropout.size();
+    const auto [ptr, ec] = std::from_chars(a.dropout.data(), end, params->dropout_p);
+    if (ec != std::errc() || ptr != end || !(params->dropout_p >= 0 && params->dropout_p < 1))
+      return Status::Invalid("--dropout", "'" + a.dropout + "'; expected a probability in [0, 1) (0 = off), such as 0.1");
+  }
+  if (!a.seed.empty()) {
+    if (a.dropout.empty()) return Status::Invalid("--seed", "is set without --dropout; expected it only with --dropout");
+    const char* end = a.seed.data() + a.seed.size();
+    const auto [ptr, ec] = std::from_chars(a.seed.data(), end, params->dropout_seed);
+    if (ec != std::errc() || ptr != end)
+      return Status::Invalid("--seed", "'" + a.seed + "'; expected a decimal integer in [0, 2^64), such as 42");
   }
   return Status::Ok();
 }
@@ -396,6 +411,12 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   run->add_option("--sinks", a.sinks, "Attention sinks [Hq], float32: a logit per head in every row's softmax "
                                       "denominator with no value (gpt-oss)")
       ->type_name("SINKS.npy");
+  run->add_option("--dropout", a.dropout, "Attention dropout (training): drop each softmax weight with probability P "
+                                          "and scale the kept ones by 1/(1-P); the mask is a function of --seed "
+                                          "(Philox), the same in the backward pass; 0 or absent = off")
+      ->type_name("P");
+  run->add_option("--seed", a.seed, "With --dropout: the seed that chooses which weights drop (default 0)")
+      ->type_name("N");
   run->add_option("--dsinks", a.dsinks, "With --sinks and the backward pass: write dL/dsinks [Hq] (float32)")
       ->type_name("dSINKS.npy");
   return run;

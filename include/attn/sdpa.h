@@ -74,6 +74,13 @@ struct Params {
   //   out_i = Σ_j e^(s_ij) v_j / (e^(sink_h) + Σ_j e^(s_ij)),   lse_i = log(e^(sink_h) + Σ_j e^(s_ij)).
   // A row with no allowed key then gets out = 0 and lse = sink_h.
   std::optional<TensorView> sinks;
+  // Attention dropout (training; FlashAttention's dropout_p): each weight P_ij = softmax(s)_ij is dropped with
+  // probability dropout_p and the kept ones are scaled by 1 / (1 − dropout_p); the LSE is that of P (before
+  // dropout). Which weights drop is a pure function of (dropout_seed, b, h, i, j) (Philox4x32-10, README "Score
+  // variants"): the same seed gives the same mask at every thread count, in the backward, and in the reference.
+  // 0 turns it off; must be in [0, 1).
+  double dropout_p = 0;
+  std::uint64_t dropout_seed = 0;
   // Whether the values of an f32 mask are checked (one pass over the mask; NaN and +inf are refused). false
   // trusts them: a NaN or +inf value then gives NaN in its row, as IEEE arithmetic does.
   bool check_mask_values = true;

@@ -8,13 +8,15 @@
 #include <vector>
 
 #include "attn/sdpa.h"
+#include "core/dropout.h"
 
 namespace attn::core {
 
 enum class MaskKind : std::uint8_t { none, additive, keep };
 
 // The kernel variant a call needs (core/variant.h, cpu/pick.h): its dense-mask kind, or `mods` when it
-// transforms scores (softcap or ALiBi; its dense mask, of any kind, then read at run time).
+// transforms scores or drops weights (softcap, ALiBi or dropout; its dense mask, of any kind, then read at run
+// time).
 enum class VariantKind : std::uint8_t { none, additive, keep, mods };
 
 // A tensor's data pointer with strides expanded to the logical [B, H, S, D] (or [B, Hq, Sq, Skv]
@@ -55,6 +57,7 @@ struct Problem {
   float softcap = 0;
   std::optional<Strided> alibi;
   std::optional<Strided> sinks;
+  Dropout dropout;  // attn::Params::dropout_p (core/dropout.h); applied by the `mods` variant
   float alibi_slope(std::int64_t b, std::int64_t h) const {
     return alibi ? static_cast<const float*>(alibi->data)[b * alibi->stride[0] + h * alibi->stride[1]] : 0.0f;
   }
@@ -69,7 +72,7 @@ struct Problem {
 };
 
 inline VariantKind variant_kind(const Problem& p) {
-  if (p.softcap > 0 || p.alibi) return VariantKind::mods;
+  if (p.softcap > 0 || p.alibi || p.dropout.on()) return VariantKind::mods;
   switch (p.mask_kind) {
     case MaskKind::additive: return VariantKind::additive;
     case MaskKind::keep: return VariantKind::keep;

@@ -359,6 +359,26 @@ Status check_variants(const Params& params, Problem* p) {
       return st;
     p->sinks = s;
   }
+  p->dropout = Dropout{};
+  const double drop = params.dropout_p;
+  if (!(drop >= 0 && drop < 1)) {
+    std::ostringstream v;
+    v << drop;
+    return Status::Invalid("dropout_p", "is " + v.str() + "; expected a probability in [0, 1) (0 = off)");
+  }
+  if (drop > 0) {
+    // The generator's counter words are 32 bits (core/dropout.h).
+    constexpr std::int64_t k32 = std::int64_t{1} << 32;
+    if (p->Sq >= k32 || p->Hq >= k32 || p->B >= k32 || p->Skv >= 4 * k32)
+      return Status::Invalid("dropout_p", "is set with Sq = " + std::to_string(p->Sq) + ", Skv = " +
+                                              std::to_string(p->Skv) +
+                                              "; expected Sq, Hq, B < 2^32 and Skv < 2^34 with dropout");
+    p->dropout.p = drop;
+    p->dropout.seed = params.dropout_seed;
+    // Rounded to the nearest multiple of 2^-32, at least 1 (a tiny p still drops now and then, never never).
+    p->dropout.threshold = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::llround(drop * 4294967296.0)));
+    p->dropout.keep_scale = static_cast<float>(1.0 / (1.0 - drop));
+  }
   return Status::Ok();
 }
 

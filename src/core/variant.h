@@ -8,6 +8,7 @@
 //   - a dense mask (None, Additive f32, Keep bool): per pair a bias (0, the value, or -inf to hide the key);
 //   - a logits transform (Identity, or ScoreMods: softcap and ALiBi): the score from the scaled dot product
 //     x = scale·q·k, before the bias.
+// Dropout rides on the `mods` variant (kDropout): a runtime switch there, compiled out of every other variant.
 // Sinks are no variant: a per-head logit with no value, absorbed into each row's state as it finishes
 // (core::finish_with_sink), so every kernel and split-KV take it the same way, once per row.
 // The hooks a kernel calls, per query row (Variant::row(problem, b, h, i)):
@@ -103,6 +104,7 @@ struct AnyMask {
 
 struct Identity {
   static constexpr bool kActive = false;
+  static constexpr bool kDropout = false;
   struct Row {
     float apply(std::int64_t, float x) const { return x; }
     double apply(std::int64_t, double x) const { return x; }
@@ -116,6 +118,7 @@ struct Identity {
 //   T(j, x) = cap·tanh(x / cap) − slope·|diag − j|,   diag = i + Skv_b − Sq (bottom-right, as FlashAttention).
 struct ScoreMods {
   static constexpr bool kActive = true;
+  static constexpr bool kDropout = true;  // and the call's dropout (core/dropout.h), applied to the weights
   struct Row {
     float cap = 0, slope = 0;
     std::int64_t diag = 0;
@@ -150,6 +153,9 @@ struct Variant {
   static constexpr bool kPerElement = Mask::kActive || Transform::kActive;
   static constexpr bool kBiasOnly = !Transform::kActive;
   static constexpr bool kTransform = Transform::kActive;
+  // The call's dropout (Problem::dropout, when on) multiplies the weights P by its factors z after the softmax
+  // has summed them: the kernels call core::Dropout::factors where this holds.
+  static constexpr bool kDropout = Transform::kDropout;
 
   struct Row {
     typename Mask::Row mask;
@@ -175,7 +181,7 @@ struct Variant {
   }
 };
 
-// The variant of the `mods` kind (softcap or ALiBi, with any dense mask).
+// The variant of the `mods` kind (softcap, ALiBi or dropout, with any dense mask).
 using ModsVariant = Variant<AnyMask, ScoreMods>;
 
 }  // namespace attn::core

@@ -132,6 +132,7 @@ struct Workspace {
   AlignedVector<double> sd;      // [BR][BC]   fp64 scores (tiles with large logits)
   AlignedVector<float> ds;       // [BR][BC]   dP, then dS
   AlignedVector<float> dfac;     // [BR][BC]   d logit / dx of each pair (variants with a logits transform)
+  AlignedVector<float> drop;     // [BR][BC]   dropout factors z, then the dropped weights P ∘ z (sweep 1: [BC][BR])
   AlignedVector<float> kt, vt;   // [Dk][BC], [Dv][BC]  the key tile transposed (keys in lanes; zero past its keys)
   AlignedVector<float> kbuf;     // [BC][Dkp]  its key rows, when not read in place
   AlignedVector<float> dk, dv;   // [BC][Dkp], [BC][Dvp]  the key block's accumulators
@@ -143,11 +144,11 @@ struct Workspace {
   core::KeyRange range[BR];
   Workspace(std::int64_t dk_, std::int64_t dv_)
       : dkp(padded(dk_)), dvp(padded(dv_)), qbuf(BR * dkp), doutbuf(BR * dvp), s(BR * BC), sd(BR * BC),
-        ds(BR * BC), dfac(BR * BC), kt(dk_ * BC), vt(dv_ * BC), kbuf(BC * dkp), dk(BC * dkp), dv(BC * dvp), qt(dk_ * BR),
+        ds(BR * BC), dfac(BR * BC), drop(BR * BC), kt(dk_ * BC), vt(dv_ * BC), kbuf(BC * dkp), dk(BC * dkp), dv(BC * dvp), qt(dk_ * BR),
         dot(dv_ * BR) {}
   std::int64_t bytes() const {
     return static_cast<std::int64_t>(sizeof(Workspace)) +
-           4 * static_cast<std::int64_t>(qbuf.size() + doutbuf.size() + s.size() + ds.size() + dfac.size() + kt.size() + vt.size() +
+           4 * static_cast<std::int64_t>(qbuf.size() + doutbuf.size() + s.size() + ds.size() + dfac.size() + drop.size() + kt.size() + vt.size() +
                                          kbuf.size() + dk.size() + dv.size() + qt.size() + dot.size()) +
            8 * static_cast<std::int64_t>(sd.size());
   }
@@ -378,6 +379,26 @@ inline void rows_times_rows(const float* w, std::int64_t rows, std::int64_t cols
   else gemm<false>(rows, n, cols, w, BC, 1, x, ldx, acc, ldacc);
 }
 
+// Dropout (core/dropout.h) of a tile whose P (ws.s) and dP (ws.ds) are formed: the weights P ∘ z that dV takes
+// into ws.drop, and dP ∘ z in place (the gradient reaching P through the dropped weights). Rows past the block
+// and keys past `cols` get z = 0. Compiled into the `mods` variant only; false when the call has no dropout.
+template <class Variant>
+bool drop_tile(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
+               std::int64_t j0, std::int64_t cols, Workspace& ws) {
+  if constexpr (Variant::kDropout) {
+    if (!p.dropout.on()) return false;
+    std::fill(ws.drop.begin(), ws.drop.end(), 0.0f);
+    for (std::int64_t r = 0; r < rows; ++r) p.dropout.factors(b, h, i0 + r, j0, cols, ws.drop.data() + r * BC, 1);
+    for (std::int64_t e = 0; e < BR * BC; e += W) {
+      const V z = Vec::load(ws.drop.data() + e);
+      Vec::store(ws.ds.data() + e, Vec::mul(Vec::load(ws.ds.data() + e), z));
+      Vec::store(ws.drop.data() + e, Vec::mul(Vec::load(ws.s.data() + e), z));
+    }
+    return true;
+  }
+  return false;
+}
+
 // ---- the sweeps --------------------------------------------------------------------------------------
 
 // The keys some row of the block [i0, i0 + rows) sees lie in [first.lo, last.hi): both ends are
@@ -494,6 +515,9 @@ void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std:
       if (!kind.exact) gemm<false>(cols, BR, p.Dv, v, ldv, 1, ws.dot.data(), BR, dpt, BR);
       for (std::int64_t r = 0; r < rows; ++r) {
         const auto vrow = Variant::row(p, b, h, i0 + r);
+        float* z = ws.drop.data();  // the row's dropout factors, when on
+        if constexpr (Variant::kDropout)
+          if (p.dropout.on()) p.dropout.factors(b, h, i0 + r, j0, cols, z, 1);
         for (std::int64_t c = 0; c < cols; ++c) {
           const std::int64_t j = j0 + c;
           if (j < ws.range[r].lo || j >= ws.range[r].hi || vrow.hidden(j)) continue;
@@ -513,6 +537,8 @@ void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std:
             dp = 0;
             for (std::int64_t d = 0; d < p.Dv; ++d) dp += static_cast<double>(ws.dout[r * ws.ldo + d]) * v[c * ldv + d];
           }
+          if constexpr (Variant::kDropout)
+            if (p.dropout.on()) dp *= z[c];
           ws.pdsum[r] += e * dp;
         }
       }
@@ -525,6 +551,13 @@ void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std:
       block_rows<KVT>(p.v, b, hk, j0, cols, BC, p.Dv, ws.dvp, ws.dv.data(), &v, &ldv);
       gemm<false>(cols, BR, p.Dv, v, ldv, 1, ws.dot.data(), BR, dpt, BR);  // dPᵀ = V dOᵀ
     }
+    if constexpr (Variant::kDropout)  // dPᵀ ∘ zᵀ: D sums P ∘ z ∘ dP
+      if (p.dropout.on()) {
+        float* zt = ws.drop.data();  // [BC][BR]
+        for (std::int64_t r = 0; r < rows; ++r) p.dropout.factors(b, h, i0 + r, j0, cols, zt + r, BR);
+        for (std::int64_t c = 0; c < cols; ++c)
+          for (std::int64_t r = 0; r < rows; ++r) dpt[c * BR + r] *= zt[c * BR + r];
+      }
     // x = scale·S + mask (rounded as sweep 2 rounds), -inf where a row may not look
     bool interior = !Variant::kPerElement;
     for (std::int64_t r = 0; r < rows && interior; ++r) interior = ws.range[r].lo <= j0 && j0 + cols <= ws.range[r].hi;
@@ -597,10 +630,14 @@ void tile_exact(const core::Problem& p, std::int64_t b, std::int64_t h, std::int
   }
   if (!dq_add)
     for (std::int64_t r = 0; r < rows; ++r) std::fill_n(dq + r * ldq_acc, ws.dkp, 0.0f);
+  float z[BC];  // the row's dropout factors (1 without dropout)
+  std::fill_n(z, BC, 1.0f);
   for (std::int64_t r = 0; r < rows; ++r) {
     if (ws.inv_l[r] == 0.0f) continue;  // an empty row contributes nothing
     const float* q = ws.q + r * ws.ldq;
     const float* g = ws.dout + r * ws.ldo;
+    if constexpr (Variant::kDropout)
+      if (p.dropout.on()) p.dropout.factors(b, h, i0 + r, j0, cols, z, 1);
     for (std::int64_t c = 0; c < cols; ++c) {
       double dx = 1;
       const double s = !scored ? pair_score<Variant>(p, b, h, i0 + r, j0 + c, ws.range[r], q, kt, c, &dx)
@@ -611,8 +648,9 @@ void tile_exact(const core::Problem& p, std::int64_t b, std::int64_t h, std::int
       const double prob = std::exp(s - ws.m[r]) * ws.inv_l[r];
       double dp = 0;
       for (std::int64_t e = 0; e < p.Dv; ++e) dp += static_cast<double>(g[e]) * kt.vt[e * BC + c];
-      const double ds = p.scale * prob * (dp - ws.d[r]) * dx;
-      for (std::int64_t e = 0; e < p.Dv; ++e) ws.dv[c * ws.dvp + e] += static_cast<float>(prob * g[e]);
+      const double ds = p.scale * prob * (dp * z[c] - ws.d[r]) * dx;
+      const double dropped = prob * z[c];
+      for (std::int64_t e = 0; e < p.Dv; ++e) ws.dv[c * ws.dvp + e] += static_cast<float>(dropped * g[e]);
       for (std::int64_t e = 0; e < p.Dk; ++e) {
         ws.dk[c * ws.dkp + e] += static_cast<float>(ds * q[e]);
         dq[r * ldq_acc + e] += static_cast<float>(ds * kt.kt[e * BC + c]);
@@ -701,8 +739,9 @@ void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int6
           masked_scores<Variant>(p, b, h, i0, rows, j0, seen, kind.wide, interior, ws);  // scale·S + mask
           probabilities(rows, kind.wide, ws);                                            // P
           dprobs(p, rows, kt, ws, ws.ds.data());                                         // dP = dO Vᵀ
+          const bool dropped = drop_tile<Variant>(p, b, h, i0, rows, j0, seen, ws);       // P ∘ z, dP ∘ z
           dscores<Variant::kTransform>(ws.s.data(), rows, ws.d, p.scale, ws.dfac.data(), ws.ds.data());  // dS = scale·P ∘ (dP − D)
-          cols_times_rows(ws.s.data(), rows, seen, ws.dout, ws.ldo, dvp, dv, add);       // dV += Pᵀ dO
+          cols_times_rows(dropped ? ws.drop.data() : ws.s.data(), rows, seen, ws.dout, ws.ldo, dvp, dv, add);  // dV += Pᵀ dO
           cols_times_rows(ws.ds.data(), rows, seen, ws.q, ws.ldq, dkp, dk, add);         // dK += dSᵀ Q
           rows_times_rows(ws.ds.data(), rows, seen, kt.k, kt.ldk, dkp, dq, dqt.rs, dq_add);  // dQ += dS K
           add = true, dq_add = 1;

@@ -258,10 +258,11 @@ inline void mask_row(std::int64_t lo, std::int64_t hi, std::int64_t k0, std::int
 }
 
 // P = 2^((S - m)·c) for keys [k0, k1) (multiples of 32) of one row, into bf16, after the row's state has taken
-// the tile (RowState::advance_lazy; the row's O is rescaled when m moves).
+// the tile (RowState::advance_lazy; the row's O is rescaled when m moves). With dropout, z (indexed like s) holds
+// the factors the weights take after l has summed them (core/dropout.h).
 template <int Degree>
 inline void softmax_row(const float* s, std::int64_t k0, std::int64_t k1, float c, std::int64_t dvp,
-                        core::RowState& state, float* o, std::uint16_t* p) {
+                        core::RowState& state, float* o, std::uint16_t* p, const float* z = nullptr) {
   __m512 mx = _mm512_set1_ps(core::kNegInf);
   for (std::int64_t k = k0; k < k1; k += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + k));
   const float alpha = state.advance_lazy(_mm512_reduce_max_ps(mx), c, kLazy);
@@ -275,7 +276,11 @@ inline void softmax_row(const float* s, std::int64_t k0, std::int64_t k1, float 
     const __m512 p0 = exp2_fast<Degree>(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + k), origin), cv));
     const __m512 p1 = exp2_fast<Degree>(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + k + 16), origin), cv));
     sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
-    _mm512_storeu_si512(p + k, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+    if (z)
+      _mm512_storeu_si512(p + k, (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(p1, _mm512_loadu_ps(z + k + 16)),
+                                                              _mm512_mul_ps(p0, _mm512_loadu_ps(z + k))));
+    else
+      _mm512_storeu_si512(p + k, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
   }
   state.add(_mm512_reduce_add_ps(sum));
 }
@@ -456,8 +461,13 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
           hidden |= finish_row<Variant>(p, b, ws.head[r0 + r], ws.row[r0 + r], rg, j0, k0, k1, s);
         else if (!all_visible)
           mask_row(rg.lo - j0, std::min(rg.hi, vis_hi) - j0, k0, k1, s);
+        const float* z = nullptr;  // dropout factors
+        alignas(64) float zbuf[BC];
+        if constexpr (Variant::kDropout)
+          if (p.dropout.on())
+            p.dropout.factors(b, ws.head[r0 + r], ws.row[r0 + r], j0 + k0, k1 - k0, zbuf + k0, 1), z = zbuf;
         softmax_row<ExpDegree>(s, k0, k1, c, dvp, ws.state[r0 + r], ws.o.data() + (r0 + r) * dvp,
-                               ws.pb.data() + r * BC);
+                               ws.pb.data() + r * BC, z);
       }
       if (hidden && v_finite < 0) v_finite = v_rows_finite(ws.rows, cols, dvp);
       if (hidden && !v_finite) {  // O += P V over attended pairs only

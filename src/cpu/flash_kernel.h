@@ -461,6 +461,20 @@ inline void softmax_tile(const core::Problem& p, const Lanes& lanes, std::int64_
     softmax_step<QV, false>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
 }
 
+// Dropout (core/dropout.h): every lane's weights of the tile times their factors z (1 / (1 − p) or 0), after the
+// softmax has summed them into l. Compiled into the `mods` variant only.
+template <class Variant>
+inline void drop_weights(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, float* pt) {
+  if constexpr (Variant::kDropout) {
+    if (!p.dropout.on()) return;
+    alignas(64) float z[BC];
+    for (std::int64_t r = 0; r < lanes.n; ++r) {
+      p.dropout.factors(lanes.b, lanes.h[r], lanes.i[r], j0, cols, z, 1);
+      for (std::int64_t c = 0; c < cols; ++c) pt[c * BR + r] *= z[c];
+    }
+  }
+}
+
 // O = α·O + P V over the tile's keys for the pairs a lane attends only: the exact path for a tile where a
 // hidden (lane, key) pair meets a V row holding NaN or inf, which the vector products would turn into
 // 0·NaN = NaN for lanes that never attend that key. Lane r's value d is o[d·d_stride + r·r_stride].
@@ -493,6 +507,7 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows
   scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data());                          // Sᵀ = K Qᵀ
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
   softmax_tile<QV, Variant>(p, lanes, j0, cols, true, krows, u, ws);                           // Pᵀ; m, l
+  drop_weights<Variant>(p, lanes, j0, cols, ws.st.data());                                     // dropout
   if (hidden && !rows_finite(vrows, cols, p.Dv))
     pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), vrows, ws.alpha.data(), ws.o.data(), 1, p.Dv);
   else
@@ -535,6 +550,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       scores<QV>(ws.q.data(), ws.krows, dk, cols, u.dot, ws.st.data());                      // Sᵀ = K Qᵀ
       const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
       softmax_tile<QV, Variant>(p, lanes, j0, cols, false, ws.krows, u, ws);                // Pᵀ; m, l
+      drop_weights<Variant>(p, lanes, j0, cols, ws.st.data());                              // dropout
       if (hidden && !rows_finite(ws.vrows, cols, dv))
         pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), ws.vrows, ws.alpha.data(), ws.o.data(), BR, 1);
       else

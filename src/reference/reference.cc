@@ -1,6 +1,7 @@
 #include "reference/reference.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <string>
 #include <cmath>
@@ -42,7 +43,39 @@ double bias(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t
   return 0.0;
 }
 
+// Philox4x32-10 as its paper defines it (Salmon et al., SC 2011): ten rounds of
+//   (c0, c1, c2, c3) <- (hi(M1·c2) ^ c1 ^ k0, lo(M1·c2), hi(M0·c0) ^ c3 ^ k1, lo(M0·c0)),
+// the key (k0, k1) raised by the Weyl constants between rounds.
+void philox(std::uint32_t c[4], std::uint32_t k0, std::uint32_t k1) {
+  for (int round = 1; round <= 10; ++round) {
+    const std::uint64_t a = std::uint64_t{0xD2511F53} * c[0], e = std::uint64_t{0xCD9E8D57} * c[2];
+    const std::uint32_t n0 = static_cast<std::uint32_t>(e >> 32) ^ c[1] ^ k0;
+    const std::uint32_t n2 = static_cast<std::uint32_t>(a >> 32) ^ c[3] ^ k1;
+    c[1] = static_cast<std::uint32_t>(e), c[3] = static_cast<std::uint32_t>(a), c[0] = n0, c[2] = n2;
+    k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+  }
+}
+
+// Dropout's factor of pair (b, h, i, j) (attn::Params::dropout_p; core/dropout.h has the definition): the
+// pair's draw is word j mod 4 of Philox at counter (j / 4, i, h, b) and key (seed low, seed high); it drops when
+// the draw is below dropout_p·2^32 (rounded), else weighs 1 / (1 − dropout_p). 1 without dropout.
+template <class Acc>
+Acc dropout_factor(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+  if (!(p.dropout.p > 0)) return 1;
+  std::uint32_t c[4] = {static_cast<std::uint32_t>(j / 4), static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(h),
+                        static_cast<std::uint32_t>(b)};
+  philox(c, static_cast<std::uint32_t>(p.dropout.seed & 0xFFFFFFFFu), static_cast<std::uint32_t>(p.dropout.seed >> 32));
+  const double threshold = std::max(1.0, std::round(p.dropout.p * 4294967296.0));
+  if (static_cast<double>(c[j % 4]) < threshold) return 0;
+  return Acc(1) / (Acc(1) - static_cast<Acc>(p.dropout.p));
+}
+
 }  // namespace
+
+std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter, std::uint32_t k0, std::uint32_t k1) {
+  philox(counter.data(), k0, k1);
+  return counter;
+}
 
 std::int64_t bytes_needed(const core::Problem& p, bool backward) {
   const double B = static_cast<double>(p.B), Hq = static_cast<double>(p.Hq), Hkv = static_cast<double>(p.Hkv);
@@ -132,6 +165,7 @@ Result attention(const core::Problem& p, bool keep_probs) {
   if (keep_probs) r.probs.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq * p.Skv), 0.0);
   std::vector<Acc> s(static_cast<std::size_t>(p.Skv));  // the scores of one row
   std::vector<char> seen(static_cast<std::size_t>(p.Skv));  // the keys the row attends
+  std::vector<Acc> z(static_cast<std::size_t>(p.Skv));      // the row's dropout factors
 
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t h = 0; h < p.Hq; ++h) {
@@ -170,11 +204,12 @@ Result attention(const core::Problem& p, bool keep_probs) {
           if (seen[j]) sum += (s[j] = std::exp(s[j] - mx));
         for (std::int64_t j = 0; j < p.Skv; ++j)
           if (seen[j]) s[j] /= sum;
-        // 3. O = P V
+        // 3. O = (P ∘ Z) V, Z the dropout factors (1 without dropout)
+        for (std::int64_t j = 0; j < p.Skv; ++j) z[j] = seen[j] ? dropout_factor<Acc>(p, b, h, i, j) : Acc(0);
         for (std::int64_t d = 0; d < p.Dv; ++d) {
           Acc acc = 0;
           for (std::int64_t j = 0; j < p.Skv; ++j)
-            if (seen[j]) acc += s[j] * static_cast<Acc>(load_kv(p, p.v, b, hk, j, d));
+            if (seen[j]) acc += s[j] * z[j] * static_cast<Acc>(load_kv(p, p.v, b, hk, j, d));
           r.out[orow * p.Dv + d] = acc;
         }
         r.lse[orow] = static_cast<double>(mx + std::log(sum));
@@ -238,13 +273,15 @@ Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
         for (std::int64_t j = 0; j < p.Skv; ++j)
           live[i * p.Skv + j] = !empty && attends(p, b, h, i, j) &&
                                 score<Acc>(p, b, h, i, j, nullptr, &dxs[i * p.Skv + j]) != neg_inf;
-        // dP_ij = dO_i · V_j, and D_i = Σ_j P_ij dP_ij (= dO_i · O_i)
+        // dP_ij = z_ij · dO_i · V_j (the gradient reaching P_ij through its dropped weight z_ij·P_ij), and
+        // D_i = Σ_j P_ij dP_ij (= dO_i · O_i)
         Acc D = 0;
         for (std::int64_t j = 0; j < p.Skv; ++j) {
           if (!live[i * p.Skv + j]) continue;
           Acc dp = 0;
           for (std::int64_t d = 0; d < p.Dv; ++d)
-            dp += static_cast<Acc>(load(dout, b, h, i, d)) * static_cast<Acc>(load(p.v, b, hk, j, d));
+            dp += static_cast<Acc>(load(dout, b, h, i, d)) * static_cast<Acc>(load_kv(p, p.v, b, hk, j, d));
+          dp *= dropout_factor<Acc>(p, b, h, i, j);
           ds[i * p.Skv + j] = dp;
           D += static_cast<Acc>(P[i * p.Skv + j]) * dp;
         }
@@ -261,8 +298,9 @@ Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
           if (!live[i * p.Skv + j]) continue;
           const Acc pij = static_cast<Acc>(P[i * p.Skv + j]);
           ds[i * p.Skv + j] = pij * (ds[i * p.Skv + j] - D) * dxs[i * p.Skv + j];  // (through the softcap)
-          for (std::int64_t d = 0; d < p.Dv; ++d)  // dV_j += P_ij dO_i
-            dv[(kv_head + j) * p.Dv + d] += pij * static_cast<Acc>(load(dout, b, h, i, d));
+          const Acc zij = dropout_factor<Acc>(p, b, h, i, j);
+          for (std::int64_t d = 0; d < p.Dv; ++d)  // dV_j += z_ij P_ij dO_i
+            dv[(kv_head + j) * p.Dv + d] += zij * pij * static_cast<Acc>(load(dout, b, h, i, d));
         }
       }
       for (std::int64_t i = 0; i < p.Sq; ++i)  // dQ_i = scale Σ_j dS_ij K_j

@@ -4,6 +4,7 @@
 // Acc = float is the "naive same-precision" computation the tolerance rule measures against.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -28,6 +29,9 @@ Status check_size(const core::Problem& p, bool backward);
 // The bytes its buffers take for this problem (what check_size compares with kMaxBytes).
 std::int64_t bytes_needed(const core::Problem& p, bool backward);
 
+// Philox4x32-10 (the reference's own, for the dropout mask; tests check it against the published vectors).
+std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter, std::uint32_t k0, std::uint32_t k1);
+
 // True when key j may be seen by query i of batch b (causal, window, key length; not the dense mask).
 bool allowed(const core::Problem& p, std::int64_t b, std::int64_t i, std::int64_t j);
 
@@ -51,7 +55,8 @@ struct Grads {
 };
 
 // dQ, dK, dV (and dsinks) for upstream gradient dout [B, Hq, Sq, Dv], the way the formulas read: P is
-// materialised from attention<Acc>(p, true), then dV = Pᵀ dO, dP = dO Vᵀ, D_i = Σ_j P_ij dP_ij,
+// materialised from attention<Acc>(p, true), then dV = (Z ∘ P)ᵀ dO, dP = Z ∘ (dO Vᵀ), D_i = Σ_j P_ij dP_ij
+// (Z: the dropout factors, 1 without dropout),
 // dS = P ∘ (dP − D) ∘ T'(x) (the softcap's derivative), dsink_h = −Σ_{b,i} P_sink,bhi · D_bhi,
 // dQ = scale · dS K, dK = scale · dSᵀ Q (dK and dV summed over the query heads of each KV head), all in Acc.
 // Uses neither the saved O nor the saved LSE.
