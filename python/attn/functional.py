@@ -367,7 +367,7 @@ def _scale(scale):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, causal_alignment=None, kv_lens=None, window=None,
-                                 return_lse=False, softcap=0.0, alibi_slopes=None, sinks=None):
+                                 return_lse=False, softcap=0.0, alibi_slopes=None, sinks=None, seed=None):
     """softmax(scale · query keyᵀ + mask) value, with torch.nn.functional.scaled_dot_product_attention's
     signature and semantics where the names match.
 
@@ -381,7 +381,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     attn_mask   broadcastable to [B, Hq, Sq, Skv]; bool: True = take part, False = masked out;
                 float (any float dtype, used as float32): added to the scaled scores (finite or -inf).
-    dropout_p   must be 0.0 (accepted so positional calls written for PyTorch keep their meaning).
+    dropout_p   attention dropout (PyTorch's and FlashAttention's dropout_p, in [0, 1)): each softmax weight is
+                dropped with probability dropout_p and the kept ones scaled by 1 / (1 - dropout_p); lse is
+                that of the weights before dropout. Applied whenever dropout_p > 0, as PyTorch does (pass
+                0.0 at inference). Which weights drop is a function of seed and the (batch, head, query,
+                key) position only (Philox4x32-10; README "Score variants"): the same seed gives the same
+                mask at any thread count, and the backward regenerates it.
+    seed        with dropout_p > 0: the mask's seed, an int in [0, 2**64). None (the default) draws one from
+                torch's default generator (torch inputs; torch.manual_seed makes it reproducible) or
+                NumPy's global one (np.random.seed).
     is_causal   key j is allowed for query i when j <= i (PyTorch's top-left diagonal), or when
                 j <= i + Skv - Sq with causal_alignment='bottom_right' (FlashAttention's; a KV cache's).
                 Unlike PyTorch it combines with attn_mask (both apply).
@@ -424,10 +432,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     is_causal = _flag("is_causal", is_causal)
     enable_gqa = _flag("enable_gqa", enable_gqa)
     return_lse = _flag("return_lse", return_lse)
-    if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, (int, float, np.integer, np.floating)):
-        raise TypeError(f"dropout_p: got {type(dropout_p).__name__}; expected 0.0")
-    if dropout_p != 0.0:
-        raise ValueError(f"dropout_p: {dropout_p!r}; expected 0.0 (attn computes attention without dropout)")
+    drop = _dropout(dropout_p, seed, kind)
     hq, hkv = query.shape[-3], key.shape[-3]
     if hq != hkv and not enable_gqa:
         raise ValueError(f"key: {hkv} heads but query has {hq}; expected the same number of heads "
@@ -447,23 +452,25 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if _wants_grad(query, key, value, sinks):
         # sinks as given (float32, or cast within the graph), so that its gradient reaches it
         sinks_arg = None if sinks is None else sinks if _dtype_name(sinks) == "float32" else sinks.float()
-        out, lse = _autograd_function().apply(q, k, v, sinks_arg, options)
+        out, lse = _autograd_function().apply(q, k, v, sinks_arg, options, drop)
     else:
-        out, lse = _forward(kind, q, k, v, options, return_lse, kind == "numpy" and qdtype == "bfloat16", sinks_in)
+        out, lse = _forward(kind, q, k, v, options, return_lse, kind == "numpy" and qdtype == "bfloat16", sinks_in,
+                            drop)
     if not batched:
         out = out[0]
         lse = None if lse is None else lse[0]
     return (out, lse) if return_lse else out
 
 
-def _forward(kind, q, k, v, options, return_lse, bf16_bits=False, sinks=None):
+def _forward(kind, q, k, v, options, return_lse, bf16_bits=False, sinks=None, drop=(0.0, 0)):
     """out (and lse when asked, else None) of 4-D q, k, v, allocated as q's kind. options: the binding's
-    (mask, kv_lens, scale, causal, window_left, window_right, window_align, softcap, alibi_slopes)."""
+    (mask, kv_lens, scale, causal, window_left, window_right, window_align, softcap, alibi_slopes); drop:
+    (dropout_p, seed)."""
     b, hq, sq, _ = q.shape
     out = _empty(kind, q, (b, hq, sq, v.shape[-1]))
     lse = _empty(kind, q, (b, hq, sq), "float32") if return_lse else None
     _call(_attn.attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse, *options[:7],
-          bf16_bits, *options[7:], sinks)
+          bf16_bits, *options[7:], sinks, *drop)
     return out, lse
 
 
@@ -481,12 +488,13 @@ def _autograd_function():
 
         class Attention(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, q, k, v, sinks, options):
+            def forward(ctx, q, k, v, sinks, options, drop):
                 q, k, v = (_for_binding(x) for x in (q, k, v))
                 sinks = None if sinks is None else _for_binding(sinks)
-                out, lse = _forward("torch", q, k, v, options, True, sinks=sinks)
+                out, lse = _forward("torch", q, k, v, options, True, sinks=sinks, drop=drop)
                 ctx.save_for_backward(q, k, v, out, lse, sinks)
                 ctx.options = options
+                ctx.drop = drop  # the same seed: the backward regenerates the forward's mask
                 ctx.mark_non_differentiable(lse)
                 return out, lse
 
@@ -498,11 +506,31 @@ def _autograd_function():
                 if sinks is not None and ctx.needs_input_grad[3]:
                     grad_sinks = torch.empty(sinks.shape, dtype=torch.float32)
                 _call(_attn.attention_backward, q, k, v, out, lse, _for_binding(grad_out.to(q.dtype)), *grads,
-                      *ctx.options, sinks, grad_sinks)
-                return (*grads, grad_sinks, None)
+                      *ctx.options, sinks, grad_sinks, *ctx.drop)
+                return (*grads, grad_sinks, None, None)
 
         _AUTOGRAD = Attention
     return _AUTOGRAD
+
+
+def _dropout(dropout_p, seed, kind):
+    """(dropout_p, seed) for the binding; the range of dropout_p is checked by the library."""
+    if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, (int, float, np.integer, np.floating)):
+        raise TypeError(f"dropout_p: got {type(dropout_p).__name__}; expected a float in [0, 1)")
+    dropout_p = float(dropout_p)
+    if seed is not None:
+        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed: got {type(seed).__name__}; expected an int in [0, 2**64) or None")
+        if not 0 <= int(seed) < 2**64:
+            raise ValueError(f"seed: {int(seed)} is out of range; expected an int in [0, 2**64)")
+        return dropout_p, int(seed)
+    if not dropout_p > 0:
+        return dropout_p, 0
+    if kind == "torch":
+        lo, hi = _torch().randint(0, 2**32, (2,), dtype=_torch().int64).tolist()
+    else:
+        lo, hi = (int(x) for x in np.random.randint(0, 2**32, size=2, dtype=np.uint64))
+    return dropout_p, lo | hi << 32
 
 
 def _softcap(softcap):

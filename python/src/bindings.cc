@@ -128,10 +128,12 @@ attn::Align to_align(const std::string& s) {
   throw nb::value_error(("window_align: '" + s + "'; expected 'top_left' or 'bottom_right'").c_str());
 }
 
-// Score variants (attn::Params::softcap, alibi_slopes, sinks), passed together.
+// Score variants (attn::Params::softcap, alibi_slopes, sinks, dropout_p, dropout_seed), passed together.
 struct Variants {
   double softcap = 0;
   std::optional<In> alibi_slopes, sinks;
+  double dropout_p = 0;
+  std::uint64_t seed = 0;
 };
 
 attn::Params to_params(const std::optional<In>& mask, const std::optional<In>& kv_lens, std::optional<double> scale,
@@ -146,6 +148,8 @@ attn::Params to_params(const std::optional<In>& mask, const std::optional<In>& k
   p.softcap = variants.softcap;
   p.alibi_slopes = to_view("alibi_slopes", variants.alibi_slopes);
   p.sinks = to_view("sinks", variants.sinks);
+  p.dropout_p = variants.dropout_p;
+  p.dropout_seed = variants.seed;
   return p;
 }
 
@@ -153,9 +157,9 @@ void attention(const In& q, const In& k, const In& v, const Out& out, const std:
                const std::optional<In>& mask, const std::optional<In>& kv_lens, std::optional<double> scale,
                const std::string& causal, std::int64_t window_left, std::int64_t window_right,
                const std::string& window_align, bool bf16_bits, double softcap, const std::optional<In>& alibi_slopes,
-               const std::optional<In>& sinks) {
+               const std::optional<In>& sinks, double dropout_p, std::uint64_t seed) {
   const attn::Params p = to_params(mask, kv_lens, scale, causal, window_left, window_right, window_align,
-                                   {softcap, alibi_slopes, sinks});
+                                   {softcap, alibi_slopes, sinks, dropout_p, seed});
   const attn::TensorView qv = to_view("q", q, bf16_bits), kv = to_view("k", k, bf16_bits),
                          vv = to_view("v", v, bf16_bits), ov = to_view("out", out, bf16_bits);
   const std::optional<attn::TensorView> lv = to_view("lse", lse);
@@ -172,9 +176,9 @@ void attention_backward(const In& q, const In& k, const In& v, const In& out, co
                         const std::optional<In>& kv_lens, std::optional<double> scale, const std::string& causal,
                         std::int64_t window_left, std::int64_t window_right, const std::string& window_align,
                         double softcap, const std::optional<In>& alibi_slopes, const std::optional<In>& sinks,
-                        const std::optional<Out>& grad_sinks) {
+                        const std::optional<Out>& grad_sinks, double dropout_p, std::uint64_t seed) {
   const attn::Params p = to_params(mask, kv_lens, scale, causal, window_left, window_right, window_align,
-                                   {softcap, alibi_slopes, sinks});
+                                   {softcap, alibi_slopes, sinks, dropout_p, seed});
   const attn::TensorView qv = to_view("q", q), kv = to_view("k", k), vv = to_view("v", v), ov = to_view("out", out),
                          lv = to_view("lse", lse), gov = to_view("grad_out", grad_out), gq = to_view("grad_q", grad_q),
                          gk = to_view("grad_k", grad_k), gv = to_view("grad_v", grad_v);
@@ -285,13 +289,14 @@ NB_MODULE(_attn, m) {
         nb::arg("mask").none(), nb::arg("kv_lens").none(), nb::arg("scale").none(), nb::arg("causal"),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("window_align"), nb::arg("bf16_bits") = false,
         nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
+        nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0,
         "attn::attention(q, k, v, out, params, lse): writes out (and lse) in place.");
   m.def("attention_backward", &attention_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("grad_out"), nb::arg("grad_q"), nb::arg("grad_k"), nb::arg("grad_v"),
         nb::arg("mask").none(), nb::arg("kv_lens").none(), nb::arg("scale").none(), nb::arg("causal"),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("window_align"), nb::arg("softcap") = 0.0,
         nb::arg("alibi_slopes").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
-        nb::arg("grad_sinks").none() = nb::none(),
+        nb::arg("grad_sinks").none() = nb::none(), nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0,
         "attn::attention_backward: writes grad_q, grad_k and grad_v (and grad_sinks) in place.");
   m.def("attention_paged", &attention_paged, nb::arg("q"), nb::arg("k_pages"), nb::arg("v_pages"),
         nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("out"), nb::arg("lse").none(), nb::arg("mask").none(),

@@ -6,13 +6,39 @@ import numpy as np
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
 
 
+def philox4x32_10(counter, key):
+    """Philox4x32-10 (Salmon et al., SC 2011) over arrays: counter = 4 arrays of 32-bit words, key = 2 ints."""
+    m32 = np.uint64(0xFFFFFFFF)
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) for c in counter)
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
+        lo_hi0 = np.uint64(0xD2511F53) * c0
+        lo_hi1 = np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = (lo_hi1 >> np.uint64(32)) ^ c1 ^ k0, lo_hi1 & m32, (lo_hi0 >> np.uint64(32)) ^ c3 ^ k1, lo_hi0 & m32
+    return c0, c1, c2, c3
+
+
+def dropout_factors(dropout_p, seed, b, h, sq, skv):
+    """attn's dropout mask as factors z [B, H, Sq, Skv] (1 / (1 - p) kept, 0 dropped): pair (b, h, i, j)
+    draws word j % 4 of Philox at counter (j // 4, i, h, b), key (seed low 32 bits, high 32 bits), and drops
+    when the draw is below round(p · 2^32)."""
+    bb, hh, ii, jj = np.meshgrid(np.arange(b), np.arange(h), np.arange(sq), np.arange(skv), indexing="ij")
+    words = philox4x32_10((jj // 4, ii, hh, bb), (seed & 0xFFFFFFFF, seed >> 32))
+    draw = np.choose(jj % 4, words)
+    threshold = max(1, int(np.floor(dropout_p * 2.0**32 + 0.5)))
+    return np.where(draw >= threshold, 1.0 / (1.0 - dropout_p), 0.0)
+
+
 def attention(q, k, v, *, mask=None, causal=False, align="top_left", scale=None, kv_lens=None, window=None,
-              softcap=0.0, alibi_slopes=None, sinks=None, dtype=np.float64):
+              softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0, seed=0, dtype=np.float64):
     """softmax(scale q kᵀ + mask) v over [B, H, S, D] inputs (any float dtype, read as fp64, computed in
     `dtype`). GQA by repeating key/value heads. Returns (out, lse); a row without keys gets 0 and -inf.
     Score variants as attn defines them: softcap·tanh(x / softcap) of the scaled scores, then
     −slope·|i + Skv_b − Sq − j| (alibi_slopes [H] or [B, H]), then the mask; sinks [H] join each row's
-    denominator (a row without keys then gets 0 and lse = sink)."""
+    denominator (a row without keys then gets 0 and lse = sink); dropout_p > 0 multiplies the softmax
+    weights by dropout_factors(dropout_p, seed, ...) before they meet v (lse is unchanged)."""
     q, k, v = (np.asarray(x).astype(np.float64).astype(dtype) for x in (q, k, v))
     b, hq, sq, dk = q.shape
     hkv, skv = k.shape[1], k.shape[2]
@@ -58,6 +84,8 @@ def attention(q, k, v, *, mask=None, causal=False, align="top_left", scale=None,
     p = np.exp(s - peak)
     total = p.sum(axis=-1, keepdims=True) + np.exp(sink - peak)
     has_keys = total > 0
+    if dropout_p > 0:
+        p = p * dropout_factors(dropout_p, seed, b, hq, sq, skv).astype(dtype)
     out = np.where(has_keys, (p @ v) / np.where(has_keys, total, 1), 0)
     with np.errstate(divide="ignore"):
         lse = np.where(has_keys[..., 0], peak[..., 0] + np.log(np.where(has_keys[..., 0], total[..., 0], 1)), -np.inf)

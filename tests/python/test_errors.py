@@ -56,7 +56,7 @@ def raises(exc, message):
     (lambda: sdpa(Q, K, V, scale=-1.0), ValueError, "scale: is -1; expected a finite value > 0"),
     (lambda: sdpa(Q, K, V, scale=float("nan")), ValueError, "scale: is nan"),
     (lambda: sdpa(Q, K, V, scale="0.1"), TypeError, "scale: got str; expected a float"),
-    (lambda: sdpa(Q, K, V, dropout_p=0.1), ValueError, "dropout_p: 0.1; expected 0.0"),
+    (lambda: sdpa(Q, K, V, dropout_p=1.0), ValueError, "dropout_p: is 1; expected a probability in [0, 1)"),
     (lambda: sdpa(Q, K, V, causal_alignment="bottom"), ValueError, "causal_alignment: 'bottom'; expected None"),
     (lambda: sdpa(Q, K, V, window=(1, 2, 3)), TypeError, "window: (1, 2, 3); expected a pair of ints"),
     (lambda: sdpa(Q, K, V, window=(1.5, 0)), TypeError, "window: (1.5, 0)"),
@@ -145,7 +145,7 @@ U64 = np.uint64
     (lambda: sdpa(Q, K, V, enable_gqa=1), TypeError, "enable_gqa: got int 1; expected True or False"),
     (lambda: sdpa(Q, K, V, return_lse=None), TypeError, "return_lse: got NoneType None; expected True or False"),
     (lambda: sdpa(Q, K, V, scale=10**400), ValueError, "scale: 1000"),
-    (lambda: sdpa(Q, K, V, dropout_p=None), TypeError, "dropout_p: got NoneType; expected 0.0"),
+    (lambda: sdpa(Q, K, V, dropout_p=None), TypeError, "dropout_p: got NoneType; expected a float in [0, 1)"),
     # arrays NumPy cannot hand over as they are
     (lambda: sdpa(Q.astype(">f4"), K, V), TypeError, "query: dtype >f4 (float32 in non-native byte order)"),
     (lambda: sdpa(Q, K.astype(">f4"), V), TypeError, "key: dtype >f4; expected the dtype of query (float32)"),

@@ -1,4 +1,4 @@
-"""Score variants (softcap, ALiBi slopes, sinks) through the Python package: NumPy and torch inputs against the
+"""Score variants (softcap, ALiBi slopes, sinks, dropout) through the Python package: NumPy and torch inputs against the
 fp64 reference (tests/python/reference.py, written from the definitions), the paged entry point, the autograd
 path (gradients for query, key, value and sinks against torch's autograd of the formula in float64), and the
 errors that name the argument."""
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import attn
-from reference import check_attention, uniform
+from reference import check_attention, dropout_factors, philox4x32_10, uniform
 
 
 def _inputs(rng, b=2, hq=4, hkv=2, sq=37, skv=53, d=32, dtype=np.float32, amp=1.0):
@@ -24,6 +24,8 @@ VARIANTS = [
     dict(alibi_slopes="batch"),
     dict(sinks=True),
     dict(softcap=5.0, alibi_slopes="batch", sinks=True),
+    dict(dropout_p=0.17),
+    dict(dropout_p=0.5, softcap=5.0, alibi_slopes="heads", sinks=True),
 ]
 
 
@@ -31,6 +33,8 @@ def _variant_args(rng, variant, b, hq):
     kw = {}
     if "softcap" in variant:
         kw["softcap"] = variant["softcap"]
+    if "dropout_p" in variant:
+        kw["dropout_p"], kw["seed"] = variant["dropout_p"], 2**63 + 12345
     if variant.get("alibi_slopes") == "heads":
         kw["alibi_slopes"] = (2.0 ** (-8.0 * np.arange(1, hq + 1) / hq)).astype(np.float32)
     elif variant.get("alibi_slopes") == "batch":
@@ -165,3 +169,86 @@ def test_torch_slopes_that_require_grad_are_refused():
     q = torch.rand(1, 2, 3, 4)
     with pytest.raises(ValueError, match="^alibi_slopes: requires grad"):
         attn.scaled_dot_product_attention(q, q, q, alibi_slopes=torch.ones(2, requires_grad=True))
+
+
+# ---- dropout ------------------------------------------------------------------------------------------------
+
+
+def test_reference_philox_matches_the_published_vectors():
+    """The tests' own Philox (a third implementation, after the library's and the C++ reference's)."""
+    kats = [((0, 0, 0, 0), (0, 0), (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
+            ((0xffffffff,) * 4, (0xffffffff,) * 2, (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
+            ((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0),
+             (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1))]
+    for counter, key, want in kats:
+        assert tuple(int(w) for w in philox4x32_10(counter, key)) == want
+
+
+def test_dropout_keeps_the_lse_and_drops_what_the_seed_says():
+    rng = np.random.default_rng(21)
+    q, k, v = _inputs(rng, b=2, hq=4, hkv=2, sq=17, skv=40)
+    plain, plain_lse = attn.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_lse=True)
+    out, lse = attn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, enable_gqa=True, return_lse=True, seed=99)
+    np.testing.assert_allclose(lse, plain_lse, rtol=1e-6)  # (the dropout path rounds the scores its own way)
+    again = attn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, enable_gqa=True, seed=99)
+    np.testing.assert_array_equal(out, again)
+    other = attn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, enable_gqa=True, seed=100)
+    assert not np.array_equal(out, other)
+    # seed=None draws from NumPy's global generator: np.random.seed makes it reproducible
+    np.random.seed(5)
+    a = attn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, enable_gqa=True)
+    np.random.seed(5)
+    b = attn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, enable_gqa=True)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(dropout_p=1.0), ValueError, "dropout_p"),
+    (dict(dropout_p=-0.5), ValueError, "dropout_p"),
+    (dict(dropout_p=float("nan")), ValueError, "dropout_p"),
+    (dict(dropout_p="0.1"), TypeError, "dropout_p"),
+    (dict(dropout_p=True), TypeError, "dropout_p"),
+    (dict(dropout_p=0.1, seed=-1), ValueError, "seed"),
+    (dict(dropout_p=0.1, seed=2**64), ValueError, "seed"),
+    (dict(dropout_p=0.1, seed=1.5), TypeError, "seed"),
+])
+def test_bad_dropout_names_the_argument(kwargs, error, name):
+    rng = np.random.default_rng(5)
+    q, k, v = _inputs(rng, b=1, hq=2, hkv=2, sq=3, skv=5)
+    with pytest.raises(error, match=f"^{name}: "):
+        attn.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_autograd_with_dropout(causal):
+    """Gradients through the dropped weights: torch's autograd of the formula (float64) with the same mask."""
+    torch = pytest.importorskip("torch", reason="torch is not installed; the PyTorch comparison tests need it")
+    gen = torch.Generator().manual_seed(1)
+    b, hq, sq, skv, d, p, seed = 2, 3, 19, 23, 16, 0.25, 31337
+    q, k, v = (torch.rand(b, hq, s, d, generator=gen, dtype=torch.float64) * 2 - 1 for s in (sq, skv, skv))
+    sinks = torch.tensor([0.3, -1.0, 2.0], dtype=torch.float64)
+    dout = torch.rand(b, hq, sq, d, generator=gen, dtype=torch.float64) - 0.5
+    z = torch.from_numpy(dropout_factors(p, seed, b, hq, sq, skv))
+
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, sinks)]
+    s = leaves[0] @ leaves[1].transpose(-1, -2) / d ** 0.5
+    if causal:
+        i, j = torch.arange(sq)[:, None], torch.arange(skv)[None, :]
+        s = s.masked_fill(j > i + skv - sq, float("-inf"))
+    s = torch.cat([s, leaves[3].reshape(1, hq, 1, 1).expand(b, hq, sq, 1)], dim=-1)
+    want = (torch.softmax(s, dim=-1)[..., :-1] * z) @ leaves[2]
+    want.backward(dout)
+
+    ours = [x.float().clone().requires_grad_() for x in (q, k, v, sinks)]
+    out = attn.scaled_dot_product_attention(ours[0], ours[1], ours[2], dropout_p=p, is_causal=causal,
+                                            causal_alignment="bottom_right", sinks=ours[3], seed=seed)
+    out.backward(dout.float())
+    torch.testing.assert_close(out.double(), want.detach(), rtol=1e-5, atol=1e-5)
+    for name, a, w in zip(("query", "key", "value", "sinks"), ours, leaves):
+        torch.testing.assert_close(a.grad.double(), w.grad, rtol=1e-4, atol=1e-5, msg=f"grad of {name}")
+    # seed=None draws from torch's default generator: torch.manual_seed makes it reproducible
+    torch.manual_seed(3)
+    a = attn.scaled_dot_product_attention(ours[0], ours[1], ours[2], dropout_p=p)
+    torch.manual_seed(3)
+    b = attn.scaled_dot_product_attention(ours[0], ours[1], ours[2], dropout_p=p)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
