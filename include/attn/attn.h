@@ -1,6 +1,7 @@
 // attn: the public API in one include.
 #pragma once
 
+#include "attn/additive.h"
 #include "attn/backward.h"
 #include "attn/info.h"
 #include "attn/sdpa.h"
