@@ -55,5 +55,32 @@ TEST_F(Dir, ScalingExperimentRejectsBadOptions) {
   EXPECT_FALSE(std::filesystem::exists(png));
 }
 
+TEST_F(Dir, CompareScoringRunsAndPlots) {
+  const std::string png = path("scoring.png");
+  const Outcome r = cli({"compare-scoring", "--seeds", "2", "--steps", "20", "--d", "8", "--seq", "4", "--vocab", "6",
+                         "--batch", "8", "--threshold", "1.5", "--time-n", "40", "--time-d", "8", "--reps", "1",
+                         "--png", png});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* field : {"ns per score", "FLOPs per score", "additive / dot:", "30 + 8 tanh", "steps_to",
+                            "final_acc", "dot: mean held-out accuracy", "additive: mean held-out accuracy",
+                            "scoring parameters: dot 128, additive 136"})
+    EXPECT_TRUE(has(r.out, field)) << field << "\n" << r.out;
+  EXPECT_TRUE(is_png(png));
+}
+
+TEST_F(Dir, CompareScoringRejectsBadOptions) {
+  Outcome r = cli({"compare-scoring", "--seq", "40", "--vocab", "32"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r.err, "--vocab: 32; expected at least --seq = 40")) << r.err;
+  r = cli({"compare-scoring", "--reps", "0"});
+  EXPECT_TRUE(has(r.err, "--reps: 0; expected at least 1")) << r.err;
+  const std::string png = path("no/such/dir/x.png");
+  r = cli({"compare-scoring", "--seeds", "1", "--steps", "2", "--d", "4", "--seq", "2", "--vocab", "2", "--time-n", "0",
+           "--png", png});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r.err, "--png")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(png));
+}
+
 }  // namespace
 }  // namespace attn

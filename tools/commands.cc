@@ -602,6 +602,7 @@ void add_heatmap_command(CLI::App& app, std::ostream& out);   // tools/cmd_heatm
 void add_info_command(CLI::App& app, std::ostream& out);   // tools/cmd_info.cc
 void add_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_bench.cc
 void add_scaling_experiment_command(CLI::App& app, std::ostream& out);  // tools/cmd_scaling_experiment.cc
+void add_compare_scoring_command(CLI::App& app, std::ostream& out);  // tools/cmd_compare_scoring.cc
 
 int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"attn: scaled dot-product attention, O = softmax(scale * Q K^T + mask) V", "attn"};
@@ -618,6 +619,7 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   add_info_command(app, out);
   add_bench_command(app, out);
   add_scaling_experiment_command(app, out);
+  add_compare_scoring_command(app, out);
   app.footer("Run 'attn COMMAND --help' for the options of a command.");  // after: subcommands copy it
   strict_numbers(app);
 
