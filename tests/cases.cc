@@ -206,6 +206,10 @@ std::vector<Case> registry() {
        .kv_lens = true, .page_size = 16, .softcap = 2.0, .alibi = 2, .sinks = true});
   add({.B = 2, .Hq = 2, .Hkv = 1, .Sq = 7, .Skv = 0, .Dk = 16, .Dv = 16, .sinks = true});
   add({.B = 2, .Hq = 3, .Hkv = 1, .Sq = 17, .Skv = 9, .Dk = 8, .Dv = 8, .causal = Causal::bottom_right, .sinks = true});
+  // ALiBi with slopes up to 1/2 over 1100 keys: far tiles' scores reach -500 (the wide band), walked from the
+  // diagonal back; top-left causal with Sq < Skv hides each row's ALiBi diagonal, so every score it sees is far.
+  for (Causal c : {Causal::bottom_right, Causal::top_left})
+    add({.B = 1, .Hq = 8, .Hkv = 2, .Sq = 33, .Skv = 1100, .Dk = 32, .Dv = 32, .causal = c, .alibi = 1});
   // Dropout: prefill (lanes of one head), decode (lanes of a GQA group, split-KV), paged, with masks, windows and the
   // other variants; rates FlashAttention tests (0.17) and extreme ones.
   for (Causal c : causals)

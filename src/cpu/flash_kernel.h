@@ -223,8 +223,9 @@ struct Units {
   float dot = 1;        // the factor scores() applies to dot products
   float c = 1;          // score units -> log2 units (the state's c)
   double k = 1;         // score units -> natural-log units
-  float wide_lo = 0;    // |tile max| above this (and below wide_hi), in score units: the wide path
+  float wide_lo = 0;    // |tile max| above this (and below wide_hi), in score units: the wide path,
   float wide_hi = 0;
+  float far = 0;        // unless the tile max lies this far below the lane's running max (score units)
 };
 
 // Scores of at least kWideScores in magnitude (natural-log units) make a softmax row's weights depend on the
@@ -233,8 +234,11 @@ struct Units {
 // largest score per lane is that large are recomputed wide: double dot products, exponents (s - m)·c formed in
 // double. Above kWideScoresMax the fp32 state itself cannot hold the max finely enough (its rounding would
 // underflow the weights), and fp32 scores are as good as any fp32 computation gets. Ordinary inputs (unit-size
-// activations, |scores| of tens) never come near it.
-constexpr double kWideScores = 256.0, kWideScoresMax = 1e8;
+// activations, |scores| of tens) never come near it. A tile whose max lies kFarBelow (natural-log units) or more
+// below the lane's running max needs no care: its weights are below e^-kFarBelow of the row's largest, invisible
+// to fp32 sums. (ALiBi makes the scores of far keys large and negative: its rows are walked from the diagonal
+// back, so the running max is found first and the far tiles stay on the fp32 path; see flash_block.)
+constexpr double kWideScores = 256.0, kWideScoresMax = 1e8, kFarBelow = 128.0;
 
 template <class Variant>
 Units units(const core::Problem& p) {
@@ -245,6 +249,7 @@ Units units(const core::Problem& p) {
   else u.c = static_cast<float>(c), u.k = p.scale;
   u.wide_lo = static_cast<float>(kWideScores / u.k);  // (inf for a tiny k: never wide)
   u.wide_hi = static_cast<float>(kWideScoresMax / u.k);
+  u.far = static_cast<float>(kFarBelow / u.k);  // (inf for a tiny k: every tile in the band is wide)
   return u;
 }
 
@@ -351,12 +356,14 @@ inline void tile_max(const float* st, std::int64_t cols, V* mx) {
 
 // Whether some lane's largest score lies in the wide band (wide_lo, wide_hi) in magnitude.
 template <int QV>
-inline bool needs_wide(const V* mx, const Units& u) {
-  const V lo = Vec::set1(u.wide_lo), hi = Vec::set1(u.wide_hi), zero = Vec::zero();
+inline bool needs_wide(const V* mx, const float* m, const Units& u) {
+  const V lo = Vec::set1(u.wide_lo), hi = Vec::set1(u.wide_hi), far = Vec::set1(u.far), zero = Vec::zero();
   for (int v = 0; v < QV; ++v) {
     const V a = Vec::max(mx[v], Vec::sub(zero, mx[v]));  // |max| (NaN -> -max: not in the band)
     alignas(64) float in[W];
     Vec::store(in, Vec::select_lt(lo, a, Vec::select_lt(a, hi, Vec::set1(1.0f), zero), zero));
+    // ... and not far below the running max m (m - far is -inf for a lane's first tile)
+    Vec::store(in, Vec::select_lt(mx[v], Vec::sub(Vec::load(m + v * W), far), zero, Vec::load(in)));
     for (int i = 0; i < W; ++i)
       if (in[i] != 0.0f) return true;
   }
@@ -406,7 +413,7 @@ void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t 
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     float mx32 = core::kNegInf;
     for (std::int64_t c = 0; c < cols; ++c) mx32 = core::ScalarLanes::max(mx32, st[c * BR + r]);
-    const bool wide = std::fabs(mx32) > u.wide_lo && std::fabs(mx32) < u.wide_hi;
+    const bool wide = std::fabs(mx32) > u.wide_lo && std::fabs(mx32) < u.wide_hi && !(mx32 < m[r] - u.far);
     double s[BC], mx = neg_inf;
     bool nan = false;
     if (wide) {
@@ -452,7 +459,7 @@ inline void softmax_tile(const core::Problem& p, const Lanes& lanes, std::int64_
                          const KT* const* krows, const Units& u, Workspace& ws) {
   V mx[QV];
   tile_max<QV>(ws.st.data(), cols, mx);
-  if (needs_wide<QV>(mx, u))
+  if (needs_wide<QV>(mx, ws.m.data(), u))
     softmax_step_wide<Variant>(p, lanes, j0, cols, ws.q.data(), q_rows, krows, u, ws.st.data(), ws.m.data(),
                                  ws.l.data(), ws.alpha.data());
   else if (u.c == 1.0f)
@@ -541,7 +548,13 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
   std::fill(ws.l.begin(), ws.l.end(), 0.0f);
 
   const Units u = units<Variant>(p);
-  for (std::int64_t j0 = visible_lo; j0 < visible_hi; j0 += BC) {
+  // Tiles on the grid of BC from visible_lo; with ALiBi from the last back, towards the diagonal's far side: a
+  // lane's largest scores (near its diagonal) come first, so the far tiles' large negative scores lie far below
+  // the running max and need no wide path (see kFarBelow).
+  const std::int64_t tiles = visible_hi > visible_lo ? (visible_hi - visible_lo + BC - 1) / BC : 0;
+  const bool backwards = Variant::kTransform && p.alibi.has_value();
+  for (std::int64_t t = 0; t < tiles; ++t) {
+    const std::int64_t j0 = visible_lo + (backwards ? tiles - 1 - t : t) * BC;
     const std::int64_t cols = std::min(BC, visible_hi - j0);
     const bool interior = j0 >= shared_lo && j0 + cols <= shared_hi;
     if constexpr (NL == 0) {
