@@ -27,6 +27,8 @@ struct Vec {
   static T ldexp(T x, T n) { return _mm512_scalef_ps(x, n); }
   // a < b ? x : y, lane by lane
   static T select_lt(T a, T b, T x, T y) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x); }
+  // whether a < b in some lane
+  static bool any_lt(T a, T b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ) != 0; }
   static T load_bf16(const std::uint16_t* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
   }
@@ -71,6 +73,7 @@ struct Vec {
     return _mm256_mul_ps(x, _mm256_castsi256_ps(e));
   }
   static T select_lt(T a, T b, T x, T y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
+  static bool any_lt(T a, T b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_LT_OQ)) != 0; }
   static T load_bf16(const std::uint16_t* p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
   }
@@ -114,6 +117,7 @@ struct Vec {
     const __m128 m = _mm_cmplt_ps(a, b);
     return _mm_or_ps(_mm_and_ps(m, x), _mm_andnot_ps(m, y));
   }
+  static bool any_lt(T a, T b) { return _mm_movemask_ps(_mm_cmplt_ps(a, b)) != 0; }
   static T load_bf16(const std::uint16_t* p) {
     const __m128i h = _mm_loadl_epi64((const __m128i*)p);
     return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
@@ -165,7 +169,8 @@ inline Vec::T exp2v(Vec::T x) {
 
 // tanh(y) for every lane: for |y| <= 1/2 the odd Taylor polynomial through y^15 (truncation below 1e-8 relative),
 // above it (1 − e) / (1 + e) with e = 2^(−2|y|·log2 e) <= 1/e (no cancellation), the sign restored. ±inf give ±1
-// (e = 0), NaN stays NaN (|y| and e are NaN). A few ulp from the exact value, like a libm tanhf.
+// (e = 0), NaN stays NaN (|y| and e are NaN). A few ulp from the exact value, like a libm tanhf. When no lane is
+// above 1/2 (soft-capping's usual case: scores well inside the cap) the exponential and the division are skipped.
 inline Vec::T tanhv(Vec::T y) {
   const Vec::T a = Vec::max(y, Vec::sub(Vec::zero(), y));  // |y| (NaN when y is: max returns its second operand)
   const Vec::T z = Vec::mul(y, y);
@@ -177,6 +182,7 @@ inline Vec::T tanhv(Vec::T y) {
   p = Vec::fmadd(p, z, Vec::set1(2.0f / 15.0f));
   p = Vec::fmadd(p, z, Vec::set1(-1.0f / 3.0f));
   const Vec::T small = Vec::fmadd(Vec::mul(p, z), y, y);  // y + y·z·P(z)
+  if (!Vec::any_lt(Vec::set1(0.5f), a)) return small;     // (a NaN lane: small is NaN too)
   const Vec::T e = exp2v(Vec::mul(a, Vec::set1(-2.0f * 1.4426950408889634f)));
   const Vec::T t = Vec::div(Vec::sub(Vec::set1(1.0f), e), Vec::add(Vec::set1(1.0f), e));
   const Vec::T large = Vec::select_lt(y, Vec::zero(), Vec::sub(Vec::zero(), t), t);
