@@ -11,8 +11,11 @@ from ._attn import __version__
 from .functional import merge_attention, scaled_dot_product_attention
 from .modules import (KVCache, MultiHeadAttention, PagedKVCache, attention_cost, attention_paged, kv_cache_bytes,
                       parameter_count)
+from .flash import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
+                    flash_attn_with_kvcache)
 
 __all__ = ["__version__", "merge_attention", "scaled_dot_product_attention", "attention_paged", "MultiHeadAttention",
-           "KVCache", "PagedKVCache", "attention_cost", "parameter_count", "kv_cache_bytes"]
+           "KVCache", "PagedKVCache", "attention_cost", "parameter_count", "kv_cache_bytes", "flash_attn_func",
+           "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
 # Tensors that require grad go through attn's backward (functional._autograd_function).

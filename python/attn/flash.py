@@ -1,0 +1,226 @@
+"""FlashAttention's Python API (flash_attn 2.x) on the CPU, over attn: code written for FlashAttention runs
+unchanged on torch CPU tensors.
+
+    from attn.flash import flash_attn_func          # instead of: from flash_attn import flash_attn_func
+    out = flash_attn_func(q, k, v, causal=True)     # q [batch, seqlen, heads, dim], k, v [batch, seqlen_k, heads_k, dim]
+
+The same argument names, layouts ([batch, seqlen, nheads, headdim]; packed [total, nheads, headdim] with
+cu_seqlens for the varlen form; [num_blocks, block_size, nheads_k, headdim] pages with block_table) and
+semantics as FlashAttention:
+- causal and window_size are aligned bottom-right (query i sits on key i + seqlen_k - seqlen_q); window_size
+  (left, right), -1 = unbounded;
+- softcap caps the scaled scores (softcap·tanh(s / softcap)); alibi_slopes [nheads] or [batch, nheads] (fp32)
+  add -slope·|i + seqlen_k - seqlen_q - j|;
+- dropout_p drops softmax weights (attn's Philox stream, seeded from torch's default generator: the same
+  distribution as FlashAttention's, not the same mask);
+- the LSE is [batch, nheads, seqlen_q] ([nheads, total_q] for varlen), natural log, +inf for a row that sees no
+  key (FlashAttention's convention; attn's own functions give -inf), whose output is 0.
+Gradients flow through flash_attn_func, the packed forms and flash_attn_varlen_func (attn's deterministic
+backward; `deterministic` is accepted and always true). flash_attn_with_kvcache appends k and v to the cache in
+place and has no backward, as in FlashAttention.
+Not implemented (a NotImplementedError naming the argument): rotary embedding (rotary_cos / rotary_sin: apply it
+to q and k first), cache_batch_idx, cache_leftpad, block_table in the varlen form, and the attention
+probabilities of return_attn_probs (the third value returned is None).
+"""
+
+from .functional import _torch, scaled_dot_product_attention
+from .modules import attention_paged
+
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_with_kvcache"]
+
+
+def _tensor(name, x, rank, layout):
+    torch = _torch()
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: got {type(x).__name__}; expected a torch.Tensor {layout}")
+    if x.dim() != rank:
+        raise ValueError(f"{name}: rank {x.dim()} (shape {list(x.shape)}); expected rank {rank} {layout}")
+    return x
+
+
+def _window(window_size):
+    if window_size is None:
+        return None
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size: {window_size!r}; expected a pair (left, right) of ints, -1 = unbounded") from None
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size: {window_size!r}; expected each side -1 (unbounded) or >= 0")
+    return None if left == -1 and right == -1 else (left, right)
+
+
+def _flash_lse(lse):
+    """attn's -inf for a row without keys as FlashAttention's +inf."""
+    torch = _torch()
+    return torch.where(lse == float("-inf"), torch.full_like(lse, float("inf")), lse)
+
+
+def _not_implemented(**kwargs):
+    for name, value in kwargs.items():
+        if value is not None:
+            raise NotImplementedError(f"{name}: not implemented by attn's FlashAttention API on the CPU")
+
+
+def _attend(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, seed=None, kv_lens=None):
+    """[B, S, H, D] inputs through attn.scaled_dot_product_attention; returns (out [B, S, H, D], lse [B, H, S])."""
+    out, lse = scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, is_causal=bool(causal),
+        scale=softmax_scale, enable_gqa=True, causal_alignment="bottom_right", kv_lens=kv_lens,
+        window=_window(window_size), return_lse=True, softcap=softcap, alibi_slopes=alibi_slopes, seed=seed)
+    return out.transpose(1, 2).contiguous(), lse
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q [batch, seqlen_q, nheads, headdim], k and v [batch, seqlen_k, nheads_k, headdim] (nheads % nheads_k == 0):
+    out [batch, seqlen_q, nheads, headdim]; with return_attn_probs, (out, softmax_lse [batch, nheads, seqlen_q],
+    None)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _tensor(name, x, 4, "[batch, seqlen, nheads, headdim]")
+    out, lse = _attend(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    return (out, _flash_lse(lse), None) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                              alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """qkv [batch, seqlen, 3, nheads, headdim]."""
+    _tensor("qkv", qkv, 5, "[batch, seqlen, 3, nheads, headdim]")
+    q, k, v = qkv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                           return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                             alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q [batch, seqlen_q, nheads, headdim], kv [batch, seqlen_k, 2, nheads_k, headdim]."""
+    _tensor("kv", kv, 5, "[batch, seqlen_k, 2, nheads_k, headdim]")
+    k, v = kv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                           return_attn_probs)
+
+
+def _cu_seqlens(name, cu, max_seqlen, total):
+    torch = _torch()
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: expected a 1-D int32 torch.Tensor [batch + 1] of cumulative sequence lengths")
+    starts = [int(x) for x in cu.tolist()]
+    if len(starts) < 1 or starts[0] != 0 or starts[-1] != total or any(b < a for a, b in zip(starts, starts[1:])):
+        raise ValueError(f"{name}: {starts}; expected non-decreasing offsets from 0 to {total} (the packed length)")
+    longest = max((b - a for a, b in zip(starts, starts[1:])), default=0)
+    if longest > int(max_seqlen):
+        raise ValueError(f"{name}: a sequence of length {longest}; expected at most max_seqlen = {int(max_seqlen)}")
+    return starts
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """Packed sequences: q [total_q, nheads, headdim], k and v [total_k, nheads_k, headdim]; sequence b is rows
+    cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of q (and likewise of k, v). out [total_q, nheads, headdim]; with
+    return_attn_probs, (out, softmax_lse [nheads, total_q], None). With dropout, sequence b draws its mask from
+    the seed (one draw from torch's generator per call) plus b times a fixed odd constant, so sequences differ."""
+    torch = _torch()
+    _not_implemented(block_table=block_table)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _tensor(name, x, 3, "[total, nheads, headdim]")
+    starts_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, max_seqlen_q, q.shape[0])
+    starts_k = _cu_seqlens("cu_seqlens_k", cu_seqlens_k, max_seqlen_k, k.shape[0])
+    if len(starts_q) != len(starts_k):
+        raise ValueError(f"cu_seqlens_k: {len(starts_k) - 1} sequences but cu_seqlens_q has {len(starts_q) - 1}; "
+                         "expected the same batch")
+    seed = None
+    if dropout_p and dropout_p > 0:
+        lo, hi = torch.randint(0, 2**32, (2,), dtype=torch.int64).tolist()
+        seed = lo | hi << 32
+    outs, lses = [], []
+    for b in range(len(starts_q) - 1):
+        qs = q[starts_q[b]:starts_q[b + 1]].unsqueeze(0)
+        ks = k[starts_k[b]:starts_k[b + 1]].unsqueeze(0)
+        vs = v[starts_k[b]:starts_k[b + 1]].unsqueeze(0)
+        slopes = alibi_slopes
+        if alibi_slopes is not None and alibi_slopes.dim() == 2:
+            slopes = alibi_slopes[b]
+        seed_b = None if seed is None else (seed + b * 0x9E3779B97F4A7C15) % 2**64
+        out, lse = _attend(qs, ks, vs, dropout_p, softmax_scale, causal, window_size, softcap, slopes, seed=seed_b)
+        outs.append(out[0])
+        lses.append(lse[0])
+    out = torch.cat(outs, 0) if outs else q.new_empty((0, q.shape[1], v.shape[2]))
+    if not return_attn_probs:
+        return out
+    lse = torch.cat(lses, 1) if lses else q.new_empty((q.shape[1], 0), dtype=torch.float32)
+    return out, _flash_lse(lse), None
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Decode (and chunked prefill) against a KV cache. q [batch, seqlen_q, nheads, headdim]; the cache is
+    k_cache, v_cache [batch, seqlen_cache, nheads_k, headdim], or pages [num_blocks, block_size, nheads_k, headdim]
+    with block_table [batch, max_blocks] (int32). cache_seqlens (int or [batch] int32): the keys already in the
+    cache (None: the whole cache). k, v [batch, seqlen_new, nheads_k, headdim], when given, are written into the
+    cache in place after them, and attention runs over cache_seqlens + seqlen_new keys. num_splits is ignored
+    (attn chooses its own split-KV). Returns out [batch, seqlen_q, nheads, headdim] (and softmax_lse
+    [batch, nheads, seqlen_q] with return_softmax_lse). No autograd."""
+    torch = _torch()
+    _not_implemented(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
+                     cache_leftpad=cache_leftpad)
+    _tensor("q", q, 4, "[batch, seqlen_q, nheads, headdim]")
+    _tensor("k_cache", k_cache, 4, "[batch, seqlen_cache, nheads_k, headdim] or [num_blocks, block_size, nheads_k, headdim]")
+    _tensor("v_cache", v_cache, 4, "like k_cache")
+    batch = q.shape[0]
+    paged = block_table is not None
+    if paged:
+        _tensor("block_table", block_table, 2, "[batch, max_blocks_per_seq]")
+        if block_table.shape[0] != batch:
+            raise ValueError(f"block_table: {block_table.shape[0]} rows; expected batch = {batch}")
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    else:
+        if k_cache.shape[0] != batch:
+            raise ValueError(f"k_cache: batch {k_cache.shape[0]}; expected q's batch {batch}")
+        capacity = k_cache.shape[1]
+    if cache_seqlens is None:
+        lens = [0 if k is not None else capacity] * batch
+    elif isinstance(cache_seqlens, int):
+        lens = [cache_seqlens] * batch
+    else:
+        lens = [int(x) for x in torch.as_tensor(cache_seqlens).reshape(-1).tolist()]
+        if len(lens) != batch:
+            raise ValueError(f"cache_seqlens: {len(lens)} lengths; expected batch = {batch}")
+    new = 0
+    if (k is None) != (v is None):
+        raise ValueError("k: k and v are appended together; expected both or neither")
+    if k is not None:
+        _tensor("k", k, 4, "[batch, seqlen_new, nheads_k, headdim]")
+        _tensor("v", v, 4, "[batch, seqlen_new, nheads_k, headdim]")
+        new = k.shape[1]
+    for b, n in enumerate(lens):
+        if n < 0 or n + new > capacity:
+            raise ValueError(f"cache_seqlens: {n} (+ {new} new keys) for batch {b}; expected 0 <= length and "
+                             f"length + seqlen_new <= the cache's {capacity} slots")
+    total = [n + new for n in lens]
+    with torch.no_grad():
+        if k is not None:  # append in place
+            for b in range(batch):
+                for t in range(new):
+                    pos = lens[b] + t
+                    if paged:
+                        blk = int(block_table[b, pos // k_cache.shape[1]])
+                        k_cache[blk, pos % k_cache.shape[1]] = k[b, t]
+                        v_cache[blk, pos % k_cache.shape[1]] = v[b, t]
+                    else:
+                        k_cache[b, pos] = k[b, t]
+                        v_cache[b, pos] = v[b, t]
+        seq = torch.tensor(total, dtype=torch.int64)
+        if paged:
+            out, lse = attention_paged(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                                       block_table, seq, is_causal=bool(causal), causal_alignment="bottom_right",
+                                       scale=softmax_scale, window=_window(window_size), return_lse=True,
+                                       softcap=softcap, alibi_slopes=alibi_slopes)
+            out = out.transpose(1, 2).contiguous()
+        else:
+            out, lse = _attend(q, k_cache, v_cache, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                               kv_lens=seq)
+    return (out, _flash_lse(lse)) if return_softmax_lse else out

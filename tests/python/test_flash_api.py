@@ -1,0 +1,189 @@
+"""attn.flash: FlashAttention's Python API (flash_attn 2.x) on torch CPU tensors, against FlashAttention's
+semantics written out in torch float64 (bottom-right causal and windows, softcap, ALiBi, GQA, seqlen_q !=
+seqlen_k, rows without keys: out 0 and lse +inf), gradients against torch's autograd of the same, the packed
+and varlen forms against the plain one, and the KV-cache form (in-place append, pages) against the plain one."""
+
+import math
+
+import pytest
+
+import attn
+
+torch = pytest.importorskip("torch", reason="torch is not installed; the FlashAttention API tests need it")
+
+
+def _reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=None, scale=None):
+    """FlashAttention's attention_ref, float64, [B, S, H, D] in and out; lse [B, H, Sq] (+inf for empty rows)."""
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    q, k, v = (x.double().transpose(1, 2) for x in (q, k, v))
+    k = k.repeat_interleave(h // hk, dim=1)
+    v = v.repeat_interleave(h // hk, dim=1)
+    s = q @ k.transpose(-1, -2) * (scale if scale is not None else 1 / math.sqrt(d))
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    diag = i + sk - sq
+    if alibi is not None:
+        slopes = alibi.double().reshape(-1 if alibi.dim() == 2 else 1, h)[:, :, None, None] if alibi.dim() == 2 \
+            else alibi.double()[None, :, None, None]
+        s = s - slopes * (diag - j).abs()
+    hidden = torch.zeros(sq, sk, dtype=torch.bool)
+    left, right = window
+    if causal:
+        right = 0
+    if left >= 0:
+        hidden |= j < diag - left
+    if right >= 0:
+        hidden |= j > diag + right
+    s = s.masked_fill(hidden, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    out = (p @ v).transpose(1, 2)
+    return out, torch.where(lse == float("-inf"), torch.full_like(lse, float("inf")), lse)
+
+
+def _qkv(b, sq, sk, h, hk, d, gen, dtype=torch.float32):
+    q = torch.randn(b, sq, h, d, generator=gen).to(dtype)
+    k = torch.randn(b, sk, hk, d, generator=gen).to(dtype)
+    v = torch.randn(b, sk, hk, d, generator=gen).to(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [(-1, -1), (17, 0), (5, 9)])
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+@pytest.mark.parametrize("alibi", [False, True])
+@pytest.mark.parametrize("seqlens", [(113, 203), (128, 217), (203, 113), (1, 239), (108, 256)])
+def test_flash_attn_func_matches_flashattention_semantics(causal, window, softcap, alibi, seqlens):
+    gen = torch.Generator().manual_seed(hash((causal, window, softcap, alibi, seqlens)) % 2**31)
+    sq, sk = seqlens
+    b, h, hk, d = 2, 4, 2, 40
+    q, k, v = _qkv(b, sq, sk, h, hk, d, gen)
+    slopes = torch.rand(b, h, generator=gen) * 0.3 if alibi else None
+    out, lse, probs = attn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                           alibi_slopes=slopes, return_attn_probs=True)
+    want, want_lse = _reference(q, k, v, causal, window, softcap, slopes)
+    assert out.shape == (b, sq, h, d) and lse.shape == (b, h, sq) and probs is None
+    torch.testing.assert_close(out.double(), want, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_func_gradients(causal):
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = _qkv(2, 37, 53, 4, 1, 32, gen)
+    slopes = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    leaves = [x.double().clone().requires_grad_() for x in (q, k, v)]
+    want, _ = _reference(*leaves, causal=causal, window=(20, -1), softcap=3.0, alibi=slopes)
+    dout = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+    want.backward(dout)
+    ours = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = attn.flash_attn_func(*ours, causal=causal, window_size=(20, -1), softcap=3.0, alibi_slopes=slopes,
+                               deterministic=True)
+    out.backward(dout.float())
+    for name, a, w in zip("qkv", ours, leaves):
+        torch.testing.assert_close(a.grad.double(), w.grad, rtol=1e-4, atol=1e-4, msg=f"grad of {name}")
+
+
+def test_packed_forms_and_bf16():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = _qkv(2, 33, 33, 4, 4, 64, gen, torch.bfloat16)
+    plain = attn.flash_attn_func(q, k, v, causal=True)
+    qkv = torch.stack([q, k, v], dim=2)
+    torch.testing.assert_close(attn.flash_attn_qkvpacked_func(qkv, causal=True), plain, rtol=0, atol=0)
+    torch.testing.assert_close(attn.flash_attn_kvpacked_func(q, torch.stack([k, v], dim=2), causal=True), plain,
+                               rtol=0, atol=0)
+    want, _ = _reference(q, k, v, causal=True)
+    torch.testing.assert_close(plain.double(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_varlen_equals_one_call_per_sequence():
+    gen = torch.Generator().manual_seed(5)
+    lens_q, lens_k = [5, 0, 17, 1], [9, 4, 17, 30]
+    h, hk, d = 4, 2, 16
+    q = torch.randn(sum(lens_q), h, d, generator=gen)
+    k = torch.randn(sum(lens_k), hk, d, generator=gen)
+    v = torch.randn(sum(lens_k), hk, d, generator=gen)
+    cu_q = torch.tensor([0, 5, 5, 22, 23], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 13, 30, 60], dtype=torch.int32)
+    slopes = torch.rand(4, h, generator=gen)
+    out, lse, _ = attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 17, 30, causal=True, softcap=2.0,
+                                              alibi_slopes=slopes, return_attn_probs=True)
+    assert out.shape == (23, h, d) and lse.shape == (h, 23)
+    for b in range(4):
+        qs, ks, vs = q[cu_q[b]:cu_q[b + 1]], k[cu_k[b]:cu_k[b + 1]], v[cu_k[b]:cu_k[b + 1]]
+        want, want_lse, _ = attn.flash_attn_func(qs[None], ks[None], vs[None], causal=True, softcap=2.0,
+                                                 alibi_slopes=slopes[b], return_attn_probs=True)
+        torch.testing.assert_close(out[cu_q[b]:cu_q[b + 1]], want[0], rtol=0, atol=0)
+        torch.testing.assert_close(lse[:, cu_q[b]:cu_q[b + 1]], want_lse[0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="^cu_seqlens_q: "):
+        attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 16, 30)  # a sequence longer than max_seqlen_q
+    with pytest.raises(NotImplementedError, match="^block_table: "):
+        attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 17, 30, block_table=torch.zeros(4, 1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_appends_in_place_and_attends(paged):
+    gen = torch.Generator().manual_seed(6)
+    b, h, hk, d, cap, block = 3, 4, 2, 32, 64, 16
+    cache_lens = torch.tensor([10, 0, 40], dtype=torch.int32)
+    k_full = torch.randn(b, cap, hk, d, generator=gen)
+    v_full = torch.randn(b, cap, hk, d, generator=gen)
+    q = torch.randn(b, 2, h, d, generator=gen)
+    k_new = torch.randn(b, 2, hk, d, generator=gen)
+    v_new = torch.randn(b, 2, hk, d, generator=gen)
+    if paged:
+        perm = torch.randperm(b * cap // block, generator=gen)
+        table = perm.reshape(b, cap // block).to(torch.int32)
+        k_cache = torch.empty(b * cap // block, block, hk, d)
+        v_cache = torch.empty_like(k_cache)
+        for s in range(b):
+            for n in range(cap // block):
+                k_cache[table[s, n]] = k_full[s, n * block:(n + 1) * block]
+                v_cache[table[s, n]] = v_full[s, n * block:(n + 1) * block]
+    else:
+        table, k_cache, v_cache = None, k_full.clone(), v_full.clone()
+    out, lse = attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_lens,
+                                            block_table=table, causal=True, window_size=(20, -1),
+                                            return_softmax_lse=True)
+    for s in range(b):
+        n = int(cache_lens[s])
+        ks = torch.cat([k_full[s, :n], k_new[s]])[None]
+        vs = torch.cat([v_full[s, :n], v_new[s]])[None]
+        want, want_lse, _ = attn.flash_attn_func(q[s:s + 1], ks, vs, causal=True, window_size=(20, -1),
+                                                 return_attn_probs=True)
+        torch.testing.assert_close(out[s:s + 1], want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lse[s:s + 1], want_lse, rtol=1e-5, atol=1e-6)
+        # the new keys were written after the cached ones
+        for t in range(2):
+            pos = n + t
+            got = k_cache[table[s, pos // block], pos % block] if paged else k_cache[s, pos]
+            torch.testing.assert_close(got, k_new[s, t], rtol=0, atol=0)
+    with pytest.raises(NotImplementedError, match="^rotary_cos: "):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(1), rotary_sin=torch.ones(1),
+                                     cache_seqlens=cache_lens, block_table=table)
+    with pytest.raises(ValueError, match="^cache_seqlens: "):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cap - 1, block_table=table)
+
+
+def test_dropout_through_flash_attn_func():
+    """dropout_p as FlashAttention's: the output is unbiased (mean over many seeds close to the no-dropout one),
+    the lse is dropout's, torch.manual_seed makes it reproducible, and gradients flow."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = _qkv(1, 16, 32, 2, 2, 16, gen)
+    plain, plain_lse, _ = attn.flash_attn_func(q, k, v, return_attn_probs=True)
+    torch.manual_seed(0)
+    outs = [attn.flash_attn_func(q, k, v, dropout_p=0.17) for _ in range(400)]
+    mean = torch.stack(outs).mean(0)
+    assert (mean - plain).abs().max() < 0.1
+    assert not torch.equal(outs[0], outs[1])
+    torch.manual_seed(1)
+    a, lse, _ = attn.flash_attn_func(q, k, v, dropout_p=0.17, return_attn_probs=True)
+    torch.manual_seed(1)
+    torch.testing.assert_close(attn.flash_attn_func(q, k, v, dropout_p=0.17), a, rtol=0, atol=0)
+    torch.testing.assert_close(lse, plain_lse, rtol=1e-6, atol=1e-6)
+    qg = q.clone().requires_grad_()
+    attn.flash_attn_func(qg, k, v, dropout_p=0.5).sum().backward()
+    assert torch.isfinite(qg.grad).all()
