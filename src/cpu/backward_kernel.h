@@ -5,7 +5,8 @@
 // recomputed from Q, K and the row's statistics (P = e^(scale·QKᵀ + mask − m) · inv_l), and then
 //   dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D)  with D_i = dO_i · O_i,
 //   dK += dSᵀ Q,   dQ += dS K
-// (the scale of dK and dQ is taken once, in dS).
+// (the scale of dK and dQ is taken once, in dS). With dropout (core/dropout.h) the factors z regenerated from the
+// seed enter as dV += (P ∘ z)ᵀ dO and dP ∘ z in place of dP; D = dO·O (O is dropout's output) is unchanged.
 //
 // Sweeps over work items that own their outputs, so no atomics and no order that depends on the schedule:
 // results are bitwise identical at every thread count.
