@@ -339,7 +339,7 @@ Params choose_params(Input& in, bool* moderate_scale) {
 }
 
 // Score variants (drawn last, so that inputs written before they existed keep their meaning): softcap (sometimes
-// invalid), ALiBi slopes [Hq] or [B, Hq] and sinks [Hq] (sometimes of odd shape or values). Returns whether any
+// invalid), ALiBi slopes [Hq] or [B, Hq], sinks [Hq] (sometimes of odd shape or values) and dropout. Returns whether any
 // value is odd (then no differential check).
 bool choose_variants(Input& in, Problem& pr, const Dims& d, Params* p) {
   bool odd = false;
@@ -357,6 +357,11 @@ bool choose_variants(Input& in, Problem& pr, const Dims& d, Params* p) {
     const bool o = in.one_in(8);
     odd |= o;
     p->sinks = pr.view(in.one_in(16) ? DType::bf16 : DType::f32, {in.one_in(16) ? d.Hq + 1 : d.Hq}, Role::input, o);
+  }
+  if (in.byte() % 4 == 3) {  // dropout (sometimes an invalid probability), any seed
+    static const double rates[] = {0.1, 0.5, 0.9, 1e-9, 0.999999, 0.0, 1.0, -0.1, NAN, INFINITY};
+    p->dropout_p = in.pick(rates);
+    for (int i = 0; i < 8; ++i) p->dropout_seed = p->dropout_seed << 8 | in.byte();
   }
   return odd;
 }
