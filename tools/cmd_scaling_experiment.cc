@@ -33,10 +33,13 @@
 #include "files.h"
 #include "json_writer.h"
 #include "plot.h"
+#include "recall_task.h"
 #include "subcommand.h"
 
 namespace attn::tools {
 namespace {
+
+using namespace recall;  // the task, Param (Adam), smooth, sz, fixed (recall_task.h)
 
 struct ExperimentArgs {
   int seeds = 5, steps = 600, dk = 64, seq = 16, vocab = 32, batch = 32, eval_batches = 16, window = 10;
@@ -44,46 +47,6 @@ struct ExperimentArgs {
   std::string png = "scaling.png";
   bool json = false;
 };
-
-std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
-
-// One parameter tensor with its gradient and Adam moments.
-struct Param {
-  std::vector<float> w, g, m, v;
-  void init_normal(std::size_t n, double std, std::mt19937_64& rng) {
-    std::normal_distribution<double> nd(0.0, std);
-    w.resize(n);
-    for (float& x : w) x = static_cast<float>(nd(rng));
-    g.assign(n, 0.0f), m.assign(n, 0.0f), v.assign(n, 0.0f);
-  }
-  void adam(double lr, int t) {
-    const double b1 = 0.9, b2 = 0.999, eps = 1e-8, c1 = 1 - std::pow(b1, t), c2 = 1 - std::pow(b2, t);
-    for (std::size_t i = 0; i < w.size(); ++i) {
-      m[i] = static_cast<float>(b1 * m[i] + (1 - b1) * g[i]);
-      v[i] = static_cast<float>(b2 * v[i] + (1 - b2) * double(g[i]) * g[i]);
-      w[i] -= static_cast<float>(lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps));
-    }
-  }
-};
-
-struct Batch {
-  std::vector<int> keys, vals, query, target;  // keys/vals [B, S]; query (a position) and target [B]
-};
-
-Batch make_batch(int B, int S, int V, std::mt19937_64& rng) {
-  Batch b;
-  std::vector<int> perm(sz(V));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::uniform_int_distribution<int> val(0, V - 1), pos(0, S - 1);
-  for (int i = 0; i < B; ++i) {
-    for (int s = 0; s < S; ++s) std::swap(perm[sz(s)], perm[sz(s + std::uniform_int_distribution<int>(0, V - 1 - s)(rng))]);
-    for (int s = 0; s < S; ++s) b.keys.push_back(perm[sz(s)]), b.vals.push_back(val(rng));
-    const int q = pos(rng);
-    b.query.push_back(q);
-    b.target.push_back(b.vals[sz(i * S + q)]);
-  }
-  return b;
-}
 
 struct Model {
   int d = 0, V = 0;
@@ -143,36 +106,12 @@ Status step(Model& m, const Batch& b, int B, int S, double scale, bool train, St
     r->entropy += std::max(h, 0.0) / B;  // (p may round a hair above 1)
   }
   // Readout and cross-entropy.
-  std::vector<float> dlogits(sz(B * V));
-  r->loss = r->accuracy = 0;
-  for (int i = 0; i < B; ++i) {
-    std::vector<double> z(sz(V));
-    for (int c = 0; c < V; ++c) {
-      double acc = m.b_r.w[sz(c)];
-      for (int e = 0; e < d; ++e) acc += double(m.w_r.w[sz(c * d + e)]) * out[sz(i * d + e)];
-      z[sz(c)] = acc;
-    }
-    const double mx = *std::max_element(z.begin(), z.end());
-    double sum = 0;
-    for (double x : z) sum += std::exp(x - mx);
-    const double lse = mx + std::log(sum);
-    const int t = b.target[sz(i)];
-    r->loss += (lse - z[sz(t)]) / B;
-    r->accuracy += (std::max_element(z.begin(), z.end()) - z.begin() == t ? 1.0 : 0.0) / B;
-    for (int c = 0; c < V; ++c) dlogits[sz(i * V + c)] = static_cast<float>((std::exp(z[sz(c)] - lse) - (c == t)) / B);
-  }
+  std::vector<float> dlogits;
+  readout_loss(m.w_r, m.b_r, out.data(), B, d, V, b.target, &r->loss, &r->accuracy, &dlogits);
   if (!train) return Status::Ok();
   for (Param* p : {&m.e_key, &m.e_val, &m.w_r, &m.b_r}) std::fill(p->g.begin(), p->g.end(), 0.0f);
   std::vector<float> dout(sz(B * d), 0.0f);
-  for (int i = 0; i < B; ++i)
-    for (int c = 0; c < V; ++c) {
-      const float g = dlogits[sz(i * V + c)];
-      m.b_r.g[sz(c)] += g;
-      for (int e = 0; e < d; ++e) {
-        m.w_r.g[sz(c * d + e)] += g * out[sz(i * d + e)];
-        dout[sz(i * d + e)] += g * m.w_r.w[sz(c * d + e)];
-      }
-    }
+  readout_backward(m.w_r, m.b_r, out.data(), dlogits, B, d, V, dout.data());
   MhaGrads grads;
   if (Status s = m.mha.backward(xq_v, xkv_v, saved, TensorView::contiguous(dout.data(), DType::f32, {B, 1, d}), &grads, params); !s)
     return s;
@@ -224,24 +163,6 @@ Status train(const ExperimentArgs& a, std::uint64_t seed, double scale, Run* run
     run->eval_loss += r.loss / a.eval_batches, run->eval_accuracy += r.accuracy / a.eval_batches;
   }
   return Status::Ok();
-}
-
-// The trailing mean over `window` steps (shorter at the start).
-std::vector<double> smooth(const std::vector<double>& x, int window) {
-  std::vector<double> out(x.size());
-  double sum = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    sum += x[i];
-    if (i >= sz(window)) sum -= x[i - sz(window)];
-    out[i] = sum / static_cast<double>(std::min<std::size_t>(i + 1, sz(window)));
-  }
-  return out;
-}
-
-std::string fixed(double x, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
-  return buf;
 }
 
 Status check(const ExperimentArgs& a) {
