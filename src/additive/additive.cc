@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/views.h"
 #include "cpu/kernels.h"
 #include "mha/linear.h"
 
@@ -42,54 +43,22 @@ std::string dims_str(std::initializer_list<std::int64_t> dims) {
   return s + "]";
 }
 
-// The byte range a view spans ([lo, hi), empty when it has no element).
-struct Extent {
-  const char* lo = nullptr;
-  const char* hi = nullptr;
-};
-Extent extent(const TensorView& t) {
-  if (t.numel() == 0 || !t.data) return {};
-  std::int64_t lo = 0, hi = 0;
-  for (int d = 0; d < t.rank; ++d) {
-    const std::int64_t span = (t.shape[static_cast<std::size_t>(d)] - 1) * t.strides[static_cast<std::size_t>(d)];
-    (span < 0 ? lo : hi) += span;
-  }
-  const auto es = static_cast<std::int64_t>(dtype_size(t.dtype));
-  const char* base = static_cast<const char*>(t.data);
-  return {base + lo * es, base + (hi + 1) * es};
-}
-bool overlaps(const Extent& a, const Extent& b) { return a.lo && b.lo && a.lo < b.hi && b.lo < a.hi; }
-
-// A view of `rank` dims of f32 (or `dtype`) and exactly `shape`.
+// A view (core::check_view: rank, sizes, strides, data) of `dtype` and exactly `shape`.
 Status check_tensor(const char* name, const TensorView& t, std::initializer_list<std::int64_t> shape,
                     DType dtype = DType::f32) {
-  if (t.rank != static_cast<int>(shape.size()))
-    return Status::Invalid(name, "rank " + std::to_string(t.rank) + "; expected rank " + std::to_string(shape.size()) +
-                                     " " + dims_str(shape));
+  if (Status s = core::check_view(name, t, static_cast<int>(shape.size())); !s) return s;
   if (t.dtype != dtype)
     return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected " + dtype_name(dtype));
   std::size_t d = 0;
   for (std::int64_t s : shape)
     if (t.shape[d++] != s) return Status::Invalid(name, "shape " + shape_str(t) + "; expected " + dims_str(shape));
-  if (t.numel() > 0 && !t.data) return Status::Invalid(name, "data is null; expected memory for " + shape_str(t));
   return Status::Ok();
 }
 
+// q, k, v: f32 [B, S, D] of any sizes.
 Status check_input_rank3(const char* name, const TensorView& t) {
-  if (t.rank != 3) return Status::Invalid(name, "rank " + std::to_string(t.rank) + "; expected rank 3 [B, S, D]");
+  if (Status s = core::check_view(name, t, 3); !s) return s;
   if (t.dtype != DType::f32) return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32");
-  for (int d = 0; d < 3; ++d)
-    if (t.shape[static_cast<std::size_t>(d)] < 0) return Status::Invalid(name, "shape " + shape_str(t) + " is negative");
-  if (t.numel() > 0 && !t.data) return Status::Invalid(name, "data is null; expected memory for " + shape_str(t));
-  return Status::Ok();
-}
-
-// An output must not repeat an element (no zero or aliased strides along a dimension of more than one).
-Status check_output_strides(const char* name, const TensorView& t) {
-  if (t.numel() == 0) return Status::Ok();  // (nothing is written; a contiguous empty view has zero strides)
-  for (int d = 0; d < t.rank; ++d)
-    if (t.shape[static_cast<std::size_t>(d)] > 1 && t.strides[static_cast<std::size_t>(d)] == 0)
-      return Status::Invalid(name, "stride 0 in dimension " + std::to_string(d) + "; expected an output that holds each element once");
   return Status::Ok();
 }
 
@@ -146,6 +115,7 @@ Status validate(const TensorView& q, const TensorView& k, const TensorView& v, c
   p->len.assign(static_cast<std::size_t>(p->B), p->Skv);
   if (params.kv_lens) {
     const TensorView& l = *params.kv_lens;
+    if (Status s = core::check_view("kv_lens", l, 1); !s) return s;
     if (l.rank != 1 || l.shape[0] != p->B)
       return Status::Invalid("kv_lens", "shape " + shape_str(l) + "; expected [" + std::to_string(p->B) + "] (B)");
     if (l.dtype != DType::i32 && l.dtype != DType::i64)
@@ -161,6 +131,7 @@ Status validate(const TensorView& q, const TensorView& k, const TensorView& v, c
   }
   if (params.mask) {
     const TensorView& m = *params.mask;
+    if (Status s = core::check_view("mask", m, m.rank == 3 ? 3 : 2); !s) return s;
     if (m.dtype != DType::f32 && m.dtype != DType::boolean)
       return Status::Invalid("mask", std::string("dtype ") + dtype_name(m.dtype) + "; expected f32 (additive) or boolean (keep)");
     const bool shape_ok = (m.rank == 2 && m.shape[0] == p->Sq && m.shape[1] == p->Skv) ||
@@ -191,12 +162,12 @@ Status check_outputs(const std::vector<std::pair<const char*, const TensorView*>
                      const std::vector<std::pair<const char*, const TensorView*>>& outputs) {
   for (std::size_t o = 0; o < outputs.size(); ++o) {
     const auto& [name, view] = outputs[o];
-    if (Status s = check_output_strides(name, *view); !s) return s;
+    if (Status s = core::check_output_strides(name, *view); !s) return s;
     for (const auto& [in_name, in] : inputs)
-      if (in && overlaps(extent(*view), extent(*in)))
+      if (in && core::overlaps(core::extent_of(*view), core::extent_of(*in)))
         return Status::Invalid(name, std::string("memory overlaps input ") + in_name + "; expected a separate buffer");
     for (std::size_t p = 0; p < o; ++p)
-      if (overlaps(extent(*view), extent(*outputs[p].second)))
+      if (core::overlaps(core::extent_of(*view), core::extent_of(*outputs[p].second)))
         return Status::Invalid(name, std::string("memory overlaps output ") + outputs[p].first + "; expected a separate buffer");
   }
   return Status::Ok();
