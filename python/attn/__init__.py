@@ -18,4 +18,5 @@ __all__ = ["__version__", "merge_attention", "scaled_dot_product_attention", "at
            "KVCache", "PagedKVCache", "attention_cost", "parameter_count", "kv_cache_bytes", "flash_attn_func",
            "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
-# Tensors that require grad go through attn's backward (functional._autograd_function).
+# torch tensors go through the operators of attn.torch_ops (torch.ops.attn.*), imported on first use: autograd,
+# torch.compile and torch.export see one operator.

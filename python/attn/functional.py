@@ -449,13 +449,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     batched = query.ndim == 4
     q, k, v = (x if batched else _lead1(x) for x in (query, key, value))
     options = (mask, lens, scale, causal, left, right, align, softcap, slopes)
-    if _wants_grad(query, key, value, sinks):
-        # sinks as given (float32, or cast within the graph), so that its gradient reaches it
-        sinks_arg = None if sinks is None else sinks if _dtype_name(sinks) == "float32" else sinks.float()
-        out, lse = _autograd_function().apply(q, k, v, sinks_arg, options, drop)
+    if kind == "torch":
+        # torch.ops.attn.sdpa: one operator for eager, autograd, torch.compile and torch.export. sinks that
+        # require grad go as given (float32, or cast within the graph), so that their gradient reaches them.
+        if sinks is not None and _wants_grad(sinks):
+            sinks_in = sinks if _dtype_name(sinks) == "float32" else sinks.float()
+        ops = _ops()
+        args = (q, k, v, mask, _as_tensor(lens), scale, causal, left, right, align, softcap, slopes, sinks_in, *drop)
+        if ops.direct(q, k, v, sinks_in):
+            out, lse = _call(ops.sdpa_eager, *args, return_lse)
+        else:
+            out, lse = _call(ops.sdpa, *args)
     else:
-        out, lse = _forward(kind, q, k, v, options, return_lse, kind == "numpy" and qdtype == "bfloat16", sinks_in,
-                            drop)
+        out, lse = _forward(kind, q, k, v, options, return_lse, qdtype == "bfloat16", sinks_in, drop)
     if not batched:
         out = out[0]
         lse = None if lse is None else lse[0]
@@ -474,47 +480,20 @@ def _forward(kind, q, k, v, options, return_lse, bf16_bits=False, sinks=None, dr
     return out, lse
 
 
-_AUTOGRAD = None
+def _ops():
+    """attn.torch_ops (imported on first use, so that torch stays optional): registers torch.ops.attn.*."""
+    from . import torch_ops
+    return torch_ops
 
 
-def _autograd_function():
-    """attn as a torch.autograd.Function (made on first use, so that torch stays optional): the forward
-    saves O and the log-sum-exp, the backward is attn's deterministic FlashAttention-style backward.
-    Gradients flow to query, key, value and sinks (when given) through out; lse is returned as
-    non-differentiable."""
-    global _AUTOGRAD
-    if _AUTOGRAD is None:
-        torch = _torch()
-
-        class Attention(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, q, k, v, sinks, options, drop):
-                q, k, v = (_for_binding(x) for x in (q, k, v))
-                sinks = None if sinks is None else _for_binding(sinks)
-                out, lse = _forward("torch", q, k, v, options, True, sinks=sinks, drop=drop)
-                ctx.save_for_backward(q, k, v, out, lse, sinks)
-                ctx.options = options
-                ctx.drop = drop  # the same seed: the backward regenerates the forward's mask
-                ctx.mark_non_differentiable(lse)
-                return out, lse
-
-            @staticmethod
-            def backward(ctx, grad_out, _grad_lse):
-                q, k, v, out, lse, sinks = ctx.saved_tensors
-                grads = [torch.empty(x.shape, dtype=x.dtype) for x in (q, k, v)]
-                grad_sinks = None
-                if sinks is not None and ctx.needs_input_grad[3]:
-                    grad_sinks = torch.empty(sinks.shape, dtype=torch.float32)
-                _call(_attn.attention_backward, q, k, v, out, lse, _for_binding(grad_out.to(q.dtype)), *grads,
-                      *ctx.options, sinks, grad_sinks, *ctx.drop)
-                return (*grads, grad_sinks, None, None)
-
-        _AUTOGRAD = Attention
-    return _AUTOGRAD
+def _as_tensor(x):
+    """An index-like argument converted from a list (a NumPy array) as a torch tensor; tensors as they are."""
+    return _torch().from_numpy(x) if isinstance(x, np.ndarray) else x
 
 
 def _dropout(dropout_p, seed, kind):
-    """(dropout_p, seed) for the binding; the range of dropout_p is checked by the library."""
+    """(dropout_p, seed): seed an int for the binding (NumPy inputs), or the operators' int64 [2] seed tensor (torch
+    inputs; None without dropout). The range of dropout_p is checked by the library."""
     if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, (int, float, np.integer, np.floating)):
         raise TypeError(f"dropout_p: got {type(dropout_p).__name__}; expected a float in [0, 1)")
     dropout_p = float(dropout_p)
@@ -523,11 +502,14 @@ def _dropout(dropout_p, seed, kind):
             raise TypeError(f"seed: got {type(seed).__name__}; expected an int in [0, 2**64) or None")
         if not 0 <= int(seed) < 2**64:
             raise ValueError(f"seed: {int(seed)} is out of range; expected an int in [0, 2**64)")
+        if kind == "torch":
+            return dropout_p, _ops().seed_tensor(int(seed)) if dropout_p > 0 else None
         return dropout_p, int(seed)
     if not dropout_p > 0:
-        return dropout_p, 0
+        return dropout_p, None if kind == "torch" else 0
     if kind == "torch":
-        lo, hi = _torch().randint(0, 2**32, (2,), dtype=_torch().int64).tolist()
+        # the operators' seed tensor (low, high halves), drawn within the graph under torch.compile
+        return dropout_p, _torch().randint(0, 2**32, (2,), dtype=_torch().int64)
     else:
         lo, hi = (int(x) for x in np.random.randint(0, 2**32, size=2, dtype=np.uint64))
     return dropout_p, lo | hi << 32

@@ -12,9 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import _attn
-from .functional import (_array, _call, _diagonals, _dtype_name, _empty, _flag, _float_dtype, _for_binding, _int, _ints,
-                         _per_head, _softcap,
-                         _is_tensor, _lengths, _mask, _rank, _scale)
+from .functional import (_array, _as_tensor, _call, _diagonals, _dtype_name, _empty, _flag, _float_dtype, _for_binding,
+                         _int, _ints, _is_tensor, _lengths, _mask, _ops, _per_head, _rank, _scale, _softcap)
 
 _WEIGHTS = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
 # C++ parameter names -> the Python ones, per function family.
@@ -294,6 +293,12 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
     softcap = _softcap(softcap)
     slopes = _per_head("alibi_slopes", alibi_slopes, kind, grad_ok=False)
     sinks = _per_head("sinks", sinks, kind, grad_ok=False)
+    if kind == "torch":  # torch.ops.attn.sdpa_paged, traceable by torch.compile and torch.export
+        ops = _ops()
+        op = ops.sdpa_paged_eager if ops.direct(query, k_pages, v_pages) else ops.sdpa_paged
+        out, lse = _call(op, query, k_pages, v_pages, _as_tensor(table), _as_tensor(lens), mask, scale,
+                         causal, left, right, align, softcap, slopes, sinks, names=_PAGED_NAMES)
+        return (out, lse) if return_lse else out
     b, hq, sq, _ = query.shape
     out = _empty(kind, query, (b, hq, sq, v_pages.shape[-1]))
     lse = _empty(kind, query, (b, hq, sq), "float32") if return_lse else None
