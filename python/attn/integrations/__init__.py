@@ -1,0 +1,1 @@
+"""Integrations of attn with other libraries: attn.integrations.transformers (Hugging Face)."""
