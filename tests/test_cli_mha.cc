@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <sstream>
 #include <string>
@@ -128,6 +129,16 @@ TEST_F(Dir, PlotWriterChecksItsInput) {
   EXPECT_FALSE(plot::write_heatmaps(path("h.png"), f).ok());
   f.panels[0].values.push_back(NAN);  // drawn blank
   ASSERT_TRUE(plot::write_heatmaps(path("h.png"), f).ok());
+  // SVG by the extension, with the text as text (Cairo's SVG keeps glyphs as outlines, so check the structure)
+  p.title = "a title";
+  ASSERT_TRUE(plot::write_line_plot(path("a.svg"), p).ok());
+  ASSERT_TRUE(plot::write_heatmaps(path("h.SVG"), f).ok());
+  for (const char* name : {"a.svg", "h.SVG"}) {
+    std::ifstream svg(path(name));
+    const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(has(text, "<svg") && has(text, "</svg>")) << name;
+    EXPECT_FALSE(is_png(path(name))) << name;
+  }
   EXPECT_EQ(plot::nice_ticks(0, 1, 5), (std::vector<double>{0, 0.2, 0.4, 0.6000000000000001, 0.8, 1}));
   const plot::Rgb lo = plot::viridis(0), hi = plot::viridis(1);
   EXPECT_EQ(lo.r, 68);

@@ -1,66 +1,158 @@
-// attn tools: PNG plots. Rasterising is done here; libpng only encodes the finished image.
+// attn tools: plots drawn with Cairo (antialiased vector drawing, system fonts through fontconfig), written as
+// PNG or SVG by the file's extension. Only the layout (where axes, ticks, labels and legends go) is ours.
 #include "plot.h"
 
 #include "files.h"
 
-#include <png.h>
+#include <cairo-svg.h>
+#include <cairo.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 
 namespace attn::plot {
 namespace {
 
-// The 5x7 font: 7 rows of 5 columns per glyph, '#' = ink.
-struct Glyph {
-  char c;
-  const char* rows;  // 35 characters
-};
-constexpr Glyph kFont[] = {
-    {'0', ".###.#...##..###.#.###..##...#.###."}, {'1', "..#...##....#....#....#....#...###."},
-    {'2', ".###.#...#....#...#...#...#...#####"}, {'3', "#####...#...#.....#.....##...#.###."},
-    {'4', "...#...##..#.#.#..#.#####...#....#."}, {'5', "######....####.....#....##...#.###."},
-    {'6', "..##..#...#....####.#...##...#.###."}, {'7', "#####....#...#...#...#....#....#..."},
-    {'8', ".###.#...##...#.###.#...##...#.###."}, {'9', ".###.#...##...#.####....#...#..##.."},
-    {'A', ".###.#...##...#######...##...##...#"},  {'B', "####.#...##...#####.#...##...#####."},
-    {'C', ".###.#...##....#....#....#...#.###."}, {'D', "###..#..#.#...##...##...##..#.###.."},
-    {'E', "######....#....####.#....#....#####"}, {'F', "######....#....####.#....#....#...."},
-    {'G', ".###.#...##....#.####...##...#.####"}, {'H', "#...##...##...#######...##...##...#"},
-    {'I', ".###...#....#....#....#....#...###."}, {'J', "..###...#....#....#....#.#..#..##.."},
-    {'K', "#...##..#.#.#..##...#.#..#..#.#...#"}, {'L', "#....#....#....#....#....#....#####"},
-    {'M', "#...###.###.#.##.#.##...##...##...#"}, {'N', "#...###..##.#.##..###...##...##...#"},
-    {'O', ".###.#...##...##...##...##...#.###."}, {'P', "####.#...##...#####.#....#....#...."},
-    {'Q', ".###.#...##...##...##.#.##..#..##.#"}, {'R', "####.#...##...#####.#.#..#..#.#...#"},
-    {'S', ".#####....#.....###.....#....#####."},  {'T', "#####..#....#....#....#....#....#.."},
-    {'U', "#...##...##...##...##...##...#.###."}, {'V', "#...##...##...##...##...#.#.#...#.."},
-    {'W', "#...##...##...##.#.##.#.##.#.#.#.#."}, {'X', "#...##...#.#.#...#...#.#.#...##...#"},
-    {'Y', "#...##...#.#.#...#....#....#....#.."}, {'Z', "#####....#...#...#...#...#....#####"},
-    {' ', "..................................."}, {'.', "..............................##..."},
-    {',', ".........................##...#..#."}, {'-', "...............###................."},
-    {'+', ".......#....#..#####..#....#......."}, {':', ".......#....#.........#....#......."},
-    {'(', "...#...#...#....#....#.....#.....#."}, {')', ".#.....#.....#....#....#...#...#..."},
-    {'/', "....#....#...#...#...#...#....#...."}, {'=', "..........#####.....#####.........."},
-    {'%', "##...##..#...#...#...#...#..##...##"}, {'_', "..............................#####"},
-    {'\'', "..#....#...#......................."}, {'[', ".###..#....#....#....#....#....###."},
-    {']', ".###....#....#....#....#....#..###."}, {'<', "...#...#...#...#.....#.....#.....#."},
-    {'>', ".#.....#.....#.....#...#...#...#..."}, {'*', ".......#..#.#.#.###.#.#.#..#......."},
-    {'#', ".#.#..#.#.#####.#.#.#####.#.#..#.#."}, {'!', "..#....#....#....#....#.........#.."},
-    {'?', ".###.#...#....#...#...#.........#.."}, {'|', "..#....#....#....#....#....#....#.."},
-    {'^', "..#...#.#.#...#...................."}, {'~', "..........##.#.#.##................"},
-};
+constexpr Rgb kBlack{0, 0, 0}, kGrey{220, 220, 220}, kDark{70, 70, 70};
+constexpr Rgb kPalette[] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40}, {148, 103, 189}, {140, 86, 75}};
+constexpr const char* kFont = "DejaVu Sans";  // fontconfig falls back to any sans-serif font without it
 
-const char* glyph_rows(char c) {
-  if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
-  for (const Glyph& g : kFont)
-    if (g.c == c) return g.rows;
-  return nullptr;
+Rgb palette(int index) { return kPalette[static_cast<std::size_t>(index) % std::size(kPalette)]; }
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && std::equal(tail.rbegin(), tail.rend(), s.rbegin(),
+                                               [](char a, char b) { return std::tolower(a) == std::tolower(b); });
 }
 
-constexpr Rgb kBlack{0, 0, 0}, kGrey{200, 200, 200}, kDark{80, 80, 80};
-constexpr Rgb kPalette[] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40}, {148, 103, 189}, {140, 86, 75}};
+cairo_status_t append_bytes(void* closure, const unsigned char* data, unsigned int length) {
+  try {
+    static_cast<std::string*>(closure)->append(reinterpret_cast<const char*>(data), length);
+    return CAIRO_STATUS_SUCCESS;
+  } catch (...) {
+    return CAIRO_STATUS_NO_MEMORY;
+  }
+}
+
+// One figure being drawn: a Cairo surface (an image for PNG, a vector stream for SVG) and its context, with
+// the few drawing steps the plots need. finish() encodes it and writes the file through tools::write_file (a
+// temporary file renamed into place: no partial file on failure).
+class Figure {
+ public:
+  Figure(const std::string& path, double width, double height) : path_(path), svg_(ends_with(path, ".svg")) {
+    surface_ = svg_ ? cairo_svg_surface_create_for_stream(append_bytes, &svg_bytes_, width, height)
+                    : cairo_image_surface_create(CAIRO_FORMAT_RGB24, static_cast<int>(std::ceil(width)),
+                                                 static_cast<int>(std::ceil(height)));
+    cr_ = cairo_create(surface_);
+    cairo_set_source_rgb(cr_, 1, 1, 1);
+    cairo_paint(cr_);
+    cairo_select_font_face(cr_, kFont, CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+  }
+  ~Figure() {
+    cairo_destroy(cr_);
+    cairo_surface_destroy(surface_);
+  }
+  Figure(const Figure&) = delete;
+  Figure& operator=(const Figure&) = delete;
+  cairo_t* cr() { return cr_; }
+
+  void color(Rgb c) { cairo_set_source_rgb(cr_, c.r / 255.0, c.g / 255.0, c.b / 255.0); }
+  void line(double x0, double y0, double x1, double y1, Rgb c, double width = 1) {
+    color(c);
+    cairo_set_line_width(cr_, width);
+    cairo_move_to(cr_, x0, y0);
+    cairo_line_to(cr_, x1, y1);
+    cairo_stroke(cr_);
+  }
+  void rect(double x, double y, double w, double h, Rgb c, bool filled, double width = 1) {
+    color(c);
+    cairo_rectangle(cr_, x, y, w, h);
+    if (filled) {
+      cairo_fill(cr_);
+    } else {
+      cairo_set_line_width(cr_, width);
+      cairo_stroke(cr_);
+    }
+  }
+  double text_width(const std::string& s, double size) {
+    cairo_set_font_size(cr_, size);
+    cairo_text_extents_t e;
+    cairo_text_extents(cr_, s.c_str(), &e);
+    return e.x_advance;
+  }
+  // Text of `size` points at (x, y): ax = 0, 0.5, 1 puts x at its left, centre or right; ay = 0, 0.5, 1 puts y
+  // at its top, middle or bottom (the font's ascent and descent, so labels line up whatever their letters).
+  // up = true turns it 90° counter-clockwise (reads bottom to top), the anchors then along its own axes.
+  void text(double x, double y, const std::string& s, double size, Rgb c, double ax = 0, double ay = 0,
+            bool up = false, bool bold = false) {
+    if (s.empty()) return;
+    cairo_save(cr_);
+    cairo_select_font_face(cr_, kFont, CAIRO_FONT_SLANT_NORMAL, bold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
+    cairo_set_font_size(cr_, size);
+    cairo_font_extents_t f;
+    cairo_font_extents(cr_, &f);
+    cairo_text_extents_t e;
+    cairo_text_extents(cr_, s.c_str(), &e);
+    cairo_translate(cr_, x, y);
+    if (up) cairo_rotate(cr_, -M_PI / 2);
+    cairo_move_to(cr_, -ax * e.x_advance, f.ascent - ay * (f.ascent + f.descent));
+    color(c);
+    cairo_show_text(cr_, s.c_str());
+    cairo_restore(cr_);
+  }
+  // A matrix drawn as blocks of `cell` units, one colour per element (nearest-neighbour scaling, so that PNG
+  // and SVG both keep sharp cells; the SVG embeds the matrix as a small image).
+  void matrix(double x, double y, double cell, int rows, int cols, const std::vector<Rgb>& colors) {
+    cairo_surface_t* img = cairo_image_surface_create(CAIRO_FORMAT_RGB24, cols, rows);
+    cairo_surface_flush(img);
+    unsigned char* data = cairo_image_surface_get_data(img);
+    const int stride = cairo_image_surface_get_stride(img);
+    for (int r = 0; data && r < rows; ++r) {
+      auto* row = reinterpret_cast<std::uint32_t*>(data + static_cast<std::ptrdiff_t>(r) * stride);
+      for (int c = 0; c < cols; ++c) {
+        const Rgb v = colors[static_cast<std::size_t>(r) * cols + c];
+        row[c] = static_cast<std::uint32_t>(v.r) << 16 | static_cast<std::uint32_t>(v.g) << 8 | v.b;
+      }
+    }
+    cairo_surface_mark_dirty(img);
+    cairo_save(cr_);
+    cairo_translate(cr_, x, y);
+    cairo_scale(cr_, cell, cell);
+    cairo_set_source_surface(cr_, img, 0, 0);
+    cairo_pattern_set_filter(cairo_get_source(cr_), CAIRO_FILTER_NEAREST);
+    cairo_rectangle(cr_, 0, 0, cols, rows);
+    cairo_fill(cr_);
+    cairo_restore(cr_);
+    cairo_surface_destroy(img);
+  }
+
+  Status finish() {
+    std::string bytes;
+    cairo_surface_flush(surface_);
+    cairo_status_t st = cairo_status(cr_);
+    if (svg_) {
+      cairo_surface_finish(surface_);  // the SVG stream is complete only now
+      st = st ? st : cairo_surface_status(surface_);
+      bytes.swap(svg_bytes_);
+    } else if (!st) {
+      st = cairo_surface_write_to_png_stream(surface_, append_bytes, &bytes);
+    }
+    if (st)
+      return Status::Invalid(svg_ ? "svg" : "png", std::string("drawing '") + path_ + "' failed (" +
+                                                        cairo_status_to_string(st) + "); expected a drawable figure");
+    return tools::write_file(svg_ ? "svg" : "png", path_, bytes);
+  }
+
+ private:
+  std::string path_;
+  bool svg_;
+  std::string svg_bytes_;
+  cairo_surface_t* surface_ = nullptr;
+  cairo_t* cr_ = nullptr;
+};
 
 }  // namespace
 
@@ -74,96 +166,6 @@ Rgb viridis(double t) {
   const double f = x - i;
   auto mix = [&](int ch) { return static_cast<unsigned char>(std::lround(anchors[i][ch] * (1 - f) + anchors[i + 1][ch] * f)); };
   return {mix(0), mix(1), mix(2)};
-}
-
-Canvas::Canvas(int width, int height, Rgb background) : width_(width), height_(height) {
-  rgb_.resize(static_cast<std::size_t>(width) * height * 3);
-  for (std::size_t i = 0; i < rgb_.size(); i += 3) rgb_[i] = background.r, rgb_[i + 1] = background.g, rgb_[i + 2] = background.b;
-}
-
-void Canvas::pixel(int x, int y, Rgb c) {
-  if (x < 0 || y < 0 || x >= width_ || y >= height_) return;
-  unsigned char* p = &rgb_[(static_cast<std::size_t>(y) * width_ + x) * 3];
-  p[0] = c.r, p[1] = c.g, p[2] = c.b;
-}
-
-void Canvas::fill(int x, int y, int w, int h, Rgb c) {
-  for (int j = std::max(0, y); j < std::min(height_, y + h); ++j)
-    for (int i = std::max(0, x); i < std::min(width_, x + w); ++i) pixel(i, j, c);
-}
-
-void Canvas::line(int x0, int y0, int x1, int y1, Rgb c, int thickness) {
-  // Bresenham, with a square pen of `thickness` pixels.
-  const int dx = std::abs(x1 - x0), dy = -std::abs(y1 - y0), sx = x0 < x1 ? 1 : -1, sy = y0 < y1 ? 1 : -1;
-  int err = dx + dy;
-  const int lo = -(thickness - 1) / 2, hi = thickness / 2;
-  for (int steps = 0; steps < 100000; ++steps) {
-    for (int a = lo; a <= hi; ++a)
-      for (int b = lo; b <= hi; ++b) pixel(x0 + a, y0 + b, c);
-    if (x0 == x1 && y0 == y1) break;
-    const int e2 = 2 * err;
-    if (e2 >= dy) err += dy, x0 += sx;
-    if (e2 <= dx) err += dx, y0 += sy;
-  }
-}
-
-void Canvas::text(int x, int y, const std::string& s, Rgb c, int scale) {
-  for (std::size_t n = 0; n < s.size(); ++n) {
-    const char* rows = glyph_rows(s[n]);
-    if (!rows) continue;
-    for (int r = 0; r < 7; ++r)
-      for (int col = 0; col < 5; ++col)
-        if (rows[r * 5 + col] == '#') fill(x + (static_cast<int>(n) * 6 + col) * scale, y + r * scale, scale, scale, c);
-  }
-}
-
-void Canvas::text_up(int x, int y, const std::string& s, Rgb c, int scale) {
-  for (std::size_t n = 0; n < s.size(); ++n) {
-    const char* rows = glyph_rows(s[n]);
-    if (!rows) continue;
-    for (int r = 0; r < 7; ++r)
-      for (int col = 0; col < 5; ++col)
-        if (rows[r * 5 + col] == '#') fill(x + r * scale, y - (static_cast<int>(n) * 6 + col + 1) * scale, scale, scale, c);
-  }
-}
-
-namespace {
-
-// libpng's write callback: appends to the std::string behind io_ptr.
-void append_png_bytes(png_structp png, png_bytep data, png_size_t size) {
-  auto* out = static_cast<std::string*>(png_get_io_ptr(png));
-  try {
-    out->append(reinterpret_cast<const char*>(data), size);
-  } catch (...) {
-    png_error(png, "out of memory");
-  }
-}
-
-void flush_png_bytes(png_structp) {}
-
-}  // namespace
-
-// Encodes the image in memory, then writes it through tools::write_file: a temporary file renamed into
-// place, never replacing anything but a regular file.
-Status Canvas::write_png(const std::string& path) const {
-  std::string bytes;
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
-  png_infop info = png ? png_create_info_struct(png) : nullptr;
-  bool ok = png && info;
-  if (ok && setjmp(png_jmpbuf(png)) == 0) {
-    png_set_write_fn(png, &bytes, append_png_bytes, flush_png_bytes);
-    png_set_IHDR(png, info, static_cast<png_uint_32>(width_), static_cast<png_uint_32>(height_), 8, PNG_COLOR_TYPE_RGB,
-                 PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-    png_write_info(png, info);
-    for (int y = 0; y < height_; ++y)
-      png_write_row(png, const_cast<png_bytep>(&rgb_[static_cast<std::size_t>(y) * width_ * 3]));
-    png_write_end(png, nullptr);
-  } else {
-    ok = false;
-  }
-  png_destroy_write_struct(png ? &png : nullptr, info ? &info : nullptr);
-  if (!ok) return Status::Invalid("png", "encoding the image for '" + path + "' failed; expected a drawable image");
-  return tools::write_file("png", path, bytes);
 }
 
 std::vector<double> nice_ticks(double lo, double hi, int target) {
@@ -209,81 +211,105 @@ Status write_line_plot(const std::string& path, const LinePlot& plot) {
   y1 += ypad;
   if (y0 != 0) y0 -= ypad;
 
-  Canvas cv(plot.width, plot.height);
-  const int left = 90, right = 24, top = 44, bottom = 64;
-  const int pw = plot.width - left - right, ph = plot.height - top - bottom;
-  auto px = [&](double x) { return left + static_cast<int>(std::lround((x - x0) / (x1 - x0) * pw)); };
-  auto py = [&](double y) { return top + ph - static_cast<int>(std::lround((y - y0) / (y1 - y0) * ph)); };
-
-  // Grid, ticks and tick labels.
-  for (double t : nice_ticks(x0, x1, 8)) {
-    const int x = px(t);
-    cv.line(x, top, x, top + ph, kGrey);
-    cv.line(x, top + ph, x, top + ph + 5, kBlack);
-    const std::string l = tick_label(t);
-    cv.text(x - Canvas::text_width(l, 2) / 2, top + ph + 10, l, kBlack, 2);
-  }
   std::vector<double> yt;
   if (plot.log_y)
     for (double e = y0; e <= y1 + 1e-9; e += 1) yt.push_back(e);
   else
     yt = nice_ticks(y0, y1, 6);
-  for (double t : yt) {
-    const int y = py(t);
-    cv.line(left, y, left + pw, y, kGrey);
-    cv.line(left - 5, y, left, y, kBlack);
-    const std::string l = tick_label(plot.log_y ? std::pow(10.0, t) : t);
-    cv.text(left - 9 - Canvas::text_width(l, 2), y - 7, l, kBlack, 2);
-  }
-  cv.line(left, top, left, top + ph, kBlack);
-  cv.line(left, top + ph, left + pw, top + ph, kBlack);
-  cv.text((plot.width - Canvas::text_width(plot.title, 2)) / 2, 12, plot.title, kBlack, 2);
-  cv.text(left + (pw - Canvas::text_width(plot.x_label, 2)) / 2, plot.height - 24, plot.x_label, kBlack, 2);
-  cv.text_up(10, top + (ph + Canvas::text_width(plot.y_label, 2)) / 2, plot.y_label, kBlack, 2);
+  Figure fig(path, plot.width, plot.height);
+  constexpr double kTick = 13, kLabel = 15, kTitle = 17;
+  double tick_w = 0;
+  for (double t : yt) tick_w = std::max(tick_w, fig.text_width(tick_label(plot.log_y ? std::pow(10.0, t) : t), kTick));
+  const double left = 36 + tick_w + 12, right = 24, top = 44, bottom = 62;
+  const double pw = plot.width - left - right, ph = plot.height - top - bottom;
+  auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
+  auto py = [&](double y) { return top + ph - (y - y0) / (y1 - y0) * ph; };
 
-  // Series, then the legend box in the top-left corner of the plot area.
+  // Grid, ticks and tick labels, then the axes and their labels.
+  for (double t : nice_ticks(x0, x1, 8)) {
+    fig.line(px(t), top, px(t), top + ph, kGrey);
+    fig.line(px(t), top + ph, px(t), top + ph + 5, kBlack);
+    fig.text(px(t), top + ph + 8, tick_label(t), kTick, kBlack, 0.5, 0);
+  }
+  for (double t : yt) {
+    fig.line(left, py(t), left + pw, py(t), kGrey);
+    fig.line(left - 5, py(t), left, py(t), kBlack);
+    fig.text(left - 8, py(t), tick_label(plot.log_y ? std::pow(10.0, t) : t), kTick, kBlack, 1, 0.5);
+  }
+  fig.line(left, top, left, top + ph, kBlack, 1.2);
+  fig.line(left, top + ph, left + pw, top + ph, kBlack, 1.2);
+  fig.text(plot.width / 2.0, 12, plot.title, kTitle, kBlack, 0.5, 0, false, true);
+  fig.text(left + pw / 2, plot.height - 8, plot.x_label, kLabel, kBlack, 0.5, 1);
+  fig.text(10, top + ph / 2, plot.y_label, kLabel, kBlack, 0.5, 0, true);
+
+  // Series (clipped to the plot area; a non-finite point breaks the line), then the legend box.
+  cairo_t* cr = fig.cr();
+  cairo_save(cr);
+  cairo_rectangle(cr, left, top, pw, ph);
+  cairo_clip(cr);
+  cairo_set_line_join(cr, CAIRO_LINE_JOIN_ROUND);
+  cairo_set_line_cap(cr, CAIRO_LINE_CAP_ROUND);
   for (std::size_t n = 0; n < plot.series.size(); ++n) {
     const Series& s = plot.series[n];
-    const Rgb c = kPalette[static_cast<std::size_t>(s.color >= 0 ? s.color : static_cast<int>(n)) % std::size(kPalette)];
-    bool have = false;
-    int lx = 0, ly = 0;
+    fig.color(palette(s.color >= 0 ? s.color : static_cast<int>(n)));
+    cairo_set_line_width(cr, s.thickness);
+    bool open = false;
     for (std::size_t i = 0; i < s.x.size(); ++i) {
       if (!usable(s.x[i], s.y[i])) {
-        have = false;
+        open = false;
         continue;
       }
-      const int x = px(s.x[i]), y = py(plot.log_y ? std::log10(s.y[i]) : s.y[i]);
-      if (have) cv.line(lx, ly, x, y, c, s.thickness);
-      else cv.fill(x - 1, y - 1, 3, 3, c);
-      lx = x, ly = y, have = true;
+      const double x = px(s.x[i]), y = py(plot.log_y ? std::log10(s.y[i]) : s.y[i]);
+      if (open) {
+        cairo_line_to(cr, x, y);
+      } else {
+        cairo_new_sub_path(cr);
+        cairo_move_to(cr, x, y);
+        cairo_line_to(cr, x, y);  // a lone point shows as a dot (round caps)
+      }
+      open = true;
     }
+    cairo_stroke(cr);
   }
+  cairo_restore(cr);
   std::vector<std::size_t> legend;  // the labelled series
-  int legend_w = 0;
+  double legend_w = 0;
   for (std::size_t n = 0; n < plot.series.size(); ++n)
     if (!plot.series[n].label.empty())
-      legend.push_back(n), legend_w = std::max(legend_w, Canvas::text_width(plot.series[n].label, 2));
+      legend.push_back(n), legend_w = std::max(legend_w, fig.text_width(plot.series[n].label, kTick));
   if (!legend.empty()) {
-    const int bx = left + 12, by = top + 10, bh = static_cast<int>(legend.size()) * 22 + 8;
-    cv.fill(bx, by, legend_w + 52, bh, {255, 255, 255});
-    cv.line(bx, by, bx + legend_w + 52, by, kDark), cv.line(bx, by + bh, bx + legend_w + 52, by + bh, kDark);
-    cv.line(bx, by, bx, by + bh, kDark), cv.line(bx + legend_w + 52, by, bx + legend_w + 52, by + bh, kDark);
+    // The legend goes into the corner of the plot area that hides the fewest points.
+    const double bw = legend_w + 56, bh = legend.size() * 21.0 + 10;
+    double bx = left + 12, by = top + 10;
+    std::size_t fewest = SIZE_MAX;
+    for (int corner = 0; corner < 4; ++corner) {
+      const double cx = corner & 1 ? left + pw - 12 - bw : left + 12, cy = corner & 2 ? top + ph - 10 - bh : top + 10;
+      std::size_t hidden = 0;
+      for (const Series& s : plot.series)
+        for (std::size_t i = 0; i < s.x.size(); ++i)
+          if (usable(s.x[i], s.y[i])) {
+            const double x = px(s.x[i]), y = py(plot.log_y ? std::log10(s.y[i]) : s.y[i]);
+            hidden += x >= cx - 4 && x <= cx + bw + 4 && y >= cy - 4 && y <= cy + bh + 4;
+          }
+      if (hidden < fewest) fewest = hidden, bx = cx, by = cy;
+    }
+    fig.rect(bx, by, bw, bh, {255, 255, 255}, true);
+    fig.rect(bx + 0.5, by + 0.5, bw, bh, {160, 160, 160}, false);
     for (std::size_t i = 0; i < legend.size(); ++i) {
       const Series& s = plot.series[legend[i]];
-      const int y = by + 8 + static_cast<int>(i) * 22;
-      const int color = s.color >= 0 ? s.color : static_cast<int>(legend[i]);
-      cv.line(bx + 8, y + 7, bx + 36, y + 7, kPalette[static_cast<std::size_t>(color) % std::size(kPalette)], 3);
-      cv.text(bx + 44, y, s.label, kBlack, 2);
+      const double y = by + 15 + i * 21.0;
+      fig.line(bx + 10, y, bx + 38, y, palette(s.color >= 0 ? s.color : static_cast<int>(legend[i])), 3);
+      fig.text(bx + 46, y, s.label, kTick, kBlack, 0, 0.5);
     }
   }
-  return cv.write_png(path);
+  return fig.finish();
 }
 
-Status write_heatmaps(const std::string& path, const HeatmapFigure& fig) {
-  if (fig.panels.empty()) return Status::Invalid("panels", "none; expected at least one heatmap");
-  double lo = fig.vmin, hi = fig.vmax, auto_lo = INFINITY, auto_hi = -INFINITY;
+Status write_heatmaps(const std::string& path, const HeatmapFigure& figure) {
+  if (figure.panels.empty()) return Status::Invalid("panels", "none; expected at least one heatmap");
+  double lo = figure.vmin, hi = figure.vmax, auto_lo = INFINITY, auto_hi = -INFINITY;
   std::int64_t max_rows = 0, max_cols = 0;
-  for (const Heatmap& h : fig.panels) {
+  for (const Heatmap& h : figure.panels) {
     if (h.rows < 1 || h.cols < 1 || static_cast<std::int64_t>(h.values.size()) != h.rows * h.cols)
       return Status::Invalid("panels", "'" + h.title + "' has " + std::to_string(h.values.size()) + " values for " +
                                            std::to_string(h.rows) + " x " + std::to_string(h.cols) +
@@ -298,53 +324,71 @@ Status write_heatmaps(const std::string& path, const HeatmapFigure& fig) {
   if (std::isnan(hi)) hi = std::isfinite(auto_hi) ? auto_hi : 1;
   if (!(hi > lo)) hi = lo + 1;
 
-  int label_w = 0, label_h = 0;  // room for row labels (left) and column labels (below)
-  for (const Heatmap& h : fig.panels) {
-    for (const std::string& l : h.row_labels) label_w = std::max(label_w, Canvas::text_width(l) + 6);
-    for (const std::string& l : h.col_labels) label_h = std::max(label_h, Canvas::text_width(l) + 6);
+  constexpr double kSmall = 10, kTick = 12, kPanel = 14, kTitle = 16;
+  const int n = static_cast<int>(figure.panels.size());
+  const int cols = figure.columns > 0 ? figure.columns : std::min(n, 4), prow = (n + cols - 1) / cols;
+  const double cell = figure.cell > 0 ? figure.cell : std::max(1.0, std::floor(240.0 / std::max(max_rows, max_cols)));
+  const double pw = max_cols * cell, ph = max_rows * cell;
+  // Measure the labels on a scratch surface first: the figure's size depends on them.
+  double label_w = 0, label_h = 0;  // room for row labels (left) and column labels (below)
+  {
+    cairo_surface_t* s = cairo_image_surface_create(CAIRO_FORMAT_RGB24, 1, 1);
+    cairo_t* cr = cairo_create(s);
+    cairo_select_font_face(cr, kFont, CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+    cairo_set_font_size(cr, kSmall);
+    auto width = [&](const std::string& l) {
+      cairo_text_extents_t e;
+      cairo_text_extents(cr, l.c_str(), &e);
+      return e.x_advance;
+    };
+    for (const Heatmap& h : figure.panels) {
+      for (const std::string& l : h.row_labels) label_w = std::max(label_w, width(l) + 6);
+      for (const std::string& l : h.col_labels) label_h = std::max(label_h, width(l) + 6);
+    }
+    cairo_destroy(cr);
+    cairo_surface_destroy(s);
   }
-  const int n = static_cast<int>(fig.panels.size());
-  const int cols = fig.columns > 0 ? fig.columns : std::min(n, 4), prow = (n + cols - 1) / cols;
-  const int cell = fig.cell > 0 ? fig.cell : std::max(1, static_cast<int>(240 / std::max(max_rows, max_cols)));
-  const int pw = static_cast<int>(max_cols) * cell, ph = static_cast<int>(max_rows) * cell;
-  const int gap = 40 + label_w, left = 30 + label_w, top = 50, title_h = 22, bar_w = 130;
-  const int vgap = 34;
-  const int width = left + cols * (pw + gap) - label_w + bar_w, height = top + prow * (ph + title_h + vgap + label_h) + 10;
-  Canvas cv(width, height);
-  cv.text((width - Canvas::text_width(fig.title, 2)) / 2, 14, fig.title, kBlack, 2);
+  const double gap = 44 + label_w, left = 34 + label_w, top = 50, title_h = 24, bar_w = 140, vgap = 36;
+  const double width = left + cols * (pw + gap) - label_w + bar_w;
+  const double height = top + prow * (ph + title_h + vgap + label_h) + 10;
+  Figure fig(path, width, height);
+  fig.text(width / 2, 14, figure.title, kTitle, kBlack, 0.5, 0, false, true);
   for (int p = 0; p < n; ++p) {
-    const Heatmap& h = fig.panels[static_cast<std::size_t>(p)];
-    const int ox = left + (p % cols) * (pw + gap), oy = top + (p / cols) * (ph + title_h + vgap + label_h) + title_h;
-    cv.text(ox, oy - title_h + 4, h.title, kBlack, 2);
-    for (std::int64_t r = 0; r < h.rows; ++r)
-      for (std::int64_t c = 0; c < h.cols; ++c) {
-        const double v = h.values[static_cast<std::size_t>(r * h.cols + c)];
-        const Rgb col = std::isfinite(v) ? viridis((v - lo) / (hi - lo)) : Rgb{255, 255, 255};
-        cv.fill(ox + static_cast<int>(c) * cell, oy + static_cast<int>(r) * cell, cell, cell, col);
-      }
-    const int w = static_cast<int>(h.cols) * cell, hh = static_cast<int>(h.rows) * cell;
-    cv.line(ox - 1, oy - 1, ox + w, oy - 1, kDark), cv.line(ox - 1, oy + hh, ox + w, oy + hh, kDark);
-    cv.line(ox - 1, oy - 1, ox - 1, oy + hh, kDark), cv.line(ox + w, oy - 1, ox + w, oy + hh, kDark);
+    const Heatmap& h = figure.panels[static_cast<std::size_t>(p)];
+    const double ox = left + (p % cols) * (pw + gap), oy = top + (p / cols) * (ph + title_h + vgap + label_h) + title_h;
+    fig.text(ox, oy - 6, h.title, kPanel, kBlack, 0, 1);
+    std::vector<Rgb> colors(h.values.size());
+    for (std::size_t i = 0; i < h.values.size(); ++i)
+      colors[i] = std::isfinite(h.values[i]) ? viridis((h.values[i] - lo) / (hi - lo)) : Rgb{255, 255, 255};
+    fig.matrix(ox, oy, cell, static_cast<int>(h.rows), static_cast<int>(h.cols), colors);
+    const double w = h.cols * cell, hh = h.rows * cell;
+    fig.rect(ox - 0.5, oy - 0.5, w + 1, hh + 1, kDark, false);
     for (std::size_t r = 0; r < h.row_labels.size() && static_cast<std::int64_t>(r) < h.rows; ++r)
-      cv.text(ox - 4 - Canvas::text_width(h.row_labels[r]), oy + static_cast<int>(r) * cell + (cell - 7) / 2, h.row_labels[r], kDark);
+      fig.text(ox - 4, oy + (r + 0.5) * cell, h.row_labels[r], kSmall, kDark, 1, 0.5);
     for (std::size_t c = 0; c < h.col_labels.size() && static_cast<std::int64_t>(c) < h.cols; ++c)
-      cv.text_up(ox + static_cast<int>(c) * cell + (cell - 7) / 2, oy + hh + 4 + Canvas::text_width(h.col_labels[c]),
-                 h.col_labels[c], kDark);
-    cv.text(ox + (w - Canvas::text_width(fig.x_label, 1)) / 2, oy + hh + 6 + label_h, fig.x_label, kDark, 1);
-    cv.text_up(ox - 14 - label_w, oy + (hh + Canvas::text_width(fig.y_label, 1)) / 2, fig.y_label, kDark, 1);
+      fig.text(ox + (c + 0.5) * cell, oy + hh + 4, h.col_labels[c], kSmall, kDark, 1, 0.5, true);
+    fig.text(ox + w / 2, oy + hh + 6 + label_h, figure.x_label, kTick, kDark, 0.5, 0);
+    fig.text(ox - 8 - label_w, oy + hh / 2, figure.y_label, kTick, kDark, 0.5, 1, true);
   }
   // The colour bar with ticks.
-  const int bx = left + cols * (pw + gap) - label_w, by = top + title_h, bh = std::max(120, std::min(ph, 400));
-  for (int y = 0; y < bh; ++y) cv.fill(bx, by + y, 20, 1, viridis(1.0 - static_cast<double>(y) / (bh - 1)));
-  cv.line(bx - 1, by - 1, bx + 20, by - 1, kDark), cv.line(bx - 1, by + bh, bx + 20, by + bh, kDark);
-  cv.line(bx - 1, by - 1, bx - 1, by + bh, kDark), cv.line(bx + 20, by - 1, bx + 20, by + bh, kDark);
-  for (double t : nice_ticks(lo, hi, 5)) {
-    const int y = by + static_cast<int>(std::lround((hi - t) / (hi - lo) * (bh - 1)));
-    cv.line(bx + 20, y, bx + 25, y, kBlack);
-    cv.text(bx + 29, y - 7, tick_label(t), kBlack, 2);
+  const double bx = left + cols * (pw + gap) - label_w, by = top + title_h, bh = std::max(120.0, std::min(ph, 400.0));
+  cairo_pattern_t* ramp = cairo_pattern_create_linear(0, by + bh, 0, by);  // bottom = lo, top = hi
+  for (int i = 0; i <= 32; ++i) {
+    const Rgb c = viridis(i / 32.0);
+    cairo_pattern_add_color_stop_rgb(ramp, i / 32.0, c.r / 255.0, c.g / 255.0, c.b / 255.0);
   }
-  cv.text(bx, by - 18, fig.scale_label, kBlack, 1);
-  return cv.write_png(path);
+  cairo_set_source(fig.cr(), ramp);
+  cairo_rectangle(fig.cr(), bx, by, 20, bh);
+  cairo_fill(fig.cr());
+  cairo_pattern_destroy(ramp);
+  fig.rect(bx - 0.5, by - 0.5, 21, bh + 1, kDark, false);
+  for (double t : nice_ticks(lo, hi, 5)) {
+    const double y = by + (hi - t) / (hi - lo) * bh;
+    fig.line(bx + 20, y, bx + 25, y, kBlack);
+    fig.text(bx + 29, y, tick_label(t), kTick, kBlack, 0, 0.5);
+  }
+  fig.text(bx, by - 8, figure.scale_label, kTick, kBlack, 0, 1);
+  return fig.finish();
 }
 
 }  // namespace attn::plot

@@ -1,4 +1,6 @@
-// attn tools: small PNG plots (libpng) for the command-line program: line plots and heatmaps.
+// attn tools: plots for the command-line program (line plots and heatmaps), drawn with Cairo: antialiased
+// lines, text in a real font (DejaVu Sans through fontconfig), PNG or SVG chosen by the path's extension
+// (".svg" = SVG, anything else = PNG).
 //
 //   plot::LinePlot p;                       // x/y series with axes, ticks, axis labels and a legend
 //   p.title = "time per token"; p.x_label = "position"; p.y_label = "ms";
@@ -9,9 +11,8 @@
 //   f.panels.push_back({"head 0", rows, cols, values_row_major});
 //   Status s = plot::write_heatmaps("attn.png", f);
 //
-// Text uses a built-in 5x7 bitmap font (ASCII letters, digits and common punctuation; lowercase is
-// drawn as uppercase, other characters as blanks). Errors (an empty plot, a file that cannot be
-// written) come back as a Status naming the problem; no partial file is left behind.
+// Text is UTF-8. Errors (an empty plot, a file that cannot be written) come back as a Status naming the
+// problem; no partial file is left behind.
 #pragma once
 
 #include <cstdint>
@@ -29,27 +30,6 @@ struct Rgb {
 
 // The viridis colour map, t in [0, 1] (clamped): dark purple -> blue -> green -> yellow.
 Rgb viridis(double t);
-
-// An RGB raster with drawing primitives; (0, 0) is the top-left pixel. Drawing outside is clipped.
-class Canvas {
- public:
-  Canvas(int width, int height, Rgb background = {255, 255, 255});
-  int width() const { return width_; }
-  int height() const { return height_; }
-  void pixel(int x, int y, Rgb c);
-  void line(int x0, int y0, int x1, int y1, Rgb c, int thickness = 1);
-  void fill(int x, int y, int w, int h, Rgb c);
-  // Text with its top-left corner at (x, y); glyphs are 5x7 pixels times `scale`, 6·scale apart.
-  void text(int x, int y, const std::string& s, Rgb c, int scale = 1);
-  // Text rotated 90° counter-clockwise (reads bottom to top), its bottom-left corner at (x, y).
-  void text_up(int x, int y, const std::string& s, Rgb c, int scale = 1);
-  static int text_width(const std::string& s, int scale = 1) { return static_cast<int>(s.size()) * 6 * scale; }
-  Status write_png(const std::string& path) const;
-
- private:
-  int width_, height_;
-  std::vector<unsigned char> rgb_;
-};
 
 // About `target` round tick values (1, 2, 5 times a power of ten) covering [lo, hi].
 std::vector<double> nice_ticks(double lo, double hi, int target = 6);
