@@ -19,8 +19,9 @@ Gradients flow through flash_attn_func, the packed forms and flash_attn_varlen_f
 backward; `deterministic` is accepted and always true). flash_attn_with_kvcache appends k and v to the cache in
 place and has no backward, as in FlashAttention.
 Not implemented (a NotImplementedError naming the argument): rotary embedding (rotary_cos / rotary_sin: apply it
-to q and k first), cache_batch_idx, cache_leftpad, block_table in the varlen form, and the attention
-probabilities of return_attn_probs (the third value returned is None).
+to q and k first), cache_batch_idx, cache_leftpad, block_table in the varlen form. return_attn_probs gives
+FlashAttention's S_dmask from flash_attn_func and the packed forms (the softmax weights, negated where dropout
+dropped them, so that FlashAttention's tests can read the dropout mask), None from the varlen form.
 """
 
 from .functional import _torch, scaled_dot_product_attention
@@ -76,11 +77,44 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q [batch, seqlen_q, nheads, headdim], k and v [batch, seqlen_k, nheads_k, headdim] (nheads % nheads_k == 0):
     out [batch, seqlen_q, nheads, headdim]; with return_attn_probs, (out, softmax_lse [batch, nheads, seqlen_q],
-    None)."""
+    S_dmask [batch, nheads, seqlen_q, seqlen_k]: the weights, negated where dropout dropped them; see
+    _attn_probs)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _tensor(name, x, 4, "[batch, seqlen, nheads, headdim]")
-    out, lse = _attend(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
-    return (out, _flash_lse(lse), None) if return_attn_probs else out
+    seed = None
+    if return_attn_probs and dropout_p and dropout_p > 0:  # one seed for the output and the probabilities
+        lo, hi = _torch().randint(0, 2**32, (2,), dtype=_torch().int64).tolist()
+        seed = lo | hi << 32
+    out, lse = _attend(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, seed=seed)
+    if not return_attn_probs:
+        return out
+    probs = _attn_probs(q, k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, seed)
+    return out, _flash_lse(lse), probs
+
+
+def _attn_probs(q, k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, seed):
+    """FlashAttention's S_dmask, for testing: [batch, nheads, seqlen_q, seqlen_k] in q's dtype, the softmax
+    weights P (normalised), negated where dropout dropped them (FlashAttention's sign convention: S_dmask >= 0 is
+    the keep mask, S_dmask.abs() the weights). A dropped weight that is 0 (underflow, e.g. far keys under ALiBi)
+    becomes the smallest negative subnormal, so the mask stays exact; a key a row may not see is +0 (kept).
+    attn computes them with its own kernel: with V = the identity [seqlen_k, seqlen_k] the output is P, so every
+    variant and mask means what it means for the output; the keep mask comes from the same call with q = 0 and
+    no score variant (every key the row may see then has a weight > 0, and the mask depends only on the seed and
+    the position). Costs O(seqlen_q · seqlen_k²) per head: for tests and small inputs."""
+    torch = _torch()
+    b, sk, hk = k.shape[0], k.shape[1], k.shape[2]
+    eye = torch.eye(sk, dtype=q.dtype)[None, :, None, :].expand(b, sk, hk, sk)  # v[b, j, h, :] = e_j, no copy
+    with torch.no_grad():
+        q, k = q.detach(), k.detach()
+        probs, _ = _attend(q, k, eye, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes)
+        if dropout_p and dropout_p > 0:
+            zero = torch.zeros_like(q)
+            seen, _ = _attend(zero, k, eye, 0.0, softmax_scale, causal, window_size, 0.0, None)
+            kept, _ = _attend(zero, k, eye, dropout_p, softmax_scale, causal, window_size, 0.0, None, seed=seed)
+            info = torch.finfo(q.dtype)
+            smallest = info.smallest_normal * info.eps  # the smallest positive subnormal
+            probs = torch.where((seen > 0) & (kept == 0), -probs.clamp_min(smallest), probs)
+    return probs.transpose(1, 2).contiguous()
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,

@@ -12,8 +12,11 @@ import attn
 torch = pytest.importorskip("torch", reason="torch is not installed; the FlashAttention API tests need it")
 
 
-def _reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=None, scale=None):
-    """FlashAttention's attention_ref, float64, [B, S, H, D] in and out; lse [B, H, Sq] (+inf for empty rows)."""
+def _reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=None, scale=None, dropout_p=0.0,
+               keep=None, return_p=False):
+    """FlashAttention's attention_ref, float64, [B, S, H, D] in and out; lse [B, H, Sq] (+inf for empty rows).
+    keep [B, H, Sq, Sk] bool: dropout's keep mask (the weights it drops are zeroed, the kept ones scaled by
+    1 / (1 - dropout_p)); return_p adds the softmax weights [B, H, Sq, Sk] before dropout."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     q, k, v = (x.double().transpose(1, 2) for x in (q, k, v))
@@ -40,8 +43,10 @@ def _reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=None, 
     s = s.masked_fill(hidden, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    out = (p @ v).transpose(1, 2)
-    return out, torch.where(lse == float("-inf"), torch.full_like(lse, float("inf")), lse)
+    dropped = p if keep is None else p.masked_fill(~keep, 0.0) / (1 - dropout_p)
+    out = (dropped @ v).transpose(1, 2)
+    lse = torch.where(lse == float("-inf"), torch.full_like(lse, float("inf")), lse)
+    return (out, lse, p) if return_p else (out, lse)
 
 
 def _qkv(b, sq, sk, h, hk, d, gen, dtype=torch.float32):
@@ -64,10 +69,11 @@ def test_flash_attn_func_matches_flashattention_semantics(causal, window, softca
     slopes = torch.rand(b, h, generator=gen) * 0.3 if alibi else None
     out, lse, probs = attn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
                                            alibi_slopes=slopes, return_attn_probs=True)
-    want, want_lse = _reference(q, k, v, causal, window, softcap, slopes)
-    assert out.shape == (b, sq, h, d) and lse.shape == (b, h, sq) and probs is None
+    want, want_lse, want_p = _reference(q, k, v, causal, window, softcap, slopes, return_p=True)
+    assert out.shape == (b, sq, h, d) and lse.shape == (b, h, sq) and probs.shape == (b, h, sq, sk)
     torch.testing.assert_close(out.double(), want, rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(lse.double(), want_lse, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(probs.double(), want_p, rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -187,3 +193,41 @@ def test_dropout_through_flash_attn_func():
     qg = q.clone().requires_grad_()
     attn.flash_attn_func(qg, k, v, dropout_p=0.5).sum().backward()
     assert torch.isfinite(qg.grad).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+@pytest.mark.parametrize("alibi", [False, True])
+@pytest.mark.parametrize("seqlens", [(113, 203), (128, 217), (1, 239), (256, 512), (108, 256)])
+def test_dropout_as_flashattention_tests_it(causal, softcap, alibi, seqlens):
+    """FlashAttention's test_flash_attn_output with dropout_p = 0.17: the dropout mask read from S_dmask
+    (return_attn_probs; >= 0 = kept), the output and gradients against attention_ref with that mask, the
+    weights against the reference's, and the dropped fraction (over the positions a row may see) within 0.01
+    of dropout_p, FlashAttention's own bound."""
+    dropout_p = 0.17
+    gen = torch.Generator().manual_seed(hash(("dropout", causal, softcap, alibi, seqlens)) % 2**31)
+    sq, sk = seqlens
+    b, h, hk, d = 4, 6, 2, 32
+    q, k, v = (x.requires_grad_() for x in _qkv(b, sq, sk, h, hk, d, gen))
+    slopes = torch.rand(b, h, generator=gen) * 0.3 if alibi else None
+    torch.manual_seed(hash(seqlens) % 2**31)
+    out, lse, s_dmask = attn.flash_attn_func(q, k, v, dropout_p, causal=causal, softcap=softcap, alibi_slopes=slopes,
+                                             return_attn_probs=True)
+    keep = s_dmask >= 0
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    want, want_lse, want_p = _reference(*leaves, causal=causal, softcap=softcap, alibi=slopes, dropout_p=dropout_p,
+                                        keep=keep, return_p=True)
+    torch.testing.assert_close(out.double(), want, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(s_dmask.abs().double(), want_p, rtol=2e-5, atol=2e-6)
+    visible = torch.ones(sq, sk, dtype=torch.bool)
+    if causal:
+        visible = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + sk - sq
+    assert keep[:, :, ~visible].all(), "a key a row cannot see is never reported dropped"
+    fraction = (~keep).sum().item() / (visible.sum().item() * b * h)
+    assert abs(fraction - dropout_p) <= 0.01 or visible.sum().item() * b * h < 2000, fraction
+    dout = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(out, (q, k, v), dout.float())
+    expected = torch.autograd.grad(want, leaves, dout)
+    for name, g, e in zip("qkv", got, expected):
+        torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4, msg=lambda m: f"d{name}: {m}")
