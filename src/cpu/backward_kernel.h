@@ -460,10 +460,12 @@ void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std:
   // Mild blocks (every |score| <= kMildLogits from q·k, every LSE within ±kMildLse, everything finite): the
   // forward's statistics, FlashAttention-2's way: m = LSE, l = 1, D = dO·O, no product. The LSE's rounding (half an
   // ulp of at most kMildLse) is then of the order of a naive backward's own rounding.
-  if (bound <= kMildLogits && p.scale <= kExactDScale) {
+  // With Params::backward_statistics = from_forward every block does, whatever its scores: the keys here may be
+  // a subset of those the LSE and O were formed over (ring attention), so only the given ones are right.
+  if ((bound <= kMildLogits && p.scale <= kExactDScale) || p.stats_from_forward) {
     const auto* saved = static_cast<const float*>(p.lse->data);
     bool lse_ok = true;
-    for (std::int64_t r = 0; r < rows && lse_ok; ++r) {
+    for (std::int64_t r = 0; r < rows && lse_ok && !p.stats_from_forward; ++r) {
       const float x = saved[p.lse->offset(b, h, i0 + r, 0)];
       lse_ok = (std::isfinite(x) && std::fabs(x) <= kMildLse) || x == core::kNegInf;
     }

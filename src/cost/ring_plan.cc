@@ -1,0 +1,63 @@
+// The ring-attention planner (attn/ring_plan.h).
+#include "attn/ring_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace attn {
+
+Status plan_ring(const RingPlanInput& in, RingPlan* plan) {
+  auto positive = [](const char* name, double v) {
+    return v > 0 && std::isfinite(v) ? Status::Ok()
+                                     : Status::Invalid(name, std::to_string(v) + "; expected a finite value > 0");
+  };
+  if (in.seq < 1) return Status::Invalid("seq", std::to_string(in.seq) + "; expected >= 1");
+  if (in.hosts < 1) return Status::Invalid("hosts", std::to_string(in.hosts) + "; expected >= 1");
+  if (in.batch < 1) return Status::Invalid("batch", std::to_string(in.batch) + "; expected >= 1");
+  if (in.heads < 1) return Status::Invalid("heads", std::to_string(in.heads) + "; expected >= 1");
+  if (in.kv_heads < 1 || in.heads % in.kv_heads)
+    return Status::Invalid("kv_heads", std::to_string(in.kv_heads) + "; expected a divisor of heads (" +
+                                           std::to_string(in.heads) + ")");
+  if (in.head_dim < 1) return Status::Invalid("head_dim", std::to_string(in.head_dim) + "; expected >= 1");
+  if (in.v_head_dim < 0) return Status::Invalid("v_head_dim", std::to_string(in.v_head_dim) + "; expected >= 0");
+  if (in.bytes_per_element < 1) return Status::Invalid("bytes_per_element", "expected >= 1");
+  for (const auto& [name, v] : {std::pair{"bandwidth_gbit", in.bandwidth_gbit}, {"rate_gflops", in.rate_gflops}})
+    if (Status s = positive(name, v); !s) return s;
+  if (!(in.latency_us >= 0) || !std::isfinite(in.latency_us))
+    return Status::Invalid("latency_us", std::to_string(in.latency_us) + "; expected a finite value >= 0");
+
+  const double B = static_cast<double>(in.batch), Hq = static_cast<double>(in.heads);
+  const double Hkv = static_cast<double>(in.kv_heads), Dk = static_cast<double>(in.head_dim);
+  const double Dv = static_cast<double>(in.v_head_dim > 0 ? in.v_head_dim : in.head_dim);
+  const double P = static_cast<double>(in.hosts), S = static_cast<double>(in.seq);
+  const double rate = in.rate_gflops * 1e9, bw = in.bandwidth_gbit * 1e9 / 8, lat = in.latency_us * 1e-6;
+  const double causal = in.causal ? 0.5 : 1.0, elem = static_cast<double>(in.bytes_per_element);
+  RingPlan p;
+  const double c = S / P;
+  p.block_tokens = c;
+  // flops per step = a_f·c², bytes per step = b_f·c
+  const double a_f = 2 * B * Hq * (Dk + Dv) * causal;
+  const double b_f = B * Hkv * (Dk + Dv) * elem;
+  p.step_compute_s = a_f * c * c / rate;
+  p.step_transfer_s = in.hosts > 1 ? lat + b_f * c / bw : 0;
+  const double tc = p.step_compute_s, tx = p.step_transfer_s;
+  p.forward_s = tc + (P - 1) * std::max(tc, tx);
+  const double tc_b = 2.5 * tc, tg = in.hosts > 1 ? lat + B * Hkv * (Dk + Dv) * 4 * c / bw : 0;
+  p.backward_s = tc_b + (P - 1) * std::max(tc_b, tx + tg) + tg;
+  const double transfer_total = (P - 1) * tx;
+  const double exposed = (P - 1) * std::max(0.0, tx - tc);
+  p.hidden_fraction = transfer_total > 0 ? 1 - exposed / transfer_total : 1;
+  // c*: a·c² − b·c − lat = 0 with a = a_f / rate, b = b_f / bw.
+  const double a = a_f / rate, b = b_f / bw;
+  p.min_hidden_block = (b + std::sqrt(b * b + 4 * a * lat)) / (2 * a);
+  p.max_hidden_hosts = S / p.min_hidden_block;
+  p.memory_bytes = B * c * (Hq * Dk + Hq * Dv) * elem   // Q and O slices
+                   + 3 * B * Hkv * c * (Dk + Dv) * elem  // own K/V, and the two receive buffers
+                   + B * Hq * c * (Dv + 1) * 4;          // fp32 output accumulator and LSE
+  p.single_host_s = a_f * S * S / rate;
+  *plan = p;
+  return Status::Ok();
+}
+
+}  // namespace attn
