@@ -1,9 +1,11 @@
 // The cost model against hand-computed numbers and the seeds' claims.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "attn/cost.h"
+#include "attn/ring_plan.h"
 
 namespace attn {
 namespace {
@@ -86,4 +88,46 @@ TEST(Cost, KvCacheSizeMatchesTheSeeds) {
 }
 
 }  // namespace
+}  // namespace attn
+
+namespace attn {
+
+// The ring planner (attn/ring_plan.h) on a case worked by hand: S = 1M tokens over 64 hosts, Hq = 32, Hkv = 8,
+// D = 128, causal, bf16 K/V, 100 Gbit/s, 5 us, 1000 GFLOP/s per host.
+TEST(RingPlan, WorkedExample) {
+  RingPlanInput in;
+  in.seq = 1000000, in.hosts = 64;
+  RingPlan p;
+  ASSERT_TRUE(plan_ring(in, &p).ok());
+  const double c = 1e6 / 64;  // 15625 tokens per host
+  EXPECT_DOUBLE_EQ(p.block_tokens, c);
+  // 4·B·Hq·c²·D FLOPs per step (D = 128), halved by the causal mask: 8192·c² = 2.0e12 FLOP -> 2.0 s at 1 TFLOP/s
+  EXPECT_NEAR(p.step_compute_s, 8192 * c * c / 1e12, 1e-12);
+  // B·Hkv·c·(Dk + Dv)·2 bytes = 64 MB per step at 12.5 GB/s, plus 5 us
+  EXPECT_NEAR(p.step_transfer_s, 8 * c * 256 * 2 / 12.5e9 + 5e-6, 1e-12);
+  EXPECT_NEAR(p.forward_s, 64 * p.step_compute_s, 1e-9);  // hidden: every step costs its compute
+  EXPECT_DOUBLE_EQ(p.hidden_fraction, 1.0);
+  // c*: 8192·c²/1e12 = 5e-6 + 4096·c/12.5e9, c* ~ 40.6 tokens
+  const double a = 8192 / 1e12, b = 4096 / 12.5e9;
+  EXPECT_NEAR(p.min_hidden_block, (b + std::sqrt(b * b + 4 * a * 5e-6)) / (2 * a), 1e-9);
+  EXPECT_NEAR(p.single_host_s / p.forward_s, 64.0, 1e-9);
+  // Exposed when the blocks are small: 100k tokens over 4096 hosts (24 tokens each) at 10 Gbit/s
+  in.seq = 100000, in.hosts = 4096, in.bandwidth_gbit = 10;
+  ASSERT_TRUE(plan_ring(in, &p).ok());
+  EXPECT_LT(p.hidden_fraction, 0.5);
+  EXPECT_GT(p.step_transfer_s, p.step_compute_s);
+}
+
+TEST(RingPlan, BadInputNamesTheField) {
+  RingPlanInput in;
+  in.seq = 1000, in.hosts = 4;
+  RingPlan p;
+  in.kv_heads = 7;
+  EXPECT_NE(plan_ring(in, &p).message().find("kv_heads"), std::string::npos);
+  in.kv_heads = 8, in.bandwidth_gbit = 0;
+  EXPECT_NE(plan_ring(in, &p).message().find("bandwidth_gbit"), std::string::npos);
+  in.bandwidth_gbit = 100, in.hosts = 0;
+  EXPECT_NE(plan_ring(in, &p).message().find("hosts"), std::string::npos);
+}
+
 }  // namespace attn

@@ -603,6 +603,10 @@ void add_info_command(CLI::App& app, std::ostream& out);   // tools/cmd_info.cc
 void add_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_bench.cc
 void add_scaling_experiment_command(CLI::App& app, std::ostream& out);  // tools/cmd_scaling_experiment.cc
 void add_compare_scoring_command(CLI::App& app, std::ostream& out);  // tools/cmd_compare_scoring.cc
+void add_ring_plan_command(CLI::App& app, std::ostream& out);  // tools/cmd_ring_plan.cc
+#ifdef ATTN_HAVE_DIST
+void add_ring_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_ring_bench.cc (MPI)
+#endif
 
 int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"attn: scaled dot-product attention, O = softmax(scale * Q K^T + mask) V", "attn"};
@@ -620,6 +624,10 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   add_bench_command(app, out);
   add_scaling_experiment_command(app, out);
   add_compare_scoring_command(app, out);
+  add_ring_plan_command(app, out);
+#ifdef ATTN_HAVE_DIST
+  add_ring_bench_command(app, out);
+#endif
   app.footer("Run 'attn COMMAND --help' for the options of a command.");  // after: subcommands copy it
   strict_numbers(app);
 

@@ -391,4 +391,50 @@ Status write_heatmaps(const std::string& path, const HeatmapFigure& figure) {
   return fig.finish();
 }
 
+Status write_timeline(const std::string& path, const Timeline& t) {
+  if (t.rows.empty() || t.rows.size() != t.spans.size())
+    return Status::Invalid("rows", std::to_string(t.rows.size()) + " row labels for " + std::to_string(t.spans.size()) +
+                                       " rows of spans; expected as many, at least one");
+  double t0 = INFINITY, t1 = -INFINITY;
+  for (const auto& row : t.spans)
+    for (const TimelineSpan& s : row) {
+      if (!(s.end >= s.start) || !std::isfinite(s.start) || !std::isfinite(s.end))
+        return Status::Invalid("spans", "a span from " + tick_label(s.start) + " to " + tick_label(s.end) +
+                                            "; expected finite times with end >= start");
+      if (s.kind < 0 || s.kind >= static_cast<int>(t.kinds.size()))
+        return Status::Invalid("spans", "kind " + std::to_string(s.kind) + "; expected 0 to " +
+                                            std::to_string(static_cast<int>(t.kinds.size()) - 1));
+      t0 = std::min(t0, s.start), t1 = std::max(t1, s.end);
+    }
+  if (!(t1 > t0)) t0 = 0, t1 = 1;
+  constexpr double kTick = 12, kLabel = 14, kTitle = 16, kRow = 26;
+  Figure fig(path, t.width, 110 + kRow * static_cast<double>(t.rows.size()) + 40);
+  double label_w = 0;
+  for (const std::string& r : t.rows) label_w = std::max(label_w, fig.text_width(r, kTick));
+  const double left = 20 + label_w + 10, right = 24, top = 70, pw = t.width - left - right;
+  const double ph = kRow * static_cast<double>(t.rows.size());
+  auto px = [&](double x) { return left + (x - t0) / (t1 - t0) * pw; };
+  fig.text(t.width / 2.0, 12, t.title, kTitle, kBlack, 0.5, 0, false, true);
+  double lx = left;  // the legend, one line above the lanes
+  for (std::size_t k = 0; k < t.kinds.size(); ++k) {
+    fig.rect(lx, 44, 18, 12, palette(static_cast<int>(k)), true);
+    fig.text(lx + 24, 50, t.kinds[k], kTick, kBlack, 0, 0.5);
+    lx += 24 + fig.text_width(t.kinds[k], kTick) + 24;
+  }
+  for (double tick : nice_ticks(t0, t1, 8)) {
+    fig.line(px(tick), top, px(tick), top + ph, kGrey);
+    fig.line(px(tick), top + ph, px(tick), top + ph + 5, kBlack);
+    fig.text(px(tick), top + ph + 8, tick_label(tick), kTick, kBlack, 0.5, 0);
+  }
+  for (std::size_t r = 0; r < t.rows.size(); ++r) {
+    const double y = top + r * kRow;
+    fig.text(left - 8, y + kRow / 2, t.rows[r], kTick, kBlack, 1, 0.5);
+    for (const TimelineSpan& s : t.spans[r])
+      fig.rect(px(s.start), y + 4, std::max(px(s.end) - px(s.start), 0.5), kRow - 8, palette(s.kind), true);
+  }
+  fig.line(left, top + ph, left + pw, top + ph, kBlack, 1.2);
+  fig.text(left + pw / 2, top + ph + 30, t.x_label, kLabel, kBlack, 0.5, 0);
+  return fig.finish();
+}
+
 }  // namespace attn::plot

@@ -68,4 +68,18 @@ struct HeatmapFigure {
 };
 Status write_heatmaps(const std::string& path, const HeatmapFigure& figure);
 
+// A timeline: one row per lane (e.g. a ring step), spans of time coloured by kind (e.g. compute, waiting).
+struct TimelineSpan {
+  double start = 0, end = 0;
+  int kind = 0;  // index into Timeline::kinds (and the palette)
+};
+struct Timeline {
+  std::string title, x_label;
+  std::vector<std::string> kinds;  // legend labels, one per kind
+  std::vector<std::string> rows;   // row labels, top to bottom
+  std::vector<std::vector<TimelineSpan>> spans;  // per row
+  int width = 900;
+};
+Status write_timeline(const std::string& path, const Timeline& timeline);
+
 }  // namespace attn::plot

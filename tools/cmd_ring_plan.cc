@@ -1,0 +1,149 @@
+// attn ring-plan: the ring-attention cost model (attn/ring_plan.h) for P hosts: time per layer, where the K/V
+// transfer hides behind compute and where it stops hiding, memory per host.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "attn/attn.h"
+#include "attn/ring_plan.h"
+#include "commands.h"
+#include "subcommand.h"
+
+namespace attn::tools {
+namespace {
+
+struct RingPlanArgs {
+  std::vector<std::int64_t> seq{100000, 1000000, 10000000, 100000000};
+  std::vector<std::int64_t> hosts{2, 8, 64, 512, 4096};
+  std::int64_t batch = 1, heads = 32, kv_heads = 8, head_dim = 128;
+  std::string dtype = "bf16";
+  bool no_causal = false;
+  double bandwidth = 100, latency = 5, rate = 0;
+  bool measure_rate = false;
+};
+
+std::string human_seconds(double s) {
+  char b[32];
+  if (s >= 100) std::snprintf(b, sizeof b, "%.0f s", s);
+  else if (s >= 1) std::snprintf(b, sizeof b, "%.2f s", s);
+  else if (s >= 1e-3) std::snprintf(b, sizeof b, "%.2f ms", s * 1e3);
+  else if (s >= 1e-6) std::snprintf(b, sizeof b, "%.1f us", s * 1e6);
+  else std::snprintf(b, sizeof b, "%.0f ns", s * 1e9);
+  return b;
+}
+std::string human_bytes(double x) {
+  char b[32];
+  if (x >= 1e9) std::snprintf(b, sizeof b, "%.1f GB", x / 1e9);
+  else if (x >= 1e6) std::snprintf(b, sizeof b, "%.1f MB", x / 1e6);
+  else std::snprintf(b, sizeof b, "%.0f kB", x / 1e3);
+  return b;
+}
+std::string human_count(double x) {
+  char b[32];
+  if (x >= 1e6) std::snprintf(b, sizeof b, "%.3gM", x / 1e6);
+  else if (x >= 1e3) std::snprintf(b, sizeof b, "%.3gk", x / 1e3);
+  else std::snprintf(b, sizeof b, "%.3g", x);
+  return b;
+}
+
+// This machine's attention rate: one bf16 call on 2048 tokens (non-causal), Hq = min(heads, 8), D = head_dim.
+Status measure_rate(const RingPlanArgs& a, double* gflops) {
+  const std::int64_t S = 2048, H = std::min<std::int64_t>(a.heads, 8), Hk = std::max<std::int64_t>(1, H * a.kv_heads / a.heads);
+  const std::int64_t D = std::min<std::int64_t>(a.head_dim, 256);
+  std::vector<std::uint16_t> q(static_cast<std::size_t>(H * S * D), 0x3f80), kv(static_cast<std::size_t>(Hk * S * D), 0x3f00),
+      o(q.size());
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<std::uint16_t>(0x3c00 + (i * 7919) % 0x300);
+  for (std::size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<std::uint16_t>(0x3c00 + (i * 104729) % 0x300);
+  const TensorView qv = TensorView::contiguous(q.data(), DType::bf16, {1, H, S, D});
+  const TensorView kvv = TensorView::contiguous(kv.data(), DType::bf16, {1, Hk, S, D});
+  const TensorView ov = TensorView::contiguous(o.data(), DType::bf16, {1, H, S, D});
+  double best = INFINITY;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (Status s = attention(qv, kvv, kvv, ov); !s) return s;
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  *gflops = 4.0 * static_cast<double>(H * S * S * D) / best / 1e9;
+  return Status::Ok();
+}
+
+Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
+  RingPlanInput in;
+  in.batch = a.batch, in.heads = a.heads, in.kv_heads = a.kv_heads, in.head_dim = a.head_dim;
+  in.causal = !a.no_causal;
+  if (a.dtype == "bf16" || a.dtype == "f16") in.bytes_per_element = 2;
+  else if (a.dtype == "f32") in.bytes_per_element = 4;
+  else if (a.dtype == "fp8" || a.dtype == "int8") in.bytes_per_element = 1;
+  else return Status::Invalid("--dtype", "'" + a.dtype + "'; expected bf16, f16, f32, fp8 or int8");
+  in.bandwidth_gbit = a.bandwidth, in.latency_us = a.latency;
+  double rate = a.rate;
+  std::string rate_note = "given";
+  if (a.measure_rate) {
+    if (Status s = measure_rate(a, &rate); !s) return s;
+    rate_note = "measured here: one bf16 attention() call, 2048 tokens";
+  } else if (!(rate > 0)) {
+    rate = 1000, rate_note = "default (pass --rate or --measure-rate)";
+  }
+  in.rate_gflops = rate;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "ring attention plan: B=%lld Hq=%lld Hkv=%lld D=%lld, %s K/V, %s; links %.0f Gbit/s, %.1f us; "
+                "%.0f GFLOP/s per host (%s)\n",
+                static_cast<long long>(a.batch), static_cast<long long>(a.heads), static_cast<long long>(a.kv_heads),
+                static_cast<long long>(a.head_dim), a.dtype.c_str(), in.causal ? "causal (zigzag)" : "full", a.bandwidth,
+                a.latency, rate, rate_note.c_str());
+  out << line;
+  out << "      seq  hosts  tokens/host  step compute  step transfer   forward/layer  backward/layer  hidden  speedup"
+         "  memory/host\n";
+  for (std::int64_t S : a.seq) {
+    RingPlan first;
+    for (std::int64_t P : a.hosts) {
+      in.seq = S, in.hosts = P;
+      RingPlan p;
+      if (Status s = plan_ring(in, &p); !s) return with_option_names(s);
+      first = p;
+      std::snprintf(line, sizeof line, "%9s %6lld %12s %13s %14s %15s %15s %6.1f%% %7.1fx %12s\n", human_count(static_cast<double>(S)).c_str(),
+                    static_cast<long long>(P), human_count(p.block_tokens).c_str(), human_seconds(p.step_compute_s).c_str(),
+                    human_seconds(p.step_transfer_s).c_str(), human_seconds(p.forward_s).c_str(),
+                    human_seconds(p.backward_s).c_str(), 100 * p.hidden_fraction, p.single_host_s / p.forward_s,
+                    human_bytes(p.memory_bytes).c_str());
+      out << line;
+    }
+    std::snprintf(line, sizeof line,
+                  "          transfer hidden while tokens/host >= %s, i.e. up to %s hosts for %s tokens\n",
+                  human_count(first.min_hidden_block).c_str(), human_count(first.max_hidden_hosts).c_str(),
+                  human_count(static_cast<double>(S)).c_str());
+    out << line;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void add_ring_plan_command(CLI::App& app, std::ostream& out) {
+  auto a = std::make_shared<RingPlanArgs>();
+  CLI::App* c = app.add_subcommand("ring-plan", "Cost model of ring (context-parallel) attention over P hosts: time per "
+                                                "layer, when the K/V transfer hides behind compute, memory per host");
+  c->add_option("--seq", a->seq, "Whole-sequence lengths (tokens), comma-separated")->delimiter(',')->type_name("S,...");
+  c->add_option("--hosts", a->hosts, "Host counts P, comma-separated")->delimiter(',')->type_name("P,...");
+  c->add_option("--batch", a->batch, "Sequences (default 1)");
+  c->add_option("--heads", a->heads, "Query heads (default 32)");
+  c->add_option("--kv-heads", a->kv_heads, "Key/value heads (default 8)");
+  c->add_option("--head-dim", a->head_dim, "Head dim (default 128)");
+  c->add_option("--dtype", a->dtype, "K/V dtype as it travels: bf16 (default), f16, f32, fp8, int8");
+  c->add_flag("--no-causal", a->no_causal, "Full attention (default: causal, zigzag-balanced)");
+  c->add_option("--bandwidth", a->bandwidth, "Link bandwidth per direction, Gbit/s (default 100)")->type_name("GBIT");
+  c->add_option("--latency", a->latency, "Per-message latency, microseconds (default 5)")->type_name("US");
+  c->add_option("--rate", a->rate, "Attention GFLOP/s one host sustains (attn bench reports it; default 1000)")
+      ->type_name("GFLOPS");
+  c->add_flag("--measure-rate", a->measure_rate, "Measure the rate on this machine (one bf16 attention call)");
+  on_run(c, [a, &out] { return ring_plan(*a, out); });
+}
+
+}  // namespace attn::tools
