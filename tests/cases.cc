@@ -88,6 +88,10 @@ std::vector<Case> registry() {
     add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 203, .Skv = 113, .Dk = d, .Dv = d, .causal = Causal::top_left,
          .layout = Layout::bshd});
   }
+  // [B, S, H, D] memory with several KV heads and many query blocks: K/V rows H·D apart, which the forward gathers
+  // into contiguous rows first (cpu/flash_kernel.h, gather_kv).
+  for (Causal c : {Causal::none, Causal::bottom_right})
+    add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 203, .Skv = 113, .Dk = 40, .Dv = 24, .causal = c, .layout = Layout::bshd});
   // Every pair of ragged lengths with every causal alignment (Sq < Skv, Sq = Skv, Sq > Skv).
   for (std::int64_t sq : {1, 7, 113, 203})
     for (std::int64_t skv : {1, 7, 113, 203})

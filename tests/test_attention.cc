@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "attn/backward.h"
 #include "attn/info.h"
@@ -123,6 +124,54 @@ TEST_P(AttentionCase, WorkspaceReuseChangesNothing) {
 // What a Workspace holds survives calls that only describe, and calls refused after validation borrowed its
 // key-length vector (the thread count is checked after the key lengths): a serving loop's workspace is not
 // emptied by one bad request.
+// K and V in [B, S, H, D] memory (rows H·D apart) give the same bits as the same values in [B, H, S, D]: the
+// kernel gathers scattered rows into contiguous copies before a prefill (gather_kv) and must not change a value.
+TEST(ScatteredRows, SameBitsAsContiguous) {
+  const std::int64_t B = 2, Hq = 8, Hkv = 4, Sq = 150, Skv = 181, D = 48;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const std::size_t es = dtype_size(dt);
+    std::vector<unsigned char> q(static_cast<std::size_t>(B * Hq * Sq * D) * es), kb(static_cast<std::size_t>(B * Hkv * Skv * D) * es),
+        vb(kb.size()), ks(kb.size()), vs(kb.size());
+    std::uint32_t x = 12345;
+    auto next = [&] { return x = x * 1664525u + 1013904223u; };
+    auto fill = [&](std::vector<unsigned char>& buf) {
+      for (std::size_t i = 0; i < buf.size() / es; ++i) {
+        const float f = static_cast<float>(next() % 2001) / 1000.0f - 1.0f;
+        if (dt == DType::f32) std::memcpy(buf.data() + i * 4, &f, 4);
+        else {
+          std::uint32_t u;
+          std::memcpy(&u, &f, 4);
+          const std::uint16_t h = static_cast<std::uint16_t>(u >> 16);
+          std::memcpy(buf.data() + i * 2, &h, 2);
+        }
+      }
+    };
+    fill(q), fill(kb), fill(vb);
+    // The same values in [B, S, H, D] order.
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < Hkv; ++h)
+        for (std::int64_t j = 0; j < Skv; ++j) {
+          const std::size_t from = static_cast<std::size_t>(((b * Hkv + h) * Skv + j) * D) * es;
+          const std::size_t to = static_cast<std::size_t>(((b * Skv + j) * Hkv + h) * D) * es;
+          std::memcpy(ks.data() + to, kb.data() + from, static_cast<std::size_t>(D) * es);
+          std::memcpy(vs.data() + to, vb.data() + from, static_cast<std::size_t>(D) * es);
+        }
+    for (Causal c : {Causal::none, Causal::top_left}) {
+      std::vector<unsigned char> o1(q.size(), 0xff), o2(q.size(), 0xff);
+      Params p;
+      p.causal = c;
+      ASSERT_TRUE(attention(TensorView::contiguous(q.data(), dt, {B, Hq, Sq, D}),
+                            TensorView::contiguous(kb.data(), dt, {B, Hkv, Skv, D}),
+                            TensorView::contiguous(vb.data(), dt, {B, Hkv, Skv, D}),
+                            TensorView::contiguous(o1.data(), dt, {B, Hq, Sq, D}), p).ok());
+      ASSERT_TRUE(attention(TensorView::contiguous(q.data(), dt, {B, Hq, Sq, D}), TensorView::bshd(ks.data(), dt, B, Skv, Hkv, D),
+                            TensorView::bshd(vs.data(), dt, B, Skv, Hkv, D),
+                            TensorView::contiguous(o2.data(), dt, {B, Hq, Sq, D}), p).ok());
+      EXPECT_EQ(o1, o2) << dtype_name(dt) << (c == Causal::none ? " full" : " causal");
+    }
+  }
+}
+
 TEST(WorkspaceReuse, KeptThroughDescribeAndRefusedCalls) {
   const Case c{.B = 3, .Hq = 4, .Hkv = 2, .Sq = 33, .Skv = 700, .Dk = 32, .Dv = 32, .kv_lens = true};
   Instance in = instantiate(c);
