@@ -185,8 +185,8 @@ Status ring_bench(const RingBenchArgs& a, std::ostream& out) {
   for (int r = 0; r < P; ++r) {
     std::int64_t n = 0;
     for (const auto& s : dist::slice_segments(layout, a.seq, P, r)) n += s.length;
-    bytes_of[static_cast<std::size_t>(r)] = B * Hkv * n * 2 * D * static_cast<std::int64_t>(esize) *
-                                            (a.backward ? 3 : 1);  // backward: + fp32 dK, dV (2x the bf16 bytes)
+    // K and V in their dtype; the backward also passes the block's fp32 dK, dV accumulators on
+    bytes_of[static_cast<std::size_t>(r)] = B * Hkv * n * 2 * D * (static_cast<std::int64_t>(esize) + (a.backward ? 4 : 0));
   }
   const std::int64_t max_bytes = *std::max_element(bytes_of.begin(), bytes_of.end());
   std::vector<unsigned char> ba(static_cast<std::size_t>(max_bytes)), bb(static_cast<std::size_t>(max_bytes));
