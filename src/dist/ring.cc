@@ -350,6 +350,29 @@ std::vector<std::int64_t> segment_lens(const std::vector<std::int64_t>& global, 
   return out;
 }
 
+// Calls f(qoff + a, rows, koff, ks, params) for every piece of work of rank r against block blk: each (query
+// segment, key segment) pair the causal rule leaves visible, in chunks of at most rp.row_chunk query rows (qoff + a:
+// the first local query row; koff, ks: the key segment's local offset and extent), stopping once `local` fails.
+template <class F>
+void for_each_piece(const Ring& ring, int r, int blk, const Desc& d, const RingParams& rp,
+                    const std::vector<std::int64_t>& global_lens, const Status& local, F f) {
+  std::int64_t qoff = 0;
+  for (const Segment& qs : ring.qseg[static_cast<std::size_t>(r)]) {
+    std::int64_t koff = 0;
+    for (const Segment& ks : ring.kseg[static_cast<std::size_t>(blk)]) {
+      const PairPlan pp = plan_pair(d.causal, qs, ks);
+      const std::vector<std::int64_t> lens = rp.kv_lens ? segment_lens(global_lens, ks) : std::vector<std::int64_t>{};
+      for (std::int64_t a = pp.row0; !pp.skip && local.ok() && a < qs.length; a += rp.row_chunk) {
+        TensorView lens_view;
+        const Params p = pair_params(d, rp, pp, a, rp.kv_lens ? &lens : nullptr, &lens_view);
+        f(qoff + a, std::min(rp.row_chunk, qs.length - a), koff, ks, p);
+      }
+      koff += ks.length;
+    }
+    qoff += qs.length;
+  }
+}
+
 struct CommGuard {
   MPI_Comm comm = MPI_COMM_NULL;
   ~CommGuard() {
@@ -505,32 +528,20 @@ Status ring_attention(const TensorView& q, const TensorView& k, const TensorView
     const std::int64_t skv = ring.all[static_cast<std::size_t>(blk)].Skv;
     const TensorView kb = view4(cur, kvdt, d.B, d.Hkv, skv, d.Dk);
     const TensorView vb = view4(cur + d.B * d.Hkv * skv * d.Dk * esize, kvdt, d.B, d.Hkv, skv, d.Dv);
-    std::int64_t qoff = 0;
-    for (const Segment& qs : ring.qseg[static_cast<std::size_t>(r)]) {
-      std::int64_t koff = 0;
-      for (const Segment& ks : ring.kseg[static_cast<std::size_t>(blk)]) {
-        const PairPlan pp = plan_pair(d.causal, qs, ks);
-        const std::vector<std::int64_t> lens = rp.kv_lens ? segment_lens(global_lens, ks) : std::vector<std::int64_t>{};
-        for (std::int64_t a = pp.row0; !pp.skip && local.ok() && a < qs.length; a += rp.row_chunk) {
-          const std::int64_t rows = std::min(rp.row_chunk, qs.length - a);
-          TensorView lens_view;
-          const Params p = pair_params(d, rp, pp, a, rp.kv_lens ? &lens : nullptr, &lens_view);
-          TensorView qv = rows_of(q32.data(), d.B, d.Hq, d.Sq, d.Dk, qoff + a, rows);
-          TensorView kv = kb, vv = vb;
-          kv.data = static_cast<unsigned char*>(kb.data) + koff * d.Dk * esize, kv.shape[2] = ks.length;
-          vv.data = static_cast<unsigned char*>(vb.data) + koff * d.Dv * esize, vv.shape[2] = ks.length;
-          const TensorView po = rows_of(part.data(), d.B, d.Hq, rows, d.Dv, 0, rows);
-          const TensorView pl = rows_of(part_lse.data(), d.B, d.Hq, rows, 0, 0, rows);
-          local = attention(qv, kv, vv, po, p, pl);
-          const TensorView ao = rows_of(acc.data(), d.B, d.Hq, d.Sq, d.Dv, qoff + a, rows);
-          const TensorView al = rows_of(acc_lse.data(), d.B, d.Hq, d.Sq, 0, qoff + a, rows);
-          if (local.ok()) local = merge_attention(ao, al, po, pl, ao, al);
-          progress(reqs);
-        }
-        koff += ks.length;
-      }
-      qoff += qs.length;
-    }
+    for_each_piece(ring, r, blk, d, rp, global_lens, local, [&](std::int64_t row, std::int64_t rows, std::int64_t koff,
+                                                                const Segment& ks, const Params& p) {
+      const TensorView qv = rows_of(q32.data(), d.B, d.Hq, d.Sq, d.Dk, row, rows);
+      TensorView kv = kb, vv = vb;
+      kv.data = static_cast<unsigned char*>(kb.data) + koff * d.Dk * esize, kv.shape[2] = ks.length;
+      vv.data = static_cast<unsigned char*>(vb.data) + koff * d.Dv * esize, vv.shape[2] = ks.length;
+      const TensorView po = rows_of(part.data(), d.B, d.Hq, rows, d.Dv, 0, rows);
+      const TensorView pl = rows_of(part_lse.data(), d.B, d.Hq, rows, 0, 0, rows);
+      local = attention(qv, kv, vv, po, p, pl);
+      const TensorView ao = rows_of(acc.data(), d.B, d.Hq, d.Sq, d.Dv, row, rows);
+      const TensorView al = rows_of(acc_lse.data(), d.B, d.Hq, d.Sq, 0, row, rows);
+      if (local.ok()) local = merge_attention(ao, al, po, pl, ao, al);
+      progress(reqs);
+    });
     const double compute = seconds_since(t0);
     const double wait = wait_all(reqs, &mpi_err);
     if (stats) stats->steps[static_cast<std::size_t>(s)].compute_seconds = compute,
@@ -634,46 +645,35 @@ Status ring_attention_backward(const TensorView& q, const TensorView& k, const T
     float* pdk = part_grad.data();
     float* pdv = part_grad.data() + d.B * d.Hkv * skv * d.Dk;
     std::fill(part_grad.begin(), part_grad.begin() + grad_floats(blk), 0.0f);
-    std::int64_t qoff = 0;
-    for (const Segment& qs : ring.qseg[static_cast<std::size_t>(r)]) {
-      std::int64_t koff = 0;
-      for (const Segment& ks : ring.kseg[static_cast<std::size_t>(blk)]) {
-        const PairPlan pp = plan_pair(d.causal, qs, ks);
-        const std::vector<std::int64_t> lens = rp.kv_lens ? segment_lens(global_lens, ks) : std::vector<std::int64_t>{};
-        for (std::int64_t a = pp.row0; !pp.skip && local.ok() && a < qs.length; a += rp.row_chunk) {
-          const std::int64_t rows = std::min(rp.row_chunk, qs.length - a);
-          TensorView lens_view;
-          Params p = pair_params(d, rp, pp, a, rp.kv_lens ? &lens : nullptr, &lens_view);
-          p.backward_statistics = BackwardStatistics::from_forward;  // lse and out are the whole sequence's
-          p.backend = Backend::flash;
-          const TensorView qv = rows_of(q32.data(), d.B, d.Hq, d.Sq, d.Dk, qoff + a, rows);
-          const TensorView ov = rows_of(o32.data(), d.B, d.Hq, d.Sq, d.Dv, qoff + a, rows);
-          const TensorView gv = rows_of(do32.data(), d.B, d.Hq, d.Sq, d.Dv, qoff + a, rows);
-          const TensorView lv = rows_of(lse32.data(), d.B, d.Hq, d.Sq, 0, qoff + a, rows);
-          const TensorView kv = rows_of(k32, d.B, d.Hkv, skv, d.Dk, koff, ks.length);
-          const TensorView vv = rows_of(v32, d.B, d.Hkv, skv, d.Dv, koff, ks.length);
-          const TensorView dqv = rows_of(dq_part.data(), d.B, d.Hq, rows, d.Dk, 0, rows);
-          const TensorView dkv = rows_of(dk_scratch.data(), d.B, d.Hkv, ks.length, d.Dk, 0, ks.length);
-          const TensorView dvv = rows_of(dv_scratch.data(), d.B, d.Hkv, ks.length, d.Dv, 0, ks.length);
-          local = attention_backward(qv, kv, vv, ov, lv, gv, dqv, dkv, dvv, p);
-          if (local.ok()) {
-            for (std::int64_t bh = 0; bh < d.B * d.Hq; ++bh)
-              for (std::int64_t i = 0; i < rows * d.Dk; ++i)
-                dq[static_cast<std::size_t>((bh * d.Sq + qoff + a) * d.Dk + i)] += dq_part[static_cast<std::size_t>(bh * rows * d.Dk + i)];
-            for (std::int64_t bh = 0; bh < d.B * d.Hkv; ++bh) {
-              for (std::int64_t i = 0; i < ks.length * d.Dk; ++i)
-                pdk[(bh * skv + koff) * d.Dk + i] += dk_scratch[static_cast<std::size_t>(bh * ks.length * d.Dk + i)];
-              for (std::int64_t i = 0; i < ks.length * d.Dv; ++i)
-                pdv[(bh * skv + koff) * d.Dv + i] += dv_scratch[static_cast<std::size_t>(bh * ks.length * d.Dv + i)];
-            }
-          }
-          progress(kv_reqs);
-          progress(grad_recv);
+    for_each_piece(ring, r, blk, d, rp, global_lens, local, [&](std::int64_t row, std::int64_t rows, std::int64_t koff,
+                                                                const Segment& ks, const Params& pair) {
+      Params p = pair;
+      p.backward_statistics = BackwardStatistics::from_forward;  // lse and out are the whole sequence's
+      p.backend = Backend::flash;
+      const TensorView qv = rows_of(q32.data(), d.B, d.Hq, d.Sq, d.Dk, row, rows);
+      const TensorView ov = rows_of(o32.data(), d.B, d.Hq, d.Sq, d.Dv, row, rows);
+      const TensorView gv = rows_of(do32.data(), d.B, d.Hq, d.Sq, d.Dv, row, rows);
+      const TensorView lv = rows_of(lse32.data(), d.B, d.Hq, d.Sq, 0, row, rows);
+      const TensorView kv = rows_of(k32, d.B, d.Hkv, skv, d.Dk, koff, ks.length);
+      const TensorView vv = rows_of(v32, d.B, d.Hkv, skv, d.Dv, koff, ks.length);
+      const TensorView dqv = rows_of(dq_part.data(), d.B, d.Hq, rows, d.Dk, 0, rows);
+      const TensorView dkv = rows_of(dk_scratch.data(), d.B, d.Hkv, ks.length, d.Dk, 0, ks.length);
+      const TensorView dvv = rows_of(dv_scratch.data(), d.B, d.Hkv, ks.length, d.Dv, 0, ks.length);
+      local = attention_backward(qv, kv, vv, ov, lv, gv, dqv, dkv, dvv, p);
+      if (local.ok()) {
+        for (std::int64_t bh = 0; bh < d.B * d.Hq; ++bh)
+          for (std::int64_t i = 0; i < rows * d.Dk; ++i)
+            dq[static_cast<std::size_t>((bh * d.Sq + row) * d.Dk + i)] += dq_part[static_cast<std::size_t>(bh * rows * d.Dk + i)];
+        for (std::int64_t bh = 0; bh < d.B * d.Hkv; ++bh) {
+          for (std::int64_t i = 0; i < ks.length * d.Dk; ++i)
+            pdk[(bh * skv + koff) * d.Dk + i] += dk_scratch[static_cast<std::size_t>(bh * ks.length * d.Dk + i)];
+          for (std::int64_t i = 0; i < ks.length * d.Dv; ++i)
+            pdv[(bh * skv + koff) * d.Dv + i] += dv_scratch[static_cast<std::size_t>(bh * ks.length * d.Dv + i)];
         }
-        koff += ks.length;
       }
-      qoff += qs.length;
-    }
+      progress(kv_reqs);
+      progress(grad_recv);
+    });
     double compute = seconds_since(t0);
     double wait = 0;
     // This block's accumulators: this rank's own block starts them; later blocks' arrive from prev.
