@@ -27,6 +27,7 @@
 #include "attn/dist.h"
 #include "attn/ring_plan.h"
 #include "commands.h"
+#include "core/convert.h"
 #include "files.h"
 #include "plot.h"
 #include "subcommand.h"
@@ -128,16 +129,8 @@ Status ring_bench(const RingBenchArgs& a, std::ostream& out) {
     for (std::int64_t i = 0; i < view.shape[0]; ++i) {
       const float x = u(rng);
       if (dt == DType::f32) static_cast<float*>(view.data)[i] = x;
-      else {
-        std::uint32_t bits;
-        std::memcpy(&bits, &x, 4);
-        static_cast<std::uint16_t*>(view.data)[i] = dt == DType::bf16 ? static_cast<std::uint16_t>(bits >> 16) : [&] {
-          const _Float16 h = static_cast<_Float16>(x);
-          std::uint16_t r;
-          std::memcpy(&r, &h, 2);
-          return r;
-        }();
-      }
+      else if (dt == DType::bf16) static_cast<core::bf16*>(view.data)[i] = core::from_float<core::bf16>(x);
+      else static_cast<core::f16*>(view.data)[i] = core::from_float<core::f16>(x);
     }
   };
   fill(q), fill(k), fill(v), fill(dout);
