@@ -229,6 +229,36 @@ std::vector<Case> registry() {
        .kv_lens = true, .page_size = 16, .dropout = 0.2});
   add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .amplitude = 30, .softcap = 30.0,
        .dropout = 0.25});
+  // 8-bit K/V (i8 values, a scale per row) under every query dtype: prefill and decode, GQA, masks, key lengths,
+  // layouts with strided rows, split-KV, paged pools, the score variants, scores in the wide band.
+  for (DType qd : {DType::f32, DType::bf16, DType::f16}) {
+    const DType i8 = DType::i8;
+    add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .causal = Causal::bottom_right,
+         .dtype = qd, .kv_dtype = i8});
+    add({.B = 1, .Hq = 8, .Hkv = 1, .Sq = 1, .Skv = 1023, .Dk = 128, .Dv = 128, .layout = Layout::bshd, .dtype = qd,
+         .kv_dtype = i8});
+    add({.B = 2, .Hq = 2, .Hkv = 1, .Sq = 7, .Skv = 113, .Dk = 80, .Dv = 40, .mask = MaskCase::keep_per_batch,
+         .kv_lens = true, .dtype = qd, .kv_dtype = i8});
+    add({.B = 1, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 4000, .Dk = 128, .Dv = 128, .kv_lens = true, .dtype = qd,
+         .kv_dtype = i8});
+    add({.B = 3, .Hq = 4, .Hkv = 2, .Sq = 1, .Skv = 113, .Dk = 64, .Dv = 64, .causal = Causal::bottom_right,
+         .kv_lens = true, .dtype = qd, .kv_dtype = i8, .page_size = 16});
+  }
+  for (Causal c : causals) {
+    add({.B = 2, .Hq = 4, .Hkv = 1, .Sq = 33, .Skv = 203, .Dk = 33, .Dv = 65, .causal = c, .layout = Layout::padded,
+         .kv_dtype = DType::i8});
+    add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 2, .Skv = 203, .Dk = 96, .Dv = 48, .causal = c, .mask = MaskCase::additive_full,
+         .layout = Layout::padded, .kv_dtype = DType::i8});
+  }
+  add({.B = 2, .Hq = 8, .Hkv = 1, .Sq = 7, .Skv = 203, .Dk = 32, .Dv = 16, .causal = Causal::bottom_right,
+       .kv_dtype = DType::i8, .page_size = 3});
+  add({.B = 3, .Hq = 4, .Hkv = 1, .Sq = 7, .Skv = 113, .Dk = 32, .Dv = 48, .causal = Causal::bottom_right,
+       .mask = MaskCase::additive_full, .kv_lens = true, .layout = Layout::bshd, .kv_dtype = DType::i8, .softcap = 5.0,
+       .alibi = 2, .sinks = true, .dropout = 0.2});
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .kv_dtype = DType::i8, .amplitude = 30,
+       .scale = 1.0});
+  add({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 64, .kv_dtype = DType::i8, .amplitude = 30,
+       .scale = 1.0});
   // bf16 prefill runs on its own kernel where the CPU has AMX, and bf16 rows are widened in registers by
   // the decode micro-kernels: every fp32 case above again in bf16 (every head dim, mask, window,
   // alignment, layout, key length, page size, decode and prefill).
@@ -255,6 +285,17 @@ Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void
   in.q.randomize(rng, c.amplitude);
   in.k.randomize(rng, c.amplitude);
   in.v.randomize(rng, 1.0);
+  if (c.kv_dtype == DType::i8) {  // integers in [-127, 127] (never 0), scales putting the values near +-amplitude
+    std::uniform_real_distribution<double> scale(0.5 / 127, 1.5 / 127);
+    in.k.randomize(rng, 127.0);
+    in.v.randomize(rng, 127.0);
+    in.k_scale = Tensor::plain(DType::f32, {c.B, c.Hkv, c.Skv});
+    in.v_scale = Tensor::plain(DType::f32, {c.B, c.Hkv, c.Skv});
+    in.k_scale.for_each_index([&](auto b, auto h, auto j, auto) { in.k_scale.set(scale(rng) * c.amplitude, b, h, j); });
+    in.v_scale.for_each_index([&](auto b, auto h, auto j, auto) { in.v_scale.set(scale(rng), b, h, j); });
+    in.params.k_scale = in.k_scale.view;
+    in.params.v_scale = in.v_scale.view;
+  }
   in.out.poison();
   in.lse.poison();
 
@@ -331,6 +372,13 @@ Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void
     in.v_pages = Tensor(c.kv_dtype, pool, c.Hkv, ps, c.Dv, c.layout);
     in.k_pages.poison();
     in.v_pages.poison();
+    const bool i8 = c.kv_dtype == DType::i8;
+    if (i8) {  // the scales' pool, NaN outside the sequences' rows
+      in.k_scale_pages = Tensor::plain(DType::f32, {pool, c.Hkv, ps});
+      in.v_scale_pages = Tensor::plain(DType::f32, {pool, c.Hkv, ps});
+      in.k_scale_pages.poison();
+      in.v_scale_pages.poison();
+    }
     in.page_table = Tensor::plain(DType::i32, {c.B, max_pages});
     in.seq_lens = Tensor::plain(DType::i64, {c.B});
     for (std::int64_t b = 0; b < c.B; ++b) {
@@ -343,11 +391,20 @@ Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void
           for (std::int64_t r = 0; r < ps && n * ps + r < len; ++r) {
             for (std::int64_t d = 0; d < c.Dk; ++d) in.k_pages.set(in.k.get(b, h, n * ps + r, d), page, h, r, d);
             for (std::int64_t d = 0; d < c.Dv; ++d) in.v_pages.set(in.v.get(b, h, n * ps + r, d), page, h, r, d);
+            if (i8) in.k_scale_pages.set(in.k_scale.get(b, h, n * ps + r), page, h, r);
+            if (i8) in.v_scale_pages.set(in.v_scale.get(b, h, n * ps + r), page, h, r);
           }
       }
     }
   }
   return in;
+}
+
+double Instance::max_abs_v() const {
+  if (v.view.dtype != DType::i8) return max_abs_finite(v);
+  double m = 0;
+  v.for_each_index([&](auto b, auto h, auto j, auto d) { m = std::max(m, std::fabs(v.get(b, h, j, d) * v_scale.get(b, h, j))); });
+  return m;
 }
 
 Status Instance::run(Backend backend, int threads, bool with_lse) {
@@ -357,13 +414,14 @@ Status Instance::run(Backend backend, int threads, bool with_lse) {
   const std::optional<TensorView> l = with_lse ? std::optional<TensorView>(lse.view) : std::nullopt;
   if (k_pages.storage.empty()) return attention(q.view, k.view, v.view, out.view, p, l);
   p.kv_lens.reset();
+  if (!k_scale_pages.storage.empty()) p.k_scale = k_scale_pages.view, p.v_scale = v_scale_pages.view;
   return attention_paged(q.view, k_pages.view, v_pages.view, page_table.view, seq_lens.view, out.view, p, l);
 }
 
 std::vector<Case> backward_registry() {
   std::vector<Case> out;
   for (const Case& c : registry())
-    if (c.page_size == 0 && c.B * c.Hq * c.Sq * c.Skv * (c.Dk + c.Dv) <= 30'000'000) out.push_back(c);
+    if (c.page_size == 0 && c.kv_dtype != DType::i8 && c.B * c.Hq * c.Sq * c.Skv * (c.Dk + c.Dv) <= 30'000'000) out.push_back(c);
   // Key blocks shared by many query blocks in both sweeps, GQA groups over several query tiles.
   out.push_back({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 130, .Skv = 130, .Dk = 64, .Dv = 48, .causal = Causal::top_left});
   out.push_back({.B = 2, .Hq = 6, .Hkv = 2, .Sq = 65, .Skv = 257, .Dk = 24, .Dv = 24, .causal = Causal::bottom_right,

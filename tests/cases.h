@@ -30,7 +30,7 @@ struct Case {
   bool kv_lens = false;  // random per-batch key lengths in [0, Skv], including 0 and Skv
   Layout layout = Layout::bhsd;
   DType dtype = DType::f32;     // q and out
-  DType kv_dtype = DType::f32;  // k and v
+  DType kv_dtype = DType::f32;  // k and v (i8: random 8-bit values with random scales per row)
   double amplitude = 1.0;       // inputs uniform in [-amplitude, amplitude]
   std::optional<double> scale;
   std::int64_t page_size = 0;  // > 0: K/V go through attention_paged from a shuffled page pool
@@ -53,6 +53,11 @@ struct Instance {
   Params params;
   // Paged cases: the same K/V scattered over a pool of pages (unused pages hold NaN).
   Tensor k_pages, v_pages, page_table, seq_lens;
+  // i8 K/V: the scale of each row, [B, Hkv, Skv] (params holds these), and [P, Hkv, page_size] over the pool
+  // (what run() passes to attention_paged).
+  Tensor k_scale, v_scale, k_scale_pages, v_scale_pages;
+  // The largest |value| of V as the kernels read it (i8 values times their scales).
+  double max_abs_v() const;
   // Runs the case's entry point (attention or attention_paged) with the given overrides.
   // with_lse = false: no LSE output (kernels may then take cheaper paths, e.g. AMX's degree-3 exp2).
   Status run(Backend backend, int threads, bool with_lse = true);

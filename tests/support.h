@@ -1,6 +1,7 @@
 // Test support: owned tensors in any layout, random fill, NaN poisoning, and the tolerance rule.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -85,6 +86,7 @@ struct Tensor {
       case DType::boolean: return static_cast<const unsigned char*>(view.data)[off];
       case DType::i32: return static_cast<const std::int32_t*>(view.data)[off];
       case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(view.data)[off]);
+      case DType::i8: return static_cast<const std::int8_t*>(view.data)[off];
     }
     return 0;
   }
@@ -97,6 +99,9 @@ struct Tensor {
       case DType::boolean: static_cast<unsigned char*>(view.data)[off] = x != 0; break;
       case DType::i32: static_cast<std::int32_t*>(view.data)[off] = static_cast<std::int32_t>(x); break;
       case DType::i64: static_cast<std::int64_t*>(view.data)[off] = static_cast<std::int64_t>(x); break;
+      case DType::i8:
+        static_cast<std::int8_t*>(view.data)[off] = static_cast<std::int8_t>(std::clamp(std::nearbyint(x), -127.0, 127.0));
+        break;
     }
   }
   template <class F>

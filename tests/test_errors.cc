@@ -16,12 +16,16 @@ struct Env {
   Tensor bmask = Tensor::plain(DType::boolean, {2, 1, 5, 6});
   Tensor lens = Tensor::plain(DType::i32, {2});
   Tensor big = Tensor::plain(DType::f32, {4096});  // scratch memory for aliasing cases
+  // 8-bit K/V and their row scales (used by the i8 cases, which switch kv/vv to them)
+  Tensor k8{DType::i8, 2, 2, 6, 8}, v8{DType::i8, 2, 2, 6, 3};
+  Tensor ks = Tensor::plain(DType::f32, {2, 2, 6}), vs = Tensor::plain(DType::f32, {2, 2, 6});
   TensorView qv, kv, vv, ov;
   std::optional<TensorView> lsev;
   Params p;
   Env() {
     std::mt19937_64 rng(1);
     q.randomize(rng), k.randomize(rng), v.randomize(rng), mask.randomize(rng);
+    k8.randomize(rng, 127), v8.randomize(rng, 127), ks.randomize(rng, 0.01), vs.randomize(rng, 0.01);
     bmask.for_each_index([&](auto a, auto b, auto c, auto d) { bmask.set((a + c + d) % 2, a, b, c, d); });
     lens.set(3, 0), lens.set(6, 1);
     out.poison(), lse.poison();
@@ -95,6 +99,27 @@ std::vector<BadCase> bad_cases() {
       {"lse_aliases_out", "lse", [](Env& s) { s.lsev->data = s.out.view.data; }},
       {"strides_overflow", "q", [](Env& s) { s.qv.strides[0] = std::int64_t{1} << 62; }},
       {"threads_too_many", "threads", [](Env& s) { s.p.threads = 100000; }},
+      // 8-bit K/V: i8 k and v with f32 scales shaped like k's first three dimensions, nothing else
+      {"q_dtype_i8", "q", [](Env& s) { s.qv.dtype = DType::i8; }},
+      {"k_scale_for_f32_k", "k_scale", [](Env& s) { s.p.k_scale = s.ks.view; }},
+      {"v_scale_for_f32_v", "v_scale", [](Env& s) { s.p.v_scale = s.vs.view; }},
+      {"i8_without_scales", "k_scale", [](Env& s) { s.kv = s.k8.view, s.vv = s.v8.view; }},
+      {"i8_without_v_scale", "v_scale", [](Env& s) { s.kv = s.k8.view, s.vv = s.v8.view, s.p.k_scale = s.ks.view; }},
+      {"i8_k_f32_v", "v", [](Env& s) { s.kv = s.k8.view, s.p.k_scale = s.ks.view, s.p.v_scale = s.vs.view; }},
+      {"i8_scale_shape", "k_scale", [](Env& s) {
+         s.kv = s.k8.view, s.vv = s.v8.view, s.p.k_scale = s.ks.view, s.p.v_scale = s.vs.view, s.p.k_scale->shape[2] = 5;
+       }},
+      {"i8_scale_rank", "v_scale", [](Env& s) {
+         s.kv = s.k8.view, s.vv = s.v8.view, s.p.k_scale = s.ks.view, s.p.v_scale = s.vs.view, s.p.v_scale->rank = 2;
+       }},
+      {"i8_scale_dtype", "k_scale", [](Env& s) {
+         s.kv = s.k8.view, s.vv = s.v8.view, s.p.k_scale = s.ks.view, s.p.v_scale = s.vs.view;
+         s.p.k_scale->dtype = DType::bf16;
+       }},
+      {"out_aliases_k_scale", "out", [](Env& s) {
+         s.kv = s.k8.view, s.vv = s.v8.view, s.p.k_scale = s.ks.view, s.p.v_scale = s.vs.view;
+         s.p.k_scale->data = s.out.view.data;
+       }},
   };
 }
 
@@ -162,6 +187,22 @@ TEST(BadInputPaged, ClearErrorsAndOutputsUntouched) {
     EXPECT_NE(st.message().find("expected"), std::string::npos) << st.message();
     EXPECT_EQ(out.storage, before) << "out was written: " << st.message();
   }
+}
+
+// 8-bit K/V run forward only: the backward refuses them (naming k), writing nothing.
+TEST(BadInputI8, BackwardRefused) {
+  Env s;
+  s.kv = s.k8.view, s.vv = s.v8.view, s.p.k_scale = s.ks.view, s.p.v_scale = s.vs.view;
+  ASSERT_TRUE(attention(s.qv, s.kv, s.vv, s.ov, s.p, s.lsev).ok());
+  Tensor dout(DType::f32, 2, 4, 5, 3), dq(DType::f32, 2, 4, 5, 8), dk(DType::i8, 2, 2, 6, 8), dv(DType::i8, 2, 2, 6, 3);
+  std::mt19937_64 rng(3);
+  dout.randomize(rng), dq.poison(), dk.poison(), dv.poison();
+  const auto before = dq.storage;
+  const Status st = attention_backward(s.qv, s.kv, s.vv, s.ov, *s.lsev, dout.view, dq.view, dk.view, dv.view, s.p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.param(), "k") << st.message();
+  EXPECT_NE(st.message().find("expected"), std::string::npos) << st.message();
+  EXPECT_EQ(dq.storage, before);
 }
 
 TEST(BadInputList, HasAtLeastThirtyCases) { EXPECT_GE(bad_cases().size(), 30u); }

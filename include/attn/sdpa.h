@@ -61,6 +61,14 @@ struct Params {
   //   f32: added to the scaled scores (finite values or -inf; -inf blocks the key);
   //   boolean: nonzero = keep, zero = block.
   std::optional<TensorView> mask;
+  // 8-bit K/V (k and v of dtype i8): row j of KV head hk holds the values k_scale[·, hk, j] · k[·, hk, j, :] (v
+  // likewise with v_scale), a symmetric quantisation with one f32 scale per (token, KV head) as attn::KVCache
+  // writes it. Shape [B, Hkv, Skv] for attention(), [P, Hkv, page_size] for attention_paged() (k's leading three
+  // dimensions), any strides. Required when k and v are i8, refused otherwise. The kernels read the 8-bit rows and
+  // apply the scales in registers (a key's scale multiplies its score, a value's its weight); there is no backward
+  // for i8 K/V. Scale values are not checked: a NaN or ±inf scale gives NaN in the rows that attend its key.
+  std::optional<TensorView> k_scale;
+  std::optional<TensorView> v_scale;
   // Threads for this call: 0 = the default (ATTN_NUM_THREADS, else OpenMP's default).
   int threads = 0;
   Backend backend = Backend::automatic;
@@ -100,7 +108,8 @@ struct Params {
 //   q   [B, Hq,  Sq,  Dk]    k [B, Hkv, Skv, Dk]    v [B, Hkv, Skv, Dv]
 //   out [B, Hq,  Sq,  Dv]    lse (optional, f32) [B, Hq, Sq]
 // with Hq % Hkv == 0 (query head h reads KV head h / (Hq / Hkv)): MHA, GQA and MQA.
-// q, k, v, out: f32, bf16 or f16; k and v share a dtype, q and out share a dtype.
+// q, k, v, out: f32, bf16 or f16 (k and v may also be i8, with Params::k_scale / v_scale); k and v share a dtype,
+// q and out share a dtype.
 // lse[b,h,i] = log(sum_j exp(score_ij)) over allowed keys, natural log; a row with no allowed
 // key gets out = 0 and lse = -inf. Every argument is validated before anything is written:
 // on error the returned Status names the parameter and the expectation, and out/lse are untouched.
@@ -108,7 +117,8 @@ Status attention(const TensorView& q, const TensorView& k, const TensorView& v, 
                  const Params& params = {}, const std::optional<TensorView>& lse = std::nullopt);
 
 // Attention over a paged KV cache (vLLM / FlashInfer style). Keys and values live in a pool of pages:
-//   k_pages [P, Hkv, page_size, Dk], v_pages [P, Hkv, page_size, Dv]   (any strides, f32/bf16/f16)
+//   k_pages [P, Hkv, page_size, Dk], v_pages [P, Hkv, page_size, Dv]   (any strides, f32/bf16/f16, or i8 with
+//   Params::k_scale / v_scale [P, Hkv, page_size])
 //   page_table [B, max_pages] i32: page_table[b][n] is the pool page holding keys n·page_size .. of sequence b
 //   seq_lens [B] i32 or i64: the number of keys of sequence b (<= max_pages · page_size); entries of
 //   page_table past ceil(seq_lens[b] / page_size) are never read.

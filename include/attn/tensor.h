@@ -8,9 +8,10 @@
 
 namespace attn {
 
-// Element types. Q, K, V and O may be f32, bf16 or f16 (accumulation is always fp32 or better);
-// masks are f32 (additive) or boolean (1 byte, nonzero = keep); key lengths are i32 or i64.
-enum class DType : std::uint8_t { f32, bf16, f16, boolean, i32, i64 };
+// Element types. Q, K, V and O may be f32, bf16 or f16 (accumulation is always fp32 or better); K and V may also be
+// i8, an 8-bit quantised KV cache whose rows carry an f32 scale each (Params::k_scale / v_scale); masks are f32
+// (additive) or boolean (1 byte, nonzero = keep); key lengths are i32 or i64.
+enum class DType : std::uint8_t { f32, bf16, f16, boolean, i32, i64, i8 };
 
 const char* dtype_name(DType dtype);   // "f32", "bf16", ...
 std::size_t dtype_size(DType dtype);   // bytes per element

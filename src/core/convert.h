@@ -16,6 +16,7 @@ struct f16 {
 };
 
 inline float to_float(float x) { return x; }
+inline float to_float(std::int8_t x) { return x; }  // an 8-bit K/V value, before its row's scale
 inline float to_float(bf16 x) {
   const std::uint32_t u = static_cast<std::uint32_t>(x.bits) << 16;
   float f;

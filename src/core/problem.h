@@ -52,6 +52,9 @@ struct Problem {
   Strided out;
   std::optional<Paged> paged;  // set by validate_paged(): K/V come from a page pool
   std::optional<Strided> lse;  // [B, Hq, Sq] in stride[0..2]
+  // i8 K/V: the f32 scale of each row (attn::Params::k_scale / v_scale), strides [batch or page, head, row, 0]
+  // like k and v's own first three (kv_scale() reads them, through the page table when paged).
+  std::optional<Strided> k_scale, v_scale;
   // Score variants (attn::Params): softcap (0 = off), ALiBi slopes (stride[0] over the batch, 0 for [Hq];
   // stride[1] over heads) and sinks (stride[1] over heads; natural-log units).
   float softcap = 0;
@@ -87,6 +90,11 @@ inline std::int64_t kv_row_offset(const Problem& p, const Strided& t, std::int64
   const Paged& pg = *p.paged;
   const std::int64_t page = pg.table[b * pg.table_stride[0] + (j / pg.page_size) * pg.table_stride[1]];
   return t.offset(page, hk, j % pg.page_size, 0);
+}
+
+// The scale of row j of K or V for batch b and KV head hk (scale: Problem::k_scale or v_scale).
+inline float kv_scale(const Problem& p, const Strided& scale, std::int64_t b, std::int64_t hk, std::int64_t j) {
+  return static_cast<const float*>(scale.data)[kv_row_offset(p, scale, b, hk, j)];
 }
 
 // Checks every argument; on success fills *problem. Writes nothing anywhere else.

@@ -21,6 +21,7 @@ const char* dtype_name(DType dtype) {
     case DType::boolean: return "bool";
     case DType::i32: return "i32";
     case DType::i64: return "i64";
+    case DType::i8: return "i8";
   }
   return "unknown";
 }
@@ -33,6 +34,7 @@ std::size_t dtype_size(DType dtype) {
     case DType::boolean: return 1;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::i8: return 1;
   }
   return 0;
 }
@@ -106,7 +108,7 @@ std::string dims_str(std::initializer_list<std::int64_t> dims) {
   return s.str();
 }
 
-bool known_dtype(DType d) { return static_cast<unsigned>(d) <= static_cast<unsigned>(DType::i64); }
+bool known_dtype(DType d) { return static_cast<unsigned>(d) <= static_cast<unsigned>(DType::i8); }
 bool float_dtype(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
 }  // namespace
@@ -382,6 +384,35 @@ Status check_variants(const Params& params, Problem* p) {
   return Status::Ok();
 }
 
+// The scales of i8 K/V (Params::k_scale / v_scale): both present exactly when k is i8, f32, shaped like k's
+// first three dimensions ([B, Hkv, Skv], or [P, Hkv, page_size] for a page pool).
+Status check_kv_scales(const Params& params, const TensorView& k, const char* kname, Problem* p) {
+  const bool quantised = k.dtype == DType::i8;
+  const struct {
+    const char* name;
+    const std::optional<TensorView>& t;
+    std::optional<Strided>* out;
+  } scales[] = {{"k_scale", params.k_scale, &p->k_scale}, {"v_scale", params.v_scale, &p->v_scale}};
+  const std::string want = dims_str({k.shape[0], k.shape[1], k.shape[2]});
+  for (const auto& [name, t, out] : scales) {
+    if (!quantised) {
+      if (t) return Status::Invalid(name, std::string("is set for ") + dtype_name(k.dtype) + " " + kname +
+                                              "; expected it only with i8 k and v");
+      continue;
+    }
+    if (!t) return Status::Invalid(name, std::string("is missing; expected f32 ") + want + " (a scale per row of " +
+                                             kname + ") for i8 k and v");
+    if (Status s = check_view(name, *t, 3); !s) return s;
+    if (t->dtype != DType::f32)
+      return Status::Invalid(name, std::string("dtype ") + dtype_name(t->dtype) + "; expected f32");
+    if (t->shape[0] != k.shape[0] || t->shape[1] != k.shape[1] || t->shape[2] != k.shape[2])
+      return Status::Invalid(name, "shape " + shape_str(*t) + "; expected " + want + " (the first three dimensions of " +
+                                       kname + ")");
+    *out = strided4(*t);
+  }
+  return Status::Ok();
+}
+
 // Arguments only attention_paged has.
 struct PagedArgs {
   const TensorView& page_table;
@@ -403,8 +434,10 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
   } qkvo[] = {{"q", q}, {kname, k}, {vname, v}, {"out", out}};
   for (const auto& [name, t] : qkvo) {
     if (Status s = check_view(name, t, 4); !s) return s;
-    if (!float_dtype(t.dtype))
-      return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32, bf16 or f16");
+    const bool kv = &t == &k || &t == &v;
+    if (!float_dtype(t.dtype) && !(kv && t.dtype == DType::i8))
+      return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32, bf16 or f16" +
+                                       (kv ? " (or i8 with k_scale and v_scale)" : ""));
   }
   p.B = q.shape[0], p.Hq = q.shape[1], p.Sq = q.shape[2], p.Dk = q.shape[3];
   p.Hkv = k.shape[1], p.Skv = k.shape[2], p.Dv = v.shape[3];
@@ -456,6 +489,7 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
     return Status::Invalid("out", std::string("dtype ") + dtype_name(out.dtype) + "; expected the dtype of q (" +
                                       dtype_name(q.dtype) + ")");
   if (Status s = check_output_strides("out", out); !s) return s;
+  if (Status s = check_kv_scales(params, k, kname, &p); !s) return s;
   p.group = p.Hq / p.Hkv;
 
   if (lse) {
@@ -538,7 +572,9 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
                 {"page_table", paged ? &paged->page_table : nullptr},
                 {"seq_lens", paged ? &paged->seq_lens : nullptr},
                 {"alibi_slopes", params.alibi_slopes ? &*params.alibi_slopes : nullptr},
-                {"sinks", params.sinks ? &*params.sinks : nullptr}};
+                {"sinks", params.sinks ? &*params.sinks : nullptr},
+                {"k_scale", params.k_scale ? &*params.k_scale : nullptr},
+                {"v_scale", params.v_scale ? &*params.v_scale : nullptr}};
   for (const auto& [name, t] : inputs) {
     if (!t) continue;
     const Extent ei = extent_of(*t);
@@ -580,6 +616,8 @@ Status validate_backward(const TensorView& q, const TensorView& k, const TensorV
                          const std::optional<TensorView>& grad_sinks, BackwardProblem* problem) {
   BackwardProblem& bp = *problem;  // in place, as validate_impl (core::KvLenLoan)
   if (Status s = validate(q, k, v, out, params, lse, &bp.fwd); !s) return s;
+  if (k.dtype == DType::i8)
+    return Status::Invalid("k", "dtype i8; expected f32, bf16 or f16 (8-bit K/V are for inference: no backward)");
   // The LSE's values are not read: the backward recomputes each row's statistics from the scores (see
   // cpu/backward_kernel.h, row_statistics); only its shape and dtype are checked (above).
   const struct {

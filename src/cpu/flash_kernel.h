@@ -47,12 +47,22 @@ const T* kv_row(const core::Problem& p, const core::Strided& t, std::int64_t b, 
   return static_cast<const T*>(t.data) + core::kv_row_offset(p, t, b, hk, j);
 }
 
+// The scales of i8 rows j0 .. j0+cols-1 (Problem::k_scale or v_scale) into out[cols].
+inline void tile_scales(const core::Problem& p, const core::Strided& scale, std::int64_t b, std::int64_t hk,
+                        std::int64_t j0, std::int64_t cols, float* out) {
+  for (std::int64_t c = 0; c < cols; ++c) out[c] = core::kv_scale(p, scale, b, hk, j0 + c);
+}
+
 // Pointers to rows j0 .. j0+cols-1 of a K or V tile as fp32 with unit stride: the caller's memory when it
-// already is fp32 with unit stride, else rows converted into `buf` [BC][dim].
+// already is fp32 with unit stride, else rows converted into `buf` [BC][dim] (i8 rows times their scales: `scale`
+// is the tensor's Problem::k_scale or v_scale).
 template <class T>
-void tile_rows(const core::Problem& p, const core::Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j0,
-               std::int64_t cols, std::int64_t dim, float* buf, const float** rows) {
+void tile_rows(const core::Problem& p, const core::Strided& t, const std::optional<core::Strided>& scale,
+               std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t cols, std::int64_t dim, float* buf,
+               const float** rows) {
   const bool direct = std::is_same_v<T, float> && t.stride[3] == 1;
+  alignas(64) float sc[BC];
+  if constexpr (std::is_same_v<T, std::int8_t>) tile_scales(p, *scale, b, hk, j0, cols, sc);
   for (std::int64_t c = 0; c < cols; ++c) {
     const T* src = kv_row<T>(p, t, b, hk, j0 + c);
     if (direct) {
@@ -61,14 +71,17 @@ void tile_rows(const core::Problem& p, const core::Strided& t, std::int64_t b, s
     }
     float* dst = buf + c * dim;
     std::int64_t d = 0;
-    if constexpr (!std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<T, std::int8_t>) {
+      const V f = Vec::set1(sc[c]);
       if (t.stride[3] == 1)
-        for (; d + W <= dim; d += W) {
-          const auto* h16 = reinterpret_cast<const std::uint16_t*>(src + d);
-          Vec::store(dst + d, std::is_same_v<T, core::bf16> ? Vec::load_bf16(h16) : Vec::load_f16(h16));
-        }
+        for (; d + W <= dim; d += W) Vec::store(dst + d, Vec::mul(load_as_float(src + d), f));
+      for (; d < dim; ++d) dst[d] = sc[c] * core::to_float(src[d * t.stride[3]]);
+    } else {
+      if constexpr (!std::is_same_v<T, float>)
+        if (t.stride[3] == 1)
+          for (; d + W <= dim; d += W) Vec::store(dst + d, load_as_float(src + d));
+      for (; d < dim; ++d) dst[d] = core::to_float(src[d * t.stride[3]]);
     }
-    for (; d < dim; ++d) dst[d] = core::to_float(src[d * t.stride[3]]);
     rows[c] = dst;
   }
 }
@@ -407,8 +420,8 @@ inline void softmax_step(float* st, std::int64_t cols, const V* mx, float c_log2
 // formed in double. The other lanes take the fp32 scores as the vector step does. Same state, same outputs.
 template <class Variant, class KT>
 void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols,
-                       const float* q, bool q_rows, const KT* const* krows, const Units& u, float* st, float* m,
-                       float* l, float* alpha_out) {
+                       const float* q, bool q_rows, const KT* const* krows, const float* kscale, const Units& u,
+                       float* st, float* m, float* l, float* alpha_out) {
   const double neg_inf = -std::numeric_limits<double>::infinity();
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     float mx32 = core::kNegInf;
@@ -428,6 +441,7 @@ void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t 
         double dot = 0;
         for (std::int64_t d = 0; d < p.Dk; ++d)
           dot += static_cast<double>(q_rows ? q[r * p.Dk + d] : q[d * BR + r]) * core::to_float(krows[c][d]);
+        if (kscale) dot *= kscale[c];  // (i8 rows)
         s[c] = row.logit(j, dot * p.scale) / u.k;  // the call's units (Units)
         if (std::isnan(s[c])) nan = true;
         else mx = std::max(mx, s[c]);
@@ -453,14 +467,15 @@ void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t 
 }
 
 // The softmax of one tile: Sᵀ (scores in the call's units, hidden pairs -inf) becomes Pᵀ, and every lane's
-// state takes the tile; the vector step, or the wide one when the tile's scores are large.
+// state takes the tile; the vector step, or the wide one when the tile's scores are large (kscale: the scales of
+// i8 K rows, null for rows of values).
 template <int QV, class Variant, class KT>
 inline void softmax_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool q_rows,
-                         const KT* const* krows, const Units& u, Workspace& ws) {
+                         const KT* const* krows, const float* kscale, const Units& u, Workspace& ws) {
   V mx[QV];
   tile_max<QV>(ws.st.data(), cols, mx);
   if (needs_wide<QV>(mx, ws.m.data(), u))
-    softmax_step_wide<Variant>(p, lanes, j0, cols, ws.q.data(), q_rows, krows, u, ws.st.data(), ws.m.data(),
+    softmax_step_wide<Variant>(p, lanes, j0, cols, ws.q.data(), q_rows, krows, kscale, u, ws.st.data(), ws.m.data(),
                                  ws.l.data(), ws.alpha.data());
   else if (u.c == 1.0f)
     softmax_step<QV, true>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
@@ -504,17 +519,29 @@ void pv_attended(const core::Problem& p, const Lanes& lanes, std::int64_t j0, st
   }
 }
 
+// Rows of a tile times a factor per key: Sᵀ[c][r] *= f[c] for lanes r < NL (the scales of i8 K or V rows).
+template <int NL>
+inline void scale_keys(float* st, const float* f, std::int64_t cols) {
+  for (std::int64_t c = 0; c < cols; ++c)
+    for (int r = 0; r < NL; ++r) st[c * BR + r] *= f[c];
+}
+
 // One tile of a row-major (decode) block, from K and V rows of any storage type. Decode streams K and V
 // from memory once, so this tile's V rows are prefetched while its scores are computed and the loads of
-// pv_rows find them in cache (7% on D2; prefetching the next K tile as well measured slower).
+// pv_rows find them in cache (7% on D2; prefetching the next K tile as well measured slower). i8 rows (kscale,
+// vscale: their scales; null otherwise) are widened in registers like the others; a key's scale then multiplies
+// its dot product and a value's scale its weight (after the softmax has summed the weights).
 template <int QV, int NL, class Variant, class T>
 void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows, const T* const* vrows,
-               std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws) {
+               const float* kscale, const float* vscale, std::int64_t j0, std::int64_t cols, bool interior,
+               const Units& u, Workspace& ws) {
   prefetch_rows(vrows, cols, p.Dv * static_cast<std::int64_t>(sizeof(T)));
   scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data());                          // Sᵀ = K Qᵀ
+  if (kscale) scale_keys<NL>(ws.st.data(), kscale, cols);                                       // i8 K scales
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
-  softmax_tile<QV, Variant>(p, lanes, j0, cols, true, krows, u, ws);                           // Pᵀ; m, l
+  softmax_tile<QV, Variant>(p, lanes, j0, cols, true, krows, kscale, u, ws);                   // Pᵀ; m, l
   drop_weights<Variant>(p, lanes, j0, cols, ws.st.data());                                     // dropout
+  if (vscale) scale_keys<NL>(ws.st.data(), vscale, cols);                                       // i8 V scales
   if (hidden && !rows_finite(vrows, cols, p.Dv))
     pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), vrows, ws.alpha.data(), ws.o.data(), 1, p.Dv);
   else
@@ -558,11 +585,11 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
     const std::int64_t cols = std::min(BC, visible_hi - j0);
     const bool interior = j0 >= shared_lo && j0 + cols <= shared_hi;
     if constexpr (NL == 0) {
-      tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);       // K tile
-      tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);       // V tile
+      tile_rows<KVT>(p, p.k, p.k_scale, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);  // K tile
+      tile_rows<KVT>(p, p.v, p.v_scale, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);  // V tile
       scores<QV>(ws.q.data(), ws.krows, dk, cols, u.dot, ws.st.data());                      // Sᵀ = K Qᵀ
       const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
-      softmax_tile<QV, Variant>(p, lanes, j0, cols, false, ws.krows, u, ws);                // Pᵀ; m, l
+      softmax_tile<QV, Variant>(p, lanes, j0, cols, false, ws.krows, nullptr, u, ws);       // Pᵀ; m, l
       drop_weights<Variant>(p, lanes, j0, cols, ws.st.data());                              // dropout
       if (hidden && !rows_finite(ws.vrows, cols, dv))
         pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), ws.vrows, ws.alpha.data(), ws.o.data(), BR, 1);
@@ -573,11 +600,15 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       const KVT* vrows[BC];
       for (std::int64_t c = 0; c < cols; ++c)
         krows[c] = kv_row<KVT>(p, p.k, lanes.b, lanes.hk, j0 + c), vrows[c] = kv_row<KVT>(p, p.v, lanes.b, lanes.hk, j0 + c);
-      rows_step<QV, NL, Variant>(p, lanes, krows, vrows, j0, cols, interior, u, ws);
-    } else {  // strided rows: converted to fp32 first
-      tile_rows<KVT>(p, p.k, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);
-      tile_rows<KVT>(p, p.v, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);
-      rows_step<QV, NL, Variant>(p, lanes, ws.krows, ws.vrows, j0, cols, interior, u, ws);
+      alignas(64) float ks[BC], vs[BC];
+      constexpr bool i8 = std::is_same_v<KVT, std::int8_t>;
+      if constexpr (i8) tile_scales(p, *p.k_scale, lanes.b, lanes.hk, j0, cols, ks);
+      if constexpr (i8) tile_scales(p, *p.v_scale, lanes.b, lanes.hk, j0, cols, vs);
+      rows_step<QV, NL, Variant>(p, lanes, krows, vrows, i8 ? ks : nullptr, i8 ? vs : nullptr, j0, cols, interior, u, ws);
+    } else {  // strided rows: converted to fp32 first (i8 rows times their scales)
+      tile_rows<KVT>(p, p.k, p.k_scale, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);
+      tile_rows<KVT>(p, p.v, p.v_scale, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);
+      rows_step<QV, NL, Variant>(p, lanes, ws.krows, ws.vrows, nullptr, nullptr, j0, cols, interior, u, ws);
     }
   }
 }
@@ -686,7 +717,7 @@ inline bool scattered_rows(const core::Strided& t, std::int64_t dim) {
 
 template <class KVT>
 bool gather_kv(const core::Problem& p, const Plan& plan, int threads, Scratch& sc, core::Problem* out) {
-  if (p.paged || plan.row_blocks * plan.head_blocks < 2) return false;
+  if (p.paged || p.k_scale || plan.row_blocks * plan.head_blocks < 2) return false;  // (i8 rows: read in place)
   if (!scattered_rows(p.k, p.Dk) && !scattered_rows(p.v, p.Dv)) return false;
   const std::int64_t rows = p.B * p.Hkv * p.Skv, esize = static_cast<std::int64_t>(sizeof(KVT));
   const std::int64_t bytes = rows * (p.Dk + p.Dv) * esize;
@@ -809,7 +840,7 @@ struct ForwardKernel {
   static constexpr FlashFn fn = &flash_forward<QT, KVT, Variant>;
 };
 inline FlashFn pick_flash(DType q, DType kv, core::VariantKind variant) {
-  return pick_kernel<FlashFn, ForwardKernel>(q, kv, variant);
+  return pick_kernel<FlashFn, ForwardKernel, /*I8=*/true>(q, kv, variant);
 }
 
 }  // namespace attn::cpu::ATTN_ISA_NS

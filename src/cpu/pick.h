@@ -23,23 +23,27 @@ Fn pick_for_variant(core::VariantKind variant) {
   return nullptr;
 }
 
-template <class Fn, template <class, class, class> class Kernel, class QT>
+template <class Fn, template <class, class, class> class Kernel, bool I8, class QT>
 Fn pick_for_kv(DType kv, core::VariantKind variant) {
   switch (kv) {
     case DType::f32: return pick_for_variant<Fn, Kernel, QT, float>(variant);
     case DType::bf16: return pick_for_variant<Fn, Kernel, QT, core::bf16>(variant);
     case DType::f16: return pick_for_variant<Fn, Kernel, QT, core::f16>(variant);
+    case DType::i8:
+      if constexpr (I8) return pick_for_variant<Fn, Kernel, QT, std::int8_t>(variant);
+      return nullptr;
     default: return nullptr;
   }
 }
 
 // The instantiation for these dtypes and this variant (core::variant_kind), or null for dtypes no kernel takes.
-template <class Fn, template <class, class, class> class Kernel>
+// I8: whether the kernel takes 8-bit K/V (the forward; the backward does not).
+template <class Fn, template <class, class, class> class Kernel, bool I8 = false>
 Fn pick_kernel(DType q, DType kv, core::VariantKind variant) {
   switch (q) {
-    case DType::f32: return pick_for_kv<Fn, Kernel, float>(kv, variant);
-    case DType::bf16: return pick_for_kv<Fn, Kernel, core::bf16>(kv, variant);
-    case DType::f16: return pick_for_kv<Fn, Kernel, core::f16>(kv, variant);
+    case DType::f32: return pick_for_kv<Fn, Kernel, I8, float>(kv, variant);
+    case DType::bf16: return pick_for_kv<Fn, Kernel, I8, core::bf16>(kv, variant);
+    case DType::f16: return pick_for_kv<Fn, Kernel, I8, core::f16>(kv, variant);
     default: return nullptr;
   }
 }

@@ -33,6 +33,7 @@ struct Vec {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
   }
   static T load_f16(const std::uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+  static T load_i8(const std::int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
   // The sums of W vectors at once (a transposing add tree, W - 1 adds): lane p of the result is the sum of
   // all lanes of v[kSumOrder[p]]. v is overwritten.
   static constexpr int kSumOrder[W] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
@@ -78,6 +79,7 @@ struct Vec {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
   }
   static T load_f16(const std::uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+  static T load_i8(const std::int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
   static constexpr int kSumOrder[W] = {0, 2, 1, 3, 4, 6, 5, 7};
   static T sum_each(T* v) {
     for (int i = 0; i < 4; ++i)
@@ -127,6 +129,12 @@ struct Vec {
     for (int i = 0; i < 4; ++i) f[i] = core::to_float(core::f16{p[i]});
     return _mm_load_ps(f);
   }
+  static T load_i8(const std::int8_t* p) {  // sign-extended by shifts (no pmovsx before SSE4.1)
+    std::int32_t w;
+    std::memcpy(&w, p, 4);
+    const __m128i b = _mm_cvtsi32_si128(w);
+    return _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(_mm_unpacklo_epi8(b, b), _mm_unpacklo_epi8(b, b)), 24));
+  }
   static constexpr int kSumOrder[W] = {0, 2, 1, 3};
   static T sum_each(T* v) {
     for (int i = 0; i < 2; ++i)
@@ -139,11 +147,12 @@ struct Vec {
 #error "define one of ATTN_VEC_AVX512, ATTN_VEC_AVX2, ATTN_VEC_SSE2"
 #endif
 
-// W storage values (fp32, bf16 or f16) as one vector of fp32.
+// W storage values (fp32, bf16, f16, or i8 before its row's scale) as one vector of fp32.
 template <class T>
 inline Vec::T load_as_float(const T* p) {
   if constexpr (std::is_same_v<T, core::bf16>) return Vec::load_bf16(reinterpret_cast<const std::uint16_t*>(p));
   else if constexpr (std::is_same_v<T, core::f16>) return Vec::load_f16(reinterpret_cast<const std::uint16_t*>(p));
+  else if constexpr (std::is_same_v<T, std::int8_t>) return Vec::load_i8(p);
   else return Vec::load(p);
 }
 

@@ -19,17 +19,24 @@ double load(const core::Strided& t, std::int64_t a, std::int64_t b, std::int64_t
     case DType::bf16: return core::to_float(static_cast<const core::bf16*>(t.data)[off]);
     case DType::f16: return core::to_float(static_cast<const core::f16*>(t.data)[off]);
     case DType::boolean: return static_cast<const unsigned char*>(t.data)[off] != 0;
+    case DType::i8: return static_cast<const std::int8_t*>(t.data)[off];
     default: return std::numeric_limits<double>::quiet_NaN();
   }
 }
 
-// K or V element (b, hk, j, d), through the page table when the cache is paged.
+// K or V element (b, hk, j, d), through the page table when the cache is paged; i8 values times their row's
+// scale (exact in double: a float times an integer of at most 8 bits).
 double load_kv(const core::Problem& p, const core::Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j,
                std::int64_t d) {
-  if (!p.paged) return load(t, b, hk, j, d);
-  const core::Paged& pg = *p.paged;
-  const std::int64_t page = pg.table[b * pg.table_stride[0] + (j / pg.page_size) * pg.table_stride[1]];
-  return load(t, page, hk, j % pg.page_size, d);
+  std::int64_t a = b, row = j;
+  if (p.paged) {
+    const core::Paged& pg = *p.paged;
+    a = pg.table[b * pg.table_stride[0] + (j / pg.page_size) * pg.table_stride[1]], row = j % pg.page_size;
+  }
+  const double x = load(t, a, hk, row, d);
+  if (t.dtype != DType::i8) return x;
+  const core::Strided& scale = &t == &p.k ? *p.k_scale : *p.v_scale;
+  return static_cast<const float*>(scale.data)[scale.offset(a, hk, row, 0)] * x;
 }
 
 // The dense mask's contribution to score (b, h, i, j): the additive value, or 0 / -inf for keep/block.
