@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
@@ -157,6 +158,127 @@ std::vector<DecodeCase> decode_cases() {
   return cases;
 }
 INSTANTIATE_TEST_SUITE_P(Caches, DecodeEqualsRecompute, ::testing::ValuesIn(decode_cases()), name_of);
+
+// Caches stored in bf16, f16 and i8. Every appended value is stored rounded once (bf16/f16: to nearest; i8: within
+// half a step of its row's scale max|x| / 127); every decode step of a contiguous and of a paged cache (page 3,
+// sequences interleaved) agrees with the fp64 reference over the values the cache holds, under the tolerance rule;
+// against the exact (unrounded) values the error is what the storage costs, bounded loosely here and reported.
+class StorageDtype : public ::testing::TestWithParam<DType> {};
+
+TEST_P(StorageDtype, StoresRoundedValuesAndDecodesThem) {
+  const DType dt = GetParam();
+  const std::int64_t T = 37, Dk = 64, Dv = 48, hq = 8, hkv = 2, chunk = 3;
+  std::mt19937_64 rng(77 + static_cast<int>(dt));
+  Tensor q(DType::f32, 1, hq, T, Dk), k(DType::f32, 1, hkv, T, Dk), v(DType::f32, 1, hkv, T, Dv);
+  q.randomize(rng, 2.0), k.randomize(rng, 2.0), v.randomize(rng);
+  for (std::int64_t d = 0; d < Dk; ++d) k.set(0.0, 0, 1, 5, d);  // an all-zero row: scale 0
+  Tensor full_out(DType::f32, 1, hq, T, Dv);
+  const Refs exact = causal_refs(q, k, v, full_out);
+
+  KVCache cache;
+  PagedKVCache paged;
+  ASSERT_TRUE(KVCache::create(hkv, Dk, Dv, T, dt, &cache).ok());
+  ASSERT_TRUE(PagedKVCache::create(hkv, Dk, Dv, 3, 2 * (T / 3 + 2), dt, &paged).ok());
+  EXPECT_EQ(cache.dtype(), dt);
+  EXPECT_EQ(paged.dtype(), dt);
+  const std::int64_t seq = paged.add_sequence(), other = paged.add_sequence();
+  double storage_err = 0, out_max = 0;
+  for (std::int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const std::int64_t n = std::min(chunk, T - t0), len = t0 + n;
+    ASSERT_TRUE(cache.append(tokens(k.view, t0, n), tokens(v.view, t0, n)).ok());
+    ASSERT_TRUE(paged.append(seq, tokens(k.view, t0, n), tokens(v.view, t0, n)).ok());
+    ASSERT_TRUE(paged.append(other, tokens(k.view, 0, 1), tokens(v.view, 0, 1)).ok());  // pages interleave
+    // The reference over what the cache holds.
+    Params p;
+    p.causal = Causal::bottom_right;
+    if (dt == DType::i8) p.k_scale = cache.k_scales(), p.v_scale = cache.v_scales();
+    Tensor out(DType::f32, 1, hq, n, Dv), pout(DType::f32, 1, hq, n, Dv);
+    core::Problem prob;
+    ASSERT_TRUE(core::validate(tokens(q.view, t0, n), cache.keys(), cache.values(), out.view, p, std::nullopt, &prob).ok());
+    const reference::Result ref = reference::attention<double>(prob), naive = reference::attention<float>(prob);
+    out.poison(), pout.poison();
+    ASSERT_TRUE(cache.attend(tokens(q.view, t0, n), out.view).ok());
+    ASSERT_TRUE(paged.attend({seq}, tokens(q.view, t0, n), pout.view).ok());
+    std::vector<double> got, pgot;
+    out.for_each_index([&](auto b, auto h, auto i, auto d) { got.push_back(out.get(b, h, i, d)); });
+    pout.for_each_index([&](auto b, auto h, auto i, auto d) { pgot.push_back(pout.get(b, h, i, d)); });
+    const double atol = atol_for(ref.out);
+    auto nv = [&](std::size_t i) { return static_cast<double>(static_cast<float>(naive.out[i])); };
+    const Agreement a = agree(ref.out, [&](std::size_t i) { return got[i]; }, nv, atol);
+    EXPECT_TRUE(a.ok()) << "contiguous, step at " << t0 << ": " << a.describe();
+    const Agreement b = agree(ref.out, [&](std::size_t i) { return pgot[i]; }, nv, atol);
+    EXPECT_TRUE(b.ok()) << "paged, step at " << t0 << ": " << b.describe();
+    for (std::int64_t h = 0; h < hq; ++h)
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t d = 0; d < Dv; ++d) {
+          const double e = exact.ref.out[static_cast<std::size_t>((h * T + t0 + i) * Dv + d)];
+          storage_err = std::max(storage_err, std::fabs(out.get(0, h, i, d) - e));
+          out_max = std::max(out_max, std::fabs(e));
+        }
+    ASSERT_EQ(cache.length(), len);
+  }
+  // Stored values: rounded once.
+  const TensorView ks = cache.keys();
+  for (std::int64_t h = 0; h < hkv; ++h)
+    for (std::int64_t j = 0; j < T; ++j) {
+      float amax = 0;
+      for (std::int64_t d = 0; d < Dk; ++d) amax = std::max(amax, std::fabs(static_cast<float>(k.get(0, h, j, d))));
+      const float scale = dt == DType::i8 ? static_cast<const float*>(cache.k_scales().data)[h * T + j] : 1.0f;
+      if (dt == DType::i8) EXPECT_EQ(scale, amax / 127.0f) << "row " << h << ", " << j;
+      for (std::int64_t d = 0; d < Dk; ++d) {
+        const float x = static_cast<float>(k.get(0, h, j, d));
+        const std::int64_t off = h * ks.strides[1] + j * ks.strides[2] + d;
+        switch (dt) {
+          case DType::bf16:
+            EXPECT_EQ(static_cast<const core::bf16*>(ks.data)[off].bits, core::from_float<core::bf16>(x).bits);
+            break;
+          case DType::f16:
+            EXPECT_EQ(static_cast<const core::f16*>(ks.data)[off].bits, core::from_float<core::f16>(x).bits);
+            break;
+          default: {
+            const double stored = scale * static_cast<const std::int8_t*>(ks.data)[off];
+            ASSERT_LE(std::fabs(stored - x), 0.5 * scale * (1 + 1e-6) + 1e-30) << "row " << h << ", " << j << ", " << d;
+          }
+        }
+      }
+    }
+  // What the storage costs against the exact values (recorded; the bound is loose: |v| <= 1, |q·k| up to ~100).
+  const double bound = dt == DType::i8 ? 0.02 : dt == DType::bf16 ? 0.01 : 0.002;
+  EXPECT_LE(storage_err, bound * out_max) << "max |out - exact| = " << storage_err;
+  RecordProperty("max_abs_error_vs_exact", std::to_string(storage_err));
+  std::printf("[ storage %s ] max |out - exact fp64| = %.3g (max |out| %.3g)\n", dtype_name(dt), storage_err, out_max);
+}
+
+INSTANTIATE_TEST_SUITE_P(Caches, StorageDtype, ::testing::Values(DType::bf16, DType::f16, DType::i8),
+                         [](const ::testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
+
+TEST(KVCacheI8, RefusesNonFiniteValuesAndUnknownDtypes) {
+  KVCache cache;
+  ASSERT_TRUE(KVCache::create(2, 8, 8, 4, DType::i8, &cache).ok());
+  Tensor k(DType::f32, 1, 2, 2, 8), v(DType::f32, 1, 2, 2, 8);
+  std::mt19937_64 rng(5);
+  k.randomize(rng), v.randomize(rng);
+  v.set(std::numeric_limits<double>::infinity(), 0, 1, 1, 3);
+  const Status s = cache.append(k.view, v.view);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.param(), "v") << s.message();
+  EXPECT_NE(s.message().find("expected finite"), std::string::npos) << s.message();
+  EXPECT_EQ(cache.length(), 0);
+  KVCache bad;
+  const Status d = KVCache::create(2, 8, 8, 4, DType::i32, &bad);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.param(), "dtype") << d.message();
+  PagedKVCache pbad;
+  EXPECT_EQ(PagedKVCache::create(2, 8, 8, 4, 4, DType::boolean, &pbad).param(), "dtype");
+  // attend() passes the cache's own scales: the caller's are refused.
+  v.set(0.5, 0, 1, 1, 3);
+  ASSERT_TRUE(cache.append(k.view, v.view).ok());
+  Tensor q(DType::f32, 1, 2, 1, 8), out(DType::f32, 1, 2, 1, 8);
+  q.randomize(rng);
+  Params p = decode_params();
+  p.k_scale = cache.k_scales();
+  EXPECT_EQ(cache.attend(q.view, out.view, p).param(), "k_scale");
+}
 
 // D3 in miniature: many sequences of ragged lengths decoded in one call, one or two new tokens each.
 TEST(PagedKVCache, BatchedRaggedDecode) {

@@ -367,14 +367,22 @@ NB_MODULE(_attn, m) {
         unlocked([&] { return a.forward_cached(xv, cache, ov); });
       });
 
+  // A cache's storage dtype by name ("f32", "bf16", "f16", "i8"); another name reaches create(), which refuses it.
+  const auto storage_dtype = [](const std::string& name) {
+    for (attn::DType d : {attn::DType::f32, attn::DType::bf16, attn::DType::f16, attn::DType::i8})
+      if (name == attn::dtype_name(d)) return d;
+    return attn::DType::boolean;
+  };
   nb::class_<attn::KVCache>(m, "KVCache")
       .def("__init__",
-           [](attn::KVCache* self, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
-              std::int64_t capacity) {
+           [storage_dtype](attn::KVCache* self, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
+                           std::int64_t capacity, const std::string& dtype) {
              new (self) attn::KVCache();
-             check(attn::KVCache::create(kv_heads, head_dim, v_head_dim, capacity, self));
+             check(attn::KVCache::create(kv_heads, head_dim, v_head_dim, capacity, storage_dtype(dtype), self));
            },
-           nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("v_head_dim"), nb::arg("capacity"))
+           nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("v_head_dim"), nb::arg("capacity"),
+           nb::arg("dtype") = "f32")
+      .def_prop_ro("dtype", [](const attn::KVCache& c) { return std::string(attn::dtype_name(c.dtype())); })
       .def_prop_ro("length", &attn::KVCache::length)
       .def_prop_ro("capacity", &attn::KVCache::capacity)
       .def("append", [](attn::KVCache& c, const In& k, const In& v) {
@@ -391,12 +399,16 @@ NB_MODULE(_attn, m) {
 
   nb::class_<attn::PagedKVCache>(m, "PagedKVCache")
       .def("__init__",
-           [](attn::PagedKVCache* self, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
-              std::int64_t page_size, std::int64_t num_pages) {
+           [storage_dtype](attn::PagedKVCache* self, std::int64_t kv_heads, std::int64_t head_dim,
+                           std::int64_t v_head_dim, std::int64_t page_size, std::int64_t num_pages,
+                           const std::string& dtype) {
              new (self) attn::PagedKVCache();
-             check(attn::PagedKVCache::create(kv_heads, head_dim, v_head_dim, page_size, num_pages, self));
+             check(attn::PagedKVCache::create(kv_heads, head_dim, v_head_dim, page_size, num_pages,
+                                              storage_dtype(dtype), self));
            },
-           nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("v_head_dim"), nb::arg("page_size"), nb::arg("num_pages"))
+           nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("v_head_dim"), nb::arg("page_size"), nb::arg("num_pages"),
+           nb::arg("dtype") = "f32")
+      .def_prop_ro("dtype", [](const attn::PagedKVCache& c) { return std::string(attn::dtype_name(c.dtype())); })
       .def_prop_ro("free_pages", &attn::PagedKVCache::free_pages)
       .def_prop_ro("num_pages", &attn::PagedKVCache::num_pages)
       .def("add_sequence", &attn::PagedKVCache::add_sequence)

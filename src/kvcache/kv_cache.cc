@@ -2,10 +2,14 @@
 #include "attn/kv_cache.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <new>
 #include <string>
+
+#include "core/convert.h"
 
 namespace attn {
 namespace {
@@ -17,31 +21,54 @@ Status positive(const char* name, std::int64_t value) {
   return Status::Ok();
 }
 
-// Checks that `t` is an f32 [1, heads, T, dim] view (T >= 0) and returns T.
-Status check_tokens(const char* name, const TensorView& t, std::int64_t heads, std::int64_t dim, std::int64_t* tokens) {
+// Element `off` of a float view (f32, bf16 or f16) as fp32.
+float element(const TensorView& t, std::int64_t off) {
+  switch (t.dtype) {
+    case DType::bf16: return core::to_float(static_cast<const core::bf16*>(t.data)[off]);
+    case DType::f16: return core::to_float(static_cast<const core::f16*>(t.data)[off]);
+    default: return static_cast<const float*>(t.data)[off];
+  }
+}
+
+// Checks that `t` is an f32, bf16 or f16 [1, heads, T, dim] view (T >= 0) and returns T; an i8 cache
+// (`quantised`) also needs every value finite.
+Status check_tokens(const char* name, const TensorView& t, std::int64_t heads, std::int64_t dim, bool quantised,
+                    std::int64_t* tokens) {
   if (t.rank != 4) return Status::Invalid(name, "rank " + str(t.rank) + "; expected rank 4 [1, Hkv, T, D]");
-  if (t.dtype != DType::f32) return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32");
+  if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16)
+    return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32, bf16 or f16");
   if (t.shape[0] != 1) return Status::Invalid(name, "batch " + str(t.shape[0]) + "; expected 1 (one sequence)");
   if (t.shape[1] != heads) return Status::Invalid(name, "heads " + str(t.shape[1]) + "; expected Hkv = " + str(heads));
   if (t.shape[3] != dim) return Status::Invalid(name, "head dim " + str(t.shape[3]) + "; expected " + str(dim));
   if (t.shape[2] < 0) return Status::Invalid(name, "token count " + str(t.shape[2]) + "; expected >= 0");
   if (t.shape[2] > 0 && !t.data) return Status::Invalid(name, "data is null; expected a buffer");
+  if (quantised)
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t j = 0; j < t.shape[2]; ++j)
+        for (std::int64_t d = 0; d < dim; ++d)
+          if (!std::isfinite(element(t, h * t.strides[1] + j * t.strides[2] + d * t.strides[3])))
+            return Status::Invalid(name, "value [0, " + str(h) + ", " + str(j) + ", " + str(d) +
+                                             "] is not finite; expected finite values (an i8 cache has no scale for "
+                                             "inf or NaN)");
   *tokens = t.shape[2];
   return Status::Ok();
 }
 
 Status check_pair(const TensorView& k, const TensorView& v, std::int64_t hkv, std::int64_t dk, std::int64_t dv,
-                  std::int64_t* tokens) {
+                  DType storage, std::int64_t* tokens) {
   std::int64_t tk = 0, tv = 0;
-  if (Status s = check_tokens("k", k, hkv, dk, &tk); !s) return s;
-  if (Status s = check_tokens("v", v, hkv, dv, &tv); !s) return s;
+  const bool quantised = storage == DType::i8;
+  if (Status s = check_tokens("k", k, hkv, dk, quantised, &tk); !s) return s;
+  if (Status s = check_tokens("v", v, hkv, dv, quantised, &tv); !s) return s;
   if (tk != tv) return Status::Invalid("v", "token count " + str(tv) + "; expected " + str(tk) + " (as k)");
   *tokens = tk;
   return Status::Ok();
 }
 
-// Sizes a cache is created with: what attention_paged accepts for the views it is read through.
-Status check_dims(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim) {
+// Sizes and storage a cache is created with: what attention_paged accepts for the views it is read through.
+Status check_dims(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim, DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16 && dtype != DType::i8)
+    return Status::Invalid("dtype", std::string(dtype_name(dtype)) + "; expected f32, bf16, f16 or i8");
   if (Status s = positive("kv_heads", kv_heads); !s) return s;
   if (Status s = positive("head_dim", head_dim); !s) return s;
   if (Status s = positive("v_head_dim", v_head_dim); !s) return s;
@@ -55,25 +82,31 @@ Status check_dims(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_h
   return Status::Ok();
 }
 
-// Allocates the K and V storage (zeroed) of `tokens` slots per head: an OutOfMemory Status naming `param` when
-// the size overflows or the allocation fails (nothing else changes).
-Status allocate(const char* param, std::int64_t heads_times_tokens, std::int64_t dk, std::int64_t dv,
-                std::vector<float>* k, std::vector<float>* v) {
+// Allocates the K and V storage (zeroed) of `heads_times_tokens` rows in `dtype`, and their scales for i8: an
+// OutOfMemory Status naming `param` when the size overflows or the allocation fails (nothing else changes).
+Status allocate(const char* param, std::int64_t heads_times_tokens, std::int64_t dk, std::int64_t dv, DType dtype,
+                std::vector<unsigned char>* k, std::vector<unsigned char>* v, std::vector<float>* k_scale,
+                std::vector<float>* v_scale) {
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(dtype));
   std::int64_t nk = 0, nv = 0, total = 0;
-  const bool overflow = __builtin_mul_overflow(heads_times_tokens, dk, &nk) ||
-                        __builtin_mul_overflow(heads_times_tokens, dv, &nv) || __builtin_add_overflow(nk, nv, &total) ||
-                        total > static_cast<std::int64_t>(PTRDIFF_MAX / sizeof(float));
-  const double bytes = static_cast<double>(heads_times_tokens) * static_cast<double>(dk + dv) * sizeof(float);
+  const bool overflow = __builtin_mul_overflow(heads_times_tokens, dk * es, &nk) ||
+                        __builtin_mul_overflow(heads_times_tokens, dv * es, &nv) || __builtin_add_overflow(nk, nv, &total) ||
+                        total > static_cast<std::int64_t>(PTRDIFF_MAX / 2);
+  const double bytes = static_cast<double>(heads_times_tokens) * static_cast<double>((dk + dv) * es);
   char need[64];
   std::snprintf(need, sizeof need, "%.4g GiB", bytes / (1024.0 * 1024.0 * 1024.0));
   if (overflow)
     return Status::OutOfMemory(param, std::string("the cache would need ") + need +
                                           " of keys and values, more than can be addressed; expected a smaller cache");
   try {
-    k->assign(static_cast<std::size_t>(nk), 0.0f);
-    v->assign(static_cast<std::size_t>(nv), 0.0f);
+    k->assign(static_cast<std::size_t>(nk), 0);
+    v->assign(static_cast<std::size_t>(nv), 0);
+    if (dtype == DType::i8) {
+      k_scale->assign(static_cast<std::size_t>(heads_times_tokens), 0.0f);
+      v_scale->assign(static_cast<std::size_t>(heads_times_tokens), 0.0f);
+    }
   } catch (const std::bad_alloc&) {
-    *k = {}, *v = {};
+    *k = {}, *v = {}, *k_scale = {}, *v_scale = {};
     return Status::OutOfMemory(param, std::string("could not allocate the cache's ") + need +
                                           " of keys and values; expected a cache that fits in memory");
   }
@@ -113,7 +146,28 @@ Status check_decode(const TensorView& q, const TensorView& out, const std::optio
   }
   if (params.kv_lens)
     return Status::Invalid("kv_lens", "is set; expected it empty (the cache knows each sequence's length)");
+  if (params.k_scale) return Status::Invalid("k_scale", "is set; expected it empty (the cache passes its own scales)");
+  if (params.v_scale) return Status::Invalid("v_scale", "is set; expected it empty (the cache passes its own scales)");
   return Status::Ok();
+}
+
+// The params of attention_paged over a cache's pool: the caller's, with the pool's scales for i8 storage.
+Params with_scales(const Params& params, const TensorView& k_scale, const TensorView& v_scale) {
+  Params p = params;
+  if (k_scale.rank) p.k_scale = k_scale, p.v_scale = v_scale;
+  return p;
+}
+
+// A view of cache storage (`rank` dims of `shape` at `strides`).
+TensorView storage_view(const void* data, DType dtype, std::array<std::int64_t, 4> shape,
+                        std::array<std::int64_t, 4> strides, int rank) {
+  TensorView t;
+  t.data = const_cast<void*>(data);
+  t.dtype = dtype;
+  t.rank = rank;
+  t.shape = shape;
+  t.strides = strides;
+  return t;
 }
 
 // An error of the attention_paged call that reads the cache, in the caller's terms: the pages, the page table
@@ -138,13 +192,35 @@ Status as_cache_error(const Status& s) {
   }
 }
 
-// dst[t * dim + d] = src[0, h, t, d] for one head.
-void copy_head(const TensorView& src, std::int64_t h, std::int64_t t0, std::int64_t count, float* dst) {
-  const auto* p = static_cast<const float*>(src.data);
+// Rows t0 .. t0+count-1 of head h of src [1, H, T, dim] into storage rows `row0`.. of `dst` (dim values each, in
+// `dtype`); for i8 each row quantised symmetrically with its scale s = max|x| / 127 into scale[row].
+void store_rows(const TensorView& src, std::int64_t h, std::int64_t t0, std::int64_t count, DType dtype,
+                std::vector<unsigned char>& dst, std::vector<float>& scale, std::int64_t row0) {
   const std::int64_t dim = src.shape[3];
-  for (std::int64_t t = 0; t < count; ++t)
-    for (std::int64_t d = 0; d < dim; ++d)
-      dst[t * dim + d] = p[h * src.strides[1] + (t0 + t) * src.strides[2] + d * src.strides[3]];
+  std::vector<float> x(static_cast<std::size_t>(dim));
+  for (std::int64_t t = 0; t < count; ++t) {
+    float amax = 0;
+    for (std::int64_t d = 0; d < dim; ++d) {
+      x[d] = element(src, h * src.strides[1] + (t0 + t) * src.strides[2] + d * src.strides[3]);
+      amax = std::max(amax, std::fabs(x[d]));
+    }
+    const std::int64_t row = row0 + t;
+    unsigned char* out = dst.data() + row * dim * static_cast<std::int64_t>(dtype_size(dtype));
+    for (std::int64_t d = 0; d < dim; ++d) {
+      switch (dtype) {
+        case DType::bf16: reinterpret_cast<core::bf16*>(out)[d] = core::from_float<core::bf16>(x[d]); break;
+        case DType::f16: reinterpret_cast<core::f16*>(out)[d] = core::from_float<core::f16>(x[d]); break;
+        case DType::i8: {
+          const float s = amax / 127.0f;
+          const float q = s > 0 ? std::nearbyint(x[d] / s) : 0.0f;
+          reinterpret_cast<std::int8_t*>(out)[d] = static_cast<std::int8_t>(std::clamp(q, -127.0f, 127.0f));
+          break;
+        }
+        default: reinterpret_cast<float*>(out)[d] = x[d];
+      }
+    }
+    if (dtype == DType::i8) scale[static_cast<std::size_t>(row)] = amax / 127.0f;
+  }
 }
 
 }  // namespace
@@ -159,29 +235,37 @@ Params decode_params() {
 
 Status KVCache::create(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim, std::int64_t capacity,
                        KVCache* cache) {
+  return create(kv_heads, head_dim, v_head_dim, capacity, DType::f32, cache);
+}
+
+Status KVCache::create(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim, std::int64_t capacity,
+                       DType dtype, KVCache* cache) {
   if (v_head_dim == 0) v_head_dim = head_dim;
-  if (Status s = check_dims(kv_heads, head_dim, v_head_dim); !s) return s;
+  if (Status s = check_dims(kv_heads, head_dim, v_head_dim, dtype); !s) return s;
   if (Status s = positive("capacity", capacity); !s) return s;
   // attend() reads the whole cache as one page of `capacity` tokens.
   if (capacity > kMaxExtent)
     return Status::Invalid("capacity", str(capacity) + "; expected at most " + str(kMaxExtent) + " (attn::kMaxExtent)");
   KVCache c;
-  c.hkv_ = kv_heads, c.dk_ = head_dim, c.dv_ = v_head_dim, c.capacity_ = capacity;
+  c.hkv_ = kv_heads, c.dk_ = head_dim, c.dv_ = v_head_dim, c.capacity_ = capacity, c.dtype_ = dtype;
   // kv_heads · capacity < 2^62: no overflow.
-  if (Status s = allocate("capacity", kv_heads * capacity, head_dim, v_head_dim, &c.k_, &c.v_); !s) return s;
+  if (Status s = allocate("capacity", kv_heads * capacity, head_dim, v_head_dim, dtype, &c.k_, &c.v_, &c.k_scale_,
+                          &c.v_scale_);
+      !s)
+    return s;
   *cache = std::move(c);
   return Status::Ok();
 }
 
 Status KVCache::append(const TensorView& k, const TensorView& v) {
   std::int64_t t = 0;
-  if (Status s = check_pair(k, v, hkv_, dk_, dv_, &t); !s) return s;
+  if (Status s = check_pair(k, v, hkv_, dk_, dv_, dtype_, &t); !s) return s;
   if (t > capacity_ - length_)
     return Status::Invalid("k", "appending " + str(t) + " tokens to a cache holding " + str(length_) + " of " +
                                     str(capacity_) + "; expected at most " + str(capacity_ - length_));
   for (std::int64_t h = 0; h < hkv_; ++h) {
-    copy_head(k, h, 0, t, &k_[static_cast<std::size_t>((h * capacity_ + length_) * dk_)]);
-    copy_head(v, h, 0, t, &v_[static_cast<std::size_t>((h * capacity_ + length_) * dv_)]);
+    store_rows(k, h, 0, t, dtype_, k_, k_scale_, h * capacity_ + length_);
+    store_rows(v, h, 0, t, dtype_, v_, v_scale_, h * capacity_ + length_);
   }
   length_ += t;
   return Status::Ok();
@@ -195,21 +279,23 @@ Status KVCache::truncate(std::int64_t length) {
 }
 
 TensorView KVCache::keys() const {
-  TensorView t;
-  t.data = const_cast<float*>(k_.data());
-  t.rank = 4;
-  t.shape = {1, hkv_, length_, dk_};
-  t.strides = {hkv_ * capacity_ * dk_, capacity_ * dk_, dk_, 1};
-  return t;
+  return storage_view(k_.data(), dtype_, {1, hkv_, length_, dk_}, {hkv_ * capacity_ * dk_, capacity_ * dk_, dk_, 1}, 4);
 }
 
 TensorView KVCache::values() const {
-  TensorView t;
-  t.data = const_cast<float*>(v_.data());
-  t.rank = 4;
-  t.shape = {1, hkv_, length_, dv_};
-  t.strides = {hkv_ * capacity_ * dv_, capacity_ * dv_, dv_, 1};
-  return t;
+  return storage_view(v_.data(), dtype_, {1, hkv_, length_, dv_}, {hkv_ * capacity_ * dv_, capacity_ * dv_, dv_, 1}, 4);
+}
+
+TensorView KVCache::k_scales() const {
+  if (k_scale_.empty()) return {};  // (not an i8 cache)
+  return storage_view(k_scale_.data(), DType::f32, {1, hkv_, length_, 0},
+                      {hkv_ * capacity_, capacity_, 1, 0}, 3);
+}
+
+TensorView KVCache::v_scales() const {
+  if (v_scale_.empty()) return {};  // (not an i8 cache)
+  return storage_view(v_scale_.data(), DType::f32, {1, hkv_, length_, 0},
+                      {hkv_ * capacity_, capacity_, 1, 0}, 3);
 }
 
 Status KVCache::attend(const TensorView& q, const TensorView& out, const Params& params,
@@ -217,20 +303,26 @@ Status KVCache::attend(const TensorView& q, const TensorView& out, const Params&
   if (capacity_ == 0) return Status::Invalid("cache", "not created; expected KVCache::create first");
   if (Status s = check_decode(q, out, lse, params, 1, "one sequence", hkv_, dk_, dv_); !s) return s;
   // The whole cache is one page of `capacity` tokens, so decode takes attention_paged's split-KV path.
-  TensorView k = keys(), v = values();
-  k.shape[2] = v.shape[2] = capacity_;
+  TensorView k = keys(), v = values(), ks = k_scales(), vs = v_scales();
+  k.shape[2] = v.shape[2] = ks.shape[2] = vs.shape[2] = capacity_;
   std::int32_t table[1] = {0};
   std::int64_t lens[1] = {length_};
   return as_cache_error(attention_paged(q, k, v, TensorView::contiguous(table, DType::i32, {1, 1}),
-                                        TensorView::contiguous(lens, DType::i64, {1}), out, params, lse));
+                                        TensorView::contiguous(lens, DType::i64, {1}), out,
+                                        with_scales(params, ks, vs), lse));
 }
 
 // ---- PagedKVCache -----------------------------------------------------------------------------------
 
 Status PagedKVCache::create(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
                             std::int64_t page_size, std::int64_t num_pages, PagedKVCache* cache) {
+  return create(kv_heads, head_dim, v_head_dim, page_size, num_pages, DType::f32, cache);
+}
+
+Status PagedKVCache::create(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
+                            std::int64_t page_size, std::int64_t num_pages, DType dtype, PagedKVCache* cache) {
   if (v_head_dim == 0) v_head_dim = head_dim;
-  if (Status s = check_dims(kv_heads, head_dim, v_head_dim); !s) return s;
+  if (Status s = check_dims(kv_heads, head_dim, v_head_dim, dtype); !s) return s;
   if (Status s = positive("page_size", page_size); !s) return s;
   if (Status s = positive("num_pages", num_pages); !s) return s;
   if (page_size > kMaxExtent)
@@ -238,12 +330,14 @@ Status PagedKVCache::create(std::int64_t kv_heads, std::int64_t head_dim, std::i
   if (num_pages > INT32_MAX) return Status::Invalid("num_pages", str(num_pages) + "; expected at most 2^31 - 1");
   PagedKVCache c;
   c.hkv_ = kv_heads, c.dk_ = head_dim, c.dv_ = v_head_dim, c.page_size_ = page_size, c.num_pages_ = num_pages;
+  c.dtype_ = dtype;
   std::int64_t slots = 0;  // num_pages · kv_heads · page_size
   if (__builtin_mul_overflow(num_pages * kv_heads, page_size, &slots))  // (the first product is below 2^62)
     return Status::OutOfMemory("num_pages", "the pool's " + str(num_pages) + " pages of " + str(kv_heads) + " x " +
                                                 str(page_size) + " tokens are more than can be addressed; expected a "
                                                 "smaller pool");
-  if (Status s = allocate("num_pages", slots, head_dim, v_head_dim, &c.k_, &c.v_); !s) return s;
+  if (Status s = allocate("num_pages", slots, head_dim, v_head_dim, dtype, &c.k_, &c.v_, &c.k_scale_, &c.v_scale_); !s)
+    return s;
   try {
     c.free_.reserve(static_cast<std::size_t>(num_pages));
     for (std::int64_t p = num_pages - 1; p >= 0; --p) c.free_.push_back(static_cast<std::int32_t>(p));
@@ -316,7 +410,7 @@ Status PagedKVCache::append(std::int64_t id, const TensorView& k, const TensorVi
   const Sequence* found = nullptr;
   if (Status s = find(id, &found); !s) return s;
   std::int64_t t = 0;
-  if (Status s = check_pair(k, v, hkv_, dk_, dv_, &t); !s) return s;
+  if (Status s = check_pair(k, v, hkv_, dk_, dv_, dtype_, &t); !s) return s;
   Sequence& seq = seqs_[id];
   const std::int64_t need = (seq.length + t + page_size_ - 1) / page_size_ - static_cast<std::int64_t>(seq.pages.size());
   if (need > free_pages())
@@ -335,8 +429,8 @@ Status PagedKVCache::append(std::int64_t id, const TensorView& k, const TensorVi
     const std::int64_t run = std::min(t - done, page_size_ - slot);
     const std::int64_t page = seq.pages[static_cast<std::size_t>(pos / page_size_)];
     for (std::int64_t h = 0; h < hkv_; ++h) {
-      copy_head(k, h, done, run, &k_[static_cast<std::size_t>(((page * hkv_ + h) * page_size_ + slot) * dk_)]);
-      copy_head(v, h, done, run, &v_[static_cast<std::size_t>(((page * hkv_ + h) * page_size_ + slot) * dv_)]);
+      store_rows(k, h, done, run, dtype_, k_, k_scale_, (page * hkv_ + h) * page_size_ + slot);
+      store_rows(v, h, done, run, dtype_, v_, v_scale_, (page * hkv_ + h) * page_size_ + slot);
     }
     done += run;
   }
@@ -345,21 +439,25 @@ Status PagedKVCache::append(std::int64_t id, const TensorView& k, const TensorVi
 }
 
 TensorView PagedKVCache::k_pages() const {
-  TensorView t;
-  t.data = const_cast<float*>(k_.data());
-  t.rank = 4;
-  t.shape = {num_pages_, hkv_, page_size_, dk_};
-  t.strides = {hkv_ * page_size_ * dk_, page_size_ * dk_, dk_, 1};
-  return t;
+  return storage_view(k_.data(), dtype_, {num_pages_, hkv_, page_size_, dk_},
+                      {hkv_ * page_size_ * dk_, page_size_ * dk_, dk_, 1}, 4);
 }
 
 TensorView PagedKVCache::v_pages() const {
-  TensorView t;
-  t.data = const_cast<float*>(v_.data());
-  t.rank = 4;
-  t.shape = {num_pages_, hkv_, page_size_, dv_};
-  t.strides = {hkv_ * page_size_ * dv_, page_size_ * dv_, dv_, 1};
-  return t;
+  return storage_view(v_.data(), dtype_, {num_pages_, hkv_, page_size_, dv_},
+                      {hkv_ * page_size_ * dv_, page_size_ * dv_, dv_, 1}, 4);
+}
+
+TensorView PagedKVCache::k_scale_pages() const {
+  if (k_scale_.empty()) return {};  // (not an i8 cache)
+  return storage_view(k_scale_.data(), DType::f32, {num_pages_, hkv_, page_size_, 0},
+                      {hkv_ * page_size_, page_size_, 1, 0}, 3);
+}
+
+TensorView PagedKVCache::v_scale_pages() const {
+  if (v_scale_.empty()) return {};  // (not an i8 cache)
+  return storage_view(v_scale_.data(), DType::f32, {num_pages_, hkv_, page_size_, 0},
+                      {hkv_ * page_size_, page_size_, 1, 0}, 3);
 }
 
 Status PagedKVCache::tables(const std::vector<std::int64_t>& ids, std::vector<std::int32_t>* page_table,
@@ -397,7 +495,8 @@ Status PagedKVCache::attend(const std::vector<std::int64_t>& ids, const TensorVi
   if (Status s = check_decode(q, out, lse, params, batch, "one row per sequence id", hkv_, dk_, dv_); !s) return s;
   const TensorView table_view = TensorView::contiguous(table.data(), DType::i32, {batch, width});
   const TensorView lens_view = TensorView::contiguous(lens.data(), DType::i32, {batch});
-  return as_cache_error(attention_paged(q, k_pages(), v_pages(), table_view, lens_view, out, params, lse));
+  return as_cache_error(attention_paged(q, k_pages(), v_pages(), table_view, lens_view, out,
+                                        with_scales(params, k_scale_pages(), v_scale_pages()), lse));
 }
 
 }  // namespace attn
