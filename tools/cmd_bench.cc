@@ -173,6 +173,14 @@ void fill_random(void* data, DType dtype, std::int64_t n, std::uint64_t seed, in
     const std::int64_t begin = c * kChunk, count = std::min(kChunk, n - begin);
     const std::uint64_t state = splitmix(seed * 0x100000001b3ull + static_cast<std::uint64_t>(c));
     switch (dtype) {
+      case DType::i8: {  // 8-bit K/V: integers in [-127, 127] (their scales are 1/127: values in [-1, 1])
+        std::uint64_t st = state;
+        for (std::int64_t i = 0; i < count; ++i) {
+          if (i % 7 == 0) st = splitmix(st);  // 7 draws of 8 bits from each 64-bit number
+          static_cast<std::int8_t*>(data)[begin + i] = static_cast<std::int8_t>(((st >> (8 * (i % 7))) & 0xFF) % 255 - 127);
+        }
+        break;
+      }
       case DType::bf16: fill_chunk(static_cast<core::bf16*>(data) + begin, count, state); break;
       case DType::f16: fill_chunk(static_cast<core::f16*>(data) + begin, count, state); break;
       default: fill_chunk(static_cast<float*>(data) + begin, count, state); break;
@@ -244,11 +252,13 @@ struct BenchArgs {
   double dropout = 0;                 // attention dropout probability (seed 1)
 };
 
-Status parse_dtype(const std::string& text, const char* option, DType* dtype) {
+// kv: the K/V dtype, which may also be 8-bit (i8, int8).
+Status parse_dtype(const std::string& text, const char* option, DType* dtype, bool kv = false) {
   if (text == "f32" || text == "fp32" || text == "float32") *dtype = DType::f32;
   else if (text == "bf16" || text == "bfloat16") *dtype = DType::bf16;
   else if (text == "f16" || text == "fp16" || text == "float16") *dtype = DType::f16;
-  else return Status::Invalid(option, "'" + text + "'; expected f32, bf16 or f16");
+  else if (kv && (text == "i8" || text == "int8")) *dtype = DType::i8;
+  else return Status::Invalid(option, "'" + text + "'; expected f32, bf16" + (kv ? ", f16 or int8" : " or f16"));
   return Status::Ok();
 }
 
@@ -324,9 +334,9 @@ struct Setup {
 struct Inputs {
   Buffer q, out, lens, table;
   Buffer lse, dout, dq, dk, dv;  // --backward only
-  std::vector<Buffer> k, v;
+  std::vector<Buffer> k, v, k_scale, v_scale;  // scales: i8 K/V only
   TensorView qv, ov, lens_view, table_view;
-  std::vector<TensorView> kv, vv;
+  std::vector<TensorView> kv, vv, ksv, vsv;
   TensorView lse_view, dout_view, dq_view, dk_view, dv_view;
   std::int64_t kv_set_bytes = 0;
 };
@@ -338,17 +348,24 @@ std::int64_t checked_mul(std::initializer_list<std::int64_t> factors) {
   return r;
 }
 
-// Bytes of one K/V set: contiguous [B, Hkv, Skv, D] twice, or the page pool.
-std::int64_t kv_set_bytes(const Shape& s, DType kv_dtype, std::int64_t* pool_pages) {
-  const std::int64_t esize = static_cast<std::int64_t>(dtype_size(kv_dtype));
+// Rows of one K (or V) set: contiguous [B, Hkv, Skv], or the page pool's.
+std::int64_t kv_rows(const Shape& s, std::int64_t* pool_pages) {
   if (s.page_size > 0) {
     std::int64_t pages = 0;
     for (std::int64_t b = 0; b < s.B; ++b) pages += (kv_len(s, b) + s.page_size - 1) / s.page_size;
     *pool_pages = pages;
-    return checked_mul({2, pages, s.Hkv, s.page_size, s.D, esize});
+    return checked_mul({pages, s.Hkv, s.page_size});
   }
   *pool_pages = 0;
-  return checked_mul({2, s.B, s.Hkv, s.Skv, s.D, esize});
+  return checked_mul({s.B, s.Hkv, s.Skv});
+}
+
+// Bytes of one K/V set: contiguous [B, Hkv, Skv, D] twice, or the page pool; for i8 K/V with their f32 scales
+// (4 bytes per row of K and of V).
+std::int64_t kv_set_bytes(const Shape& s, DType kv_dtype, std::int64_t* pool_pages) {
+  const std::int64_t esize = static_cast<std::int64_t>(dtype_size(kv_dtype));
+  const std::int64_t per_row = s.D * esize + (kv_dtype == DType::i8 ? 4 : 0);
+  return checked_mul({2, kv_rows(s, pool_pages), per_row});
 }
 
 Status make_inputs(const Shape& s, const Setup& setup, int sets, bool backward, Inputs* in) {
@@ -365,18 +382,23 @@ Status make_inputs(const Shape& s, const Setup& setup, int sets, bool backward, 
   in->qv = TensorView::contiguous(in->q.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.D});
   in->ov = TensorView::contiguous(in->out.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.D});
 
-  const std::int64_t kv_elems = in->kv_set_bytes / 2 / kvsize;
+  const std::int64_t rows = kv_rows(s, &pages), kv_elems = checked_mul({rows, s.D});
+  const bool i8 = setup.kv_dtype == DType::i8;
   for (int set = 0; set < sets; ++set) {
     in->k.emplace_back(kv_elems * kvsize, setup.huge_pages);
     in->v.emplace_back(kv_elems * kvsize, setup.huge_pages);
     fill_random(in->k.back().get(), setup.kv_dtype, kv_elems, 1000 + 2 * set, setup.threads);
     fill_random(in->v.back().get(), setup.kv_dtype, kv_elems, 1001 + 2 * set, setup.threads);
-    if (s.page_size > 0) {
-      in->kv.push_back(TensorView::contiguous(in->k.back().get(), setup.kv_dtype, {pages, s.Hkv, s.page_size, s.D}));
-      in->vv.push_back(TensorView::contiguous(in->v.back().get(), setup.kv_dtype, {pages, s.Hkv, s.page_size, s.D}));
-    } else {
-      in->kv.push_back(TensorView::contiguous(in->k.back().get(), setup.kv_dtype, {s.B, s.Hkv, s.Skv, s.D}));
-      in->vv.push_back(TensorView::contiguous(in->v.back().get(), setup.kv_dtype, {s.B, s.Hkv, s.Skv, s.D}));
+    const std::int64_t lead = s.page_size > 0 ? pages : s.B, seq = s.page_size > 0 ? s.page_size : s.Skv;
+    in->kv.push_back(TensorView::contiguous(in->k.back().get(), setup.kv_dtype, {lead, s.Hkv, seq, s.D}));
+    in->vv.push_back(TensorView::contiguous(in->v.back().get(), setup.kv_dtype, {lead, s.Hkv, seq, s.D}));
+    if (i8) {  // a scale per row: 1/127
+      for (auto* scales : {&in->k_scale, &in->v_scale}) {
+        scales->emplace_back(rows * 4, setup.huge_pages);
+        std::fill_n(reinterpret_cast<float*>(scales->back().get()), rows, 1.0f / 127);
+      }
+      in->ksv.push_back(TensorView::contiguous(in->k_scale.back().get(), DType::f32, {lead, s.Hkv, seq}));
+      in->vsv.push_back(TensorView::contiguous(in->v_scale.back().get(), DType::f32, {lead, s.Hkv, seq}));
     }
   }
 
@@ -421,7 +443,11 @@ Status make_inputs(const Shape& s, const Setup& setup, int sets, bool backward, 
   return Status::Ok();
 }
 
-Status call(const Shape& s, const Inputs& in, int set, const Params& params, bool backward) {
+Status call(const Shape& s, const Inputs& in, int set, const Params& base, bool backward) {
+  Params scaled;
+  const bool i8 = !in.ksv.empty();
+  if (i8) scaled = base, scaled.k_scale = in.ksv[set], scaled.v_scale = in.vsv[set];  // this set's scales
+  const Params& params = i8 ? scaled : base;
   if (backward)
     return attention_backward(in.qv, in.kv[set], in.vv[set], in.ov, in.lse_view, in.dout_view, in.dq_view,
                               in.dk_view, in.dv_view, params);
@@ -468,6 +494,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     return Status::Invalid(a.shapes.empty() ? "--paged" : "--shape",
                            "a paged shape (" + s.name + ") with --backward; expected contiguous K/V (the backward "
                            "takes no page table)");
+  if (a.backward && setup.kv_dtype == DType::i8)
+    return Status::Invalid("--kv-dtype", "int8 with --backward; expected f32, bf16 or f16 (8-bit K/V have no backward)");
   const int sets = a.backward ? 1 : choose_kv_sets(s, set_bytes, a.kv_sets, 2 * q_bytes);
   const std::int64_t need = (a.backward ? 5 : 2) * q_bytes + set_bytes * sets * (a.backward ? 2 : 1);
   if (const std::int64_t avail = available_memory_bytes(); avail > 0 && need > avail - avail / 8)
@@ -675,7 +703,7 @@ Status bench(const BenchArgs& a, std::ostream& out) {
   if (Status s = parse_dtype(a.dtype, "--dtype", &setup.dtype); !s) return s;
   setup.kv_dtype = setup.dtype;
   if (!a.kv_dtype.empty())
-    if (Status s = parse_dtype(a.kv_dtype, "--kv-dtype", &setup.kv_dtype); !s) return s;
+    if (Status s = parse_dtype(a.kv_dtype, "--kv-dtype", &setup.kv_dtype, /*kv=*/true); !s) return s;
   if (a.threads < 0 || a.threads > 4096)
     return Status::Invalid("--threads", std::to_string(a.threads) + "; expected 0 (the default) or 1 to 4096");
   setup.threads = attn::resolve_threads(a.threads);

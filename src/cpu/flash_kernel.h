@@ -204,7 +204,9 @@ inline void pv_rows_step(const float* pt, const KVT* const* vrows, std::int64_t 
 template <int NL, class KVT>
 inline void pv_rows(const float* pt, const KVT* const* vrows, std::int64_t dv, std::int64_t cols, const float* alpha,
                     float* o) {
-  constexpr int DB = NL >= 8 ? 2 : 16 / NL;
+  // NL·DB accumulators, DB value vectors and a broadcast weight in registers: 16 accumulators with AVX-512's 32
+  // registers, 8 with the 16 of AVX2 and SSE2 (16 there spilled to the stack: measured on D2).
+  constexpr int kAcc = W == 16 ? 16 : 8, DB = NL >= kAcc ? 1 : kAcc / NL;
   std::int64_t d = 0;
   for (; d + DB * W <= dv; d += DB * W) pv_rows_step<NL, DB>(pt, vrows, dv, cols, alpha, o, d);
   for (; d + W <= dv; d += W) pv_rows_step<NL, 1>(pt, vrows, dv, cols, alpha, o, d);
@@ -519,11 +521,14 @@ void pv_attended(const core::Problem& p, const Lanes& lanes, std::int64_t j0, st
   }
 }
 
-// Rows of a tile times a factor per key: Sᵀ[c][r] *= f[c] for lanes r < NL (the scales of i8 K or V rows).
+// Rows of a tile times a factor per key: Sᵀ[c][r] *= f[c] for lanes r < NL (the scales of i8 K or V rows), a
+// vector of lanes at a time (lanes past NL are scratch: scaling them changes nothing read).
 template <int NL>
 inline void scale_keys(float* st, const float* f, std::int64_t cols) {
-  for (std::int64_t c = 0; c < cols; ++c)
-    for (int r = 0; r < NL; ++r) st[c * BR + r] *= f[c];
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const V fc = Vec::set1(f[c]);
+    for (int r = 0; r < NL; r += W) Vec::store(st + c * BR + r, Vec::mul(Vec::load(st + c * BR + r), fc));
+  }
 }
 
 // One tile of a row-major (decode) block, from K and V rows of any storage type. Decode streams K and V
