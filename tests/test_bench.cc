@@ -238,7 +238,10 @@ TEST(CliBench, Errors) {
   expect_error({"bench"}, "--heads");
   expect_error({"bench", "--heads", "6", "--kv-heads", "4", "--q-len", "2", "--head-dim", "8"}, "--kv-heads");
   expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--dtype", "f64"}, "--dtype");
-  expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--kv-dtype", "int8"}, "--kv-dtype");
+  expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--kv-dtype", "int4"}, "--kv-dtype");
+  expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--dtype", "int8"}, "--dtype");
+  expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--kv-dtype", "int8", "--backward"},
+               "--kv-dtype");
   expect_error({"bench", "--heads", "2", "--q-len", "0", "--head-dim", "8"}, "--q-len");
   expect_error({"bench", "--heads", "2", "--q-len", "2", "--kv-len", "4", "--kv-len-min", "5", "--head-dim", "8"},
                "--kv-len-min");
