@@ -143,13 +143,19 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // storage type (fp32, bf16 or f16) and widened in registers: decode is bound by the bytes of K and V.
 // Sᵀ[c][r] = q_r · k_c for every key of the tile and lanes r < NL (q rows [BR][dk]). KG keys at a time
 // give KG·NL dot-product vectors, summed W at a time by one transposing add tree.
+// `pf` (rows of pf_bytes bytes, or null): rows prefetched alongside, one per key (the tile's V rows, spread over
+// the loop rather than issued at once).
 template <int NL, class KVT>
 inline void scores_rows(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t cols, float mult,
-                        float* st) {
+                        float* st, const KVT* const* pf = nullptr, std::int64_t pf_bytes = 0) {
   constexpr int KG = NL >= W ? 1 : W / NL, NA = KG * NL;  // NA is a multiple of W
   const std::int64_t d_end = dk / W * W;
   std::int64_t c = 0;
   for (; c + KG <= cols; c += KG) {
+    if (pf)
+      for (int g = 0; g < KG; ++g)
+        for (std::int64_t off = 0; off < pf_bytes; off += 64)
+          __builtin_prefetch(reinterpret_cast<const char*>(pf[c + g]) + off, 0, 3);
     V acc[NA];
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t d = 0; d < d_end; d += W) {
@@ -540,8 +546,8 @@ template <int QV, int NL, class Variant, class T>
 void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows, const T* const* vrows,
                const float* kscale, const float* vscale, std::int64_t j0, std::int64_t cols, bool interior,
                const Units& u, Workspace& ws) {
-  prefetch_rows(vrows, cols, p.Dv * static_cast<std::int64_t>(sizeof(T)));
-  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data());                          // Sᵀ = K Qᵀ
+  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), vrows,
+                  p.Dv * static_cast<std::int64_t>(sizeof(T)));                                  // Sᵀ = K Qᵀ
   if (kscale) scale_keys<NL>(ws.st.data(), kscale, cols);                                       // i8 K scales
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
   softmax_tile<QV, Variant>(p, lanes, j0, cols, true, krows, kscale, u, ws);                   // Pᵀ; m, l
