@@ -47,6 +47,31 @@ const T* kv_row(const core::Problem& p, const core::Strided& t, std::int64_t b, 
   return static_cast<const T*>(t.data) + core::kv_row_offset(p, t, b, hk, j);
 }
 
+// Where rows j0 .. j0+cols-1 of K and V start (and, for i8 K/V, their scales into ks/vs): one walk over the keys,
+// through the page table without a division per key when the cache is paged.
+template <class KVT>
+void tile_pointers(const core::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t cols,
+                   const KVT** krows, const KVT** vrows, float* ks, float* vs) {
+  const KVT* k = static_cast<const KVT*>(p.k.data);
+  const KVT* v = static_cast<const KVT*>(p.v.data);
+  const float* kscale = p.k_scale ? static_cast<const float*>(p.k_scale->data) : nullptr;
+  const float* vscale = p.v_scale ? static_cast<const float*>(p.v_scale->data) : nullptr;
+  const auto at = [&](std::int64_t c, std::int64_t a, std::int64_t row) {  // (batch or page, row within it)
+    krows[c] = k + p.k.offset(a, hk, row, 0), vrows[c] = v + p.v.offset(a, hk, row, 0);
+    if (ks) ks[c] = kscale[p.k_scale->offset(a, hk, row, 0)], vs[c] = vscale[p.v_scale->offset(a, hk, row, 0)];
+  };
+  if (!p.paged) {
+    for (std::int64_t c = 0; c < cols; ++c) at(c, b, j0 + c);
+    return;
+  }
+  const core::Paged& pg = *p.paged;
+  std::int64_t n = j0 / pg.page_size, slot = j0 % pg.page_size;
+  for (std::int64_t c = 0; c < cols; ++c) {
+    at(c, pg.table[b * pg.table_stride[0] + n * pg.table_stride[1]], slot);
+    if (++slot == pg.page_size) slot = 0, ++n;
+  }
+}
+
 // The scales of i8 rows j0 .. j0+cols-1 (Problem::k_scale or v_scale) into out[cols].
 inline void tile_scales(const core::Problem& p, const core::Strided& scale, std::int64_t b, std::int64_t hk,
                         std::int64_t j0, std::int64_t cols, float* out) {
@@ -609,12 +634,9 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
     } else if (p.k.stride[3] == 1 && p.v.stride[3] == 1) {  // rows as stored, widened in registers
       const KVT* krows[BC];
       const KVT* vrows[BC];
-      for (std::int64_t c = 0; c < cols; ++c)
-        krows[c] = kv_row<KVT>(p, p.k, lanes.b, lanes.hk, j0 + c), vrows[c] = kv_row<KVT>(p, p.v, lanes.b, lanes.hk, j0 + c);
       alignas(64) float ks[BC], vs[BC];
       constexpr bool i8 = std::is_same_v<KVT, std::int8_t>;
-      if constexpr (i8) tile_scales(p, *p.k_scale, lanes.b, lanes.hk, j0, cols, ks);
-      if constexpr (i8) tile_scales(p, *p.v_scale, lanes.b, lanes.hk, j0, cols, vs);
+      tile_pointers(p, lanes.b, lanes.hk, j0, cols, krows, vrows, i8 ? ks : nullptr, i8 ? vs : nullptr);
       rows_step<QV, NL, Variant>(p, lanes, krows, vrows, i8 ? ks : nullptr, i8 ? vs : nullptr, j0, cols, interior, u, ws);
     } else {  // strided rows: converted to fp32 first (i8 rows times their scales)
       tile_rows<KVT>(p, p.k, p.k_scale, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);
