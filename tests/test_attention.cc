@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "attn/backward.h"
@@ -194,6 +196,58 @@ TEST(WorkspaceReuse, KeptThroughDescribeAndRefusedCalls) {
   EXPECT_EQ(ws.bytes(), held) << "a refused backward call";
   ASSERT_TRUE(attention(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view).ok());
   EXPECT_EQ(ws.bytes(), held) << "the same call again";
+}
+
+// What 8-bit K/V cost in accuracy (the storage's error, not the kernels': those meet the tolerance rule on i8 inputs
+// above): every fp32 registry case of ordinary size with its K and V quantised per (batch, head, row) as
+// attn::KVCache does (scale max|x| / 127), against the fp64 reference on the unquantised values. The error is far
+// above the fp32 tolerance rule, as expected; it is printed per case and bounded loosely (relative to max |V|) on the
+// cases with unit-size inputs, where a score moves by about scale·|q|·|k|·2^-8 (the wide-score cases, amplitude 30,
+// are reported only: a score error of several units there changes which keys dominate).
+TEST(I8KV, QuantisationErrorOnTheRegistryCases) {
+  double worst_unit = 0;
+  int cases = 0;
+  for (const Case& c : registry()) {
+    if (c.dtype != DType::f32 || c.kv_dtype != DType::f32 || c.page_size || c.dropout > 0 ||
+        c.B * c.Hq * c.Sq * c.Skv * (c.Dk + c.Dv) > 30'000'000 || c.B * c.Skv == 0)
+      continue;
+    Instance in = instantiate(c);
+    core::Problem prob;
+    ASSERT_TRUE(core::validate(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view, &prob).ok());
+    const reference::Result ref = reference::attention<double>(prob), naive = reference::attention<float>(prob);
+    Tensor k8(DType::i8, c.B, c.Hkv, c.Skv, c.Dk), v8(DType::i8, c.B, c.Hkv, c.Skv, c.Dv);
+    Tensor ks = Tensor::plain(DType::f32, {c.B, c.Hkv, c.Skv}), vs = Tensor::plain(DType::f32, {c.B, c.Hkv, c.Skv});
+    for (auto [src, dst, scale, dim] : {std::tuple{&in.k, &k8, &ks, c.Dk}, {&in.v, &v8, &vs, c.Dv}})
+      ks.for_each_index([&](auto b, auto h, auto j, auto) {
+        double amax = 0;
+        for (std::int64_t d = 0; d < dim; ++d) amax = std::max(amax, std::fabs(src->get(b, h, j, d)));
+        const float s = static_cast<float>(amax) / 127.0f;
+        scale->set(s, b, h, j);
+        for (std::int64_t d = 0; d < dim; ++d) dst->set(s > 0 ? src->get(b, h, j, d) / s : 0.0, b, h, j, d);
+      });
+    Params p = in.params;
+    p.k_scale = ks.view, p.v_scale = vs.view;
+    in.out.poison();
+    ASSERT_TRUE(attention(in.q.view, k8.view, v8.view, in.out.view, p).ok()) << c.name();
+    const double vmax = std::max(max_abs_finite(in.v), 1e-3), atol = forward_atol(DType::f32, ref, vmax);
+    double err = 0, naive_err = 0;
+    std::size_t i = 0;
+    in.out.for_each_index([&](auto b, auto h, auto r, auto d) {
+      const double x = in.out.get(b, h, r, d), e = ref.out[i], n = naive.out[i++];
+      if (std::isfinite(e)) err = std::max(err, std::fabs(x - e)), naive_err = std::max(naive_err, std::fabs(n - e));
+      else EXPECT_FALSE(std::isfinite(x)) << c.name();
+      if (std::isfinite(e)) EXPECT_TRUE(std::isfinite(x)) << c.name() << ": non-finite output";
+    });
+    std::printf("[ i8 K/V ] %-60s max|out - fp64| = %.3g = %.3g max|V| (fp32 rule allows %.3g)\n", c.name().c_str(),
+                err, err / vmax, 2 * naive_err + atol);
+    ++cases;
+    if (c.amplitude == 1.0 && !c.scale) worst_unit = std::max(worst_unit, err / vmax);
+  }
+  EXPECT_GT(cases, 40);
+  EXPECT_LT(worst_unit, 0.05) << "unit-size inputs, default scale";
+  RecordProperty("worst_relative_error_unit_inputs", std::to_string(worst_unit));
+  std::printf("[ i8 K/V ] %d cases; worst max|out - fp64| / max|V| with unit-size inputs and the default scale: %.3g\n",
+              cases, worst_unit);
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, AttentionCase, ::testing::ValuesIn(registry()),

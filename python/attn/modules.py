@@ -167,18 +167,37 @@ class MultiHeadAttention:
         return out
 
 
+_CACHE_DTYPES = {"float32": "f32", "f32": "f32", "bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16",
+                 "int8": "i8", "i8": "i8"}
+
+
+def _cache_dtype(dtype):
+    """A cache's storage dtype name as the binding takes it."""
+    name = getattr(dtype, "name", None) or str(dtype).replace("torch.", "")
+    if name not in _CACHE_DTYPES:
+        raise ValueError(f"dtype: {dtype!r}; expected float32, bfloat16, float16 or int8")
+    return _CACHE_DTYPES[name]
+
+
 class KVCache:
     """One sequence's keys and values, contiguous, for `capacity` tokens: append K/V of new tokens, then
-    attend the new queries to everything cached with bottom-right causal alignment. float32."""
+    attend the new queries to everything cached with bottom-right causal alignment. Stored as `dtype`: float32
+    (default), bfloat16, float16 or int8 (a float32 scale per token and KV head; the kernels read the 8-bit rows).
+    Appended K/V and the queries are float32 whatever the storage."""
 
-    def __init__(self, kv_heads, head_dim, capacity, v_head_dim=None):
+    def __init__(self, kv_heads, head_dim, capacity, v_head_dim=None, dtype="float32"):
         head_dim, v_head_dim = _int("head_dim", head_dim), _optional_dim("v_head_dim", v_head_dim, "head_dim")
         self._c = _call(_attn.KVCache, _int("kv_heads", kv_heads), head_dim, v_head_dim, _int("capacity", capacity),
-                        names=_CACHE_NAMES)
+                        _cache_dtype(dtype), names=_CACHE_NAMES)
         self.v_head_dim = v_head_dim or head_dim
 
     def __len__(self):
         return self._c.length
+
+    @property
+    def dtype(self):
+        """The storage: "f32", "bf16", "f16" or "i8"."""
+        return self._c.dtype
 
     @property
     def capacity(self):
@@ -213,17 +232,23 @@ class PagedKVCache:
     """A pool of `num_pages` pages of `page_size` tokens shared by many sequences (vLLM's PagedAttention
     layout): add_sequence() gives an id, append(id, k, v) grows it page by page, remove_sequence(id)
     returns its pages to the pool, attend(ids, q) decodes a batch of sequences of ragged lengths at once.
-    float32."""
+    Stored as `dtype` (float32, bfloat16, float16 or int8, as KVCache); K/V and queries are float32."""
 
-    def __init__(self, kv_heads, head_dim, page_size, num_pages, v_head_dim=None):
+    def __init__(self, kv_heads, head_dim, page_size, num_pages, v_head_dim=None, dtype="float32"):
         head_dim, v_head_dim = _int("head_dim", head_dim), _optional_dim("v_head_dim", v_head_dim, "head_dim")
         self._c = _call(_attn.PagedKVCache, _int("kv_heads", kv_heads), head_dim, v_head_dim,
-                        _int("page_size", page_size), _int("num_pages", num_pages), names=_CACHE_NAMES)
+                        _int("page_size", page_size), _int("num_pages", num_pages), _cache_dtype(dtype),
+                        names=_CACHE_NAMES)
         self.v_head_dim = v_head_dim or head_dim
 
     @property
     def free_pages(self):
         return self._c.free_pages
+
+    @property
+    def dtype(self):
+        """The storage: "f32", "bf16", "f16" or "i8"."""
+        return self._c.dtype
 
     def add_sequence(self):
         return self._c.add_sequence()
