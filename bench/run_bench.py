@@ -7,6 +7,7 @@ scaling sweep of time against sequence length.
     python3 bench/run_bench.py --install-torch       # torch + matplotlib into bench/.venv first (PyPI)
     python3 bench/run_bench.py --self-test           # a dry run on tiny shapes (no torch needed)
     python3 bench/run_bench.py --backward            # the backward pass: P1, P2 vs SDPA + .backward()
+    python3 bench/run_bench.py --install-ipex        # Intel Extension for PyTorch into bench/.venv-ipex first
 
 attn is timed by `attn bench --json` (one process per dtype, so the ceilings it measures are shared by
 its shapes); PyTorch's torch.nn.functional.scaled_dot_product_attention runs in this process with the
@@ -29,6 +30,8 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 VENV = BENCH_DIR / ".venv"
+IPEX_VENV = BENCH_DIR / ".venv-ipex"  # Intel Extension for PyTorch pins its own torch: a venv of its own
+IPEX_PINS = ["torch==2.8.0", "intel-extension-for-pytorch==2.8.0", "numpy", "psutil"]
 
 # docs/DESIGN.md's canonical shapes, read from the attn program (`attn bench --list-shapes`, the one table:
 # tools/canonical_shapes.h) by load_shapes(): SHAPES holds the full dimensions, TINY the small stand-ins of the
@@ -59,6 +62,7 @@ CONFIGS = [
     ("fp32", "f32", "f32", None),
     ("bf16", "bf16", "bf16", None),
     ("fp32 Q, fp16 K/V", "f32", "f16", DECODE),
+    ("bf16 Q, int8 K/V", "bf16", "i8", DECODE),
 ]
 
 # What every `attn bench --json` object must carry (documented in the README's Benchmarks section).
@@ -192,8 +196,9 @@ class Peer:
     def time(self, shape, q_dtype, kv_dtype, reps, rotate):
         """Median seconds of SDPA on `shape`, rotating K/V sets like attn when `rotate` (decode)."""
         t, F = self.torch, self.F
-        # SDPA takes one dtype for Q, K and V: with 16-bit K/V and fp32 Q it runs everything in the K/V dtype.
-        dt = self.dtype(kv_dtype if q_dtype != kv_dtype else q_dtype)
+        # SDPA takes one dtype for Q, K and V: with 16-bit K/V and fp32 Q it runs everything in the K/V dtype; it has
+        # no 8-bit K/V, so against attn's int8 cache it runs in Q's dtype (what its user would run).
+        dt = self.dtype(q_dtype if kv_dtype in (q_dtype, "i8") else kv_dtype)
         B, Hq, Hkv, Sq, Skv, D = (shape[k] for k in ("B", "Hq", "Hkv", "Sq", "Skv", "D"))
         gen = t.Generator().manual_seed(1)
 
@@ -319,6 +324,31 @@ def run_shapes(args, attn, peer, shapes_table, ids, threads):
                     log(f"    torch failed: {row['torch_error']}")
             rows.append(row)
     return rows
+
+
+def run_ipex(rows, shapes_table, threads, llc):
+    """Times Intel Extension for PyTorch on every row (bench/ipex_peer.py in bench/.venv-ipex), in one process
+    after attn's and PyTorch's runs; fills ipex_s / ipex_entry (or ipex_error) and returns the versions."""
+    py = IPEX_VENV / "bin" / "python"
+    todo = [dict(shape=shapes_table[row["shape"]], dtype=row["dtype"], kv_dtype=row["kv_dtype"], reps=row["attn"]["reps"],
+                 rotate=row["shape"] in DECODE, llc=llc, threads=threads) for row in rows]
+    log(f"Intel Extension for PyTorch ({py}): {len(todo)} rows")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    done = subprocess.run([str(py), str(BENCH_DIR / "ipex_peer.py")], input=json.dumps(todo), capture_output=True,
+                          text=True, env=env)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        log(f"  IPEX failed: {tail}")
+        for row in rows:
+            row["ipex_error"] = tail
+        return None
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    for row, r in zip(rows, result["rows"]):
+        if "error" in r:
+            row["ipex_error"] = r["error"]
+        else:
+            row["ipex_s"], row["ipex_entry"] = r["seconds"], r["entry"]
+    return f"torch {result['torch']}, IPEX {result['ipex']}"
 
 
 # ---- the backward pass ----------------------------------------------------------------------------------
@@ -490,9 +520,10 @@ def pct(x):
 def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_pages, self_test):
     out = []
     ceil = next((r["attn"]["ceilings"] for r in rows if r["attn"]["ceilings"]), None)
-    out.append("| shape | dtype | attn | PyTorch SDPA | PyTorch / attn | attn rate | attn % of ceiling | "
-               "PyTorch rate | PyTorch % of ceiling | attn extra RSS |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    ipex = any("ipex_s" in row or "ipex_error" in row for row in rows)
+    out.append("| shape | dtype | attn | PyTorch SDPA | PyTorch / attn | " + ("IPEX | IPEX / attn | " if ipex else "") +
+               "attn rate | attn % of ceiling | PyTorch rate | PyTorch % of ceiling | attn extra RSS |")
+    out.append("|---|---|---|---|---|" + ("---|---|" if ipex else "") + "---|---|---|---|---|")
     for row in rows:
         r = row["attn"]
         t = row["torch_s"]
@@ -500,8 +531,13 @@ def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_p
         a_rate, a_frac = throughput(r, r["time_median_s"])
         p_rate, p_frac = throughput(r, t)
         extra = r["extra_rss_bytes"] / 2**20
+        ipex_cols = ""
+        if ipex:
+            x = row.get("ipex_s")
+            ipex_cols = (f"{fmt_time(x)} | " + (f"{x / r['time_median_s']:.2f}× | " if x else
+                                                ("error | " if row.get("ipex_error") else "— | ")))
         out.append(f"| {row['shape']} | {row['config']} | {fmt_time(r['time_median_s'])} | {fmt_time(t)} | {ratio} | "
-                   f"{a_rate} | {pct(a_frac)} | {p_rate} | {pct(p_frac)} | {extra:.1f} MiB |")
+                   f"{ipex_cols}{a_rate} | {pct(a_frac)} | {p_rate} | {pct(p_frac)} | {extra:.1f} MiB |")
     head = ["**Self-test on tiny shapes with quick ceilings: the numbers mean nothing.**"] if self_test else []
     head += [f"Machine: {info.get('brand') or info.get('vendor')}; {threads} threads for both; attn kernel "
             f"{info['active_isa']} (best {info['best_isa']}); PyTorch {torch_version or 'not installed'}."]
@@ -521,6 +557,8 @@ def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_p
         "D3: attn runs attention_paged (pages of 16 keys scattered over the pool); PyTorch has no paged path "
         "and runs a padded batch (Skv = 8000) with a key-padding mask.",
         "\"fp32 Q, fp16 K/V\": attn keeps Q and O in fp32; SDPA needs one dtype, so PyTorch runs all in fp16.",
+        "\"bf16 Q, int8 K/V\": attn reads an 8-bit KV cache (a scale per token and head); PyTorch has no 8-bit "
+        "attention and runs bf16 throughout.",
         "attn extra RSS: peak resident memory while running minus the resident memory with the inputs allocated.",
     ] + peer_notes
     if huge_pages:
@@ -587,6 +625,9 @@ def main(argv):
     ap.add_argument("--scaling-only", action="store_true", help="only the scaling sweep")
     ap.add_argument("--no-torch", action="store_true", help="do not run PyTorch even if it is installed")
     ap.add_argument("--install-torch", action="store_true", help="pip-install torch + matplotlib into bench/.venv")
+    ap.add_argument("--install-ipex", action="store_true",
+                    help="pip-install Intel Extension for PyTorch (with the torch it pins) into bench/.venv-ipex")
+    ap.add_argument("--no-ipex", action="store_true", help="do not run IPEX even if bench/.venv-ipex exists")
     ap.add_argument("--out-dir", default=str(BENCH_DIR), help="where results.md/.json and scaling.png go")
     ap.add_argument("--out", default=None, help="markdown table path (default: OUT_DIR/results.md)")
     ap.add_argument("--no-huge-pages", action="store_true",
@@ -598,8 +639,12 @@ def main(argv):
                     help="dry run on tiny shapes with quick ceilings; checks the JSON and the outputs")
     args = ap.parse_args(argv)
 
+    if args.install_ipex and not (IPEX_VENV / "bin" / "python").exists():
+        log(f"creating {IPEX_VENV} and installing {' '.join(IPEX_PINS)} (PyPI)")
+        subprocess.check_call([sys.executable, "-m", "venv", str(IPEX_VENV)])
+        subprocess.check_call([str(IPEX_VENV / "bin" / "python"), "-m", "pip", "install", "-q"] + IPEX_PINS)
     if args.install_torch:
-        install_torch(argv)
+        install_torch([a for a in argv if a != "--install-ipex"])
     if not args.no_huge_pages:
         # attn bench asks for transparent huge pages for buffers of 2 MiB and more; PyTorch's CPU allocator
         # does the same when this is set (read when torch loads).
@@ -646,6 +691,14 @@ def main(argv):
     if args.backward:
         return backward_main(args, attn, peer, shapes_table, ids, threads, torch, md_path)
     rows = [] if args.scaling_only else run_shapes(args, attn, peer, shapes_table, ids, threads)
+    if rows and not args.no_ipex and not args.self_test and (IPEX_VENV / "bin" / "python").exists():
+        versions = run_ipex(rows, shapes_table, threads, info.get("l3_bytes") or 0)
+        if versions:
+            peer_notes.append(f"IPEX ({versions}, its own venv): prefill rows take the faster of "
+                              "ipex.llm.functional.varlen_attention and SDPA with IPEX loaded, decode rows "
+                              "ipex.llm.modules.PagedAttention.single_query_cached_kv_attention over a paged cache "
+                              "(pages of 16, scattered; ragged lengths for D3); IPEX has no 8-bit KV attention, so "
+                              "the int8 rows run in the Q dtype.")
 
     points = []
     if not args.no_scaling:
