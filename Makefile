@@ -57,11 +57,12 @@ soak: build
 	  ATTN_RANDOM_BACKWARD_COUNT=$(SOAK_BACKWARD_COUNT) ctest --output-on-failure -j $(JOBS) -R '^Shards/Random'
 
 # Release build, then bench/run_bench.py: every canonical shape of docs/DESIGN.md for attn, side by side with
-# PyTorch SDPA when torch is importable (TORCH=1 first pip-installs torch + matplotlib into bench/.venv),
+# PyTorch SDPA when torch is importable (TORCH=1 first pip-installs torch + matplotlib into bench/.venv; IPEX=1
+# Intel Extension for PyTorch with the torch it pins into bench/.venv-ipex, a peer column when that venv exists),
 # and the scaling sweep. BENCH_ARGS passes options on, e.g. make bench BENCH_ARGS="--shapes P1,D1 --quick".
 .PHONY: bench
 bench: build
-	$(PYTHON) bench/run_bench.py --attn $(BUILD)/attn $(if $(TORCH),--install-torch) $(BENCH_ARGS)
+	$(PYTHON) bench/run_bench.py --attn $(BUILD)/attn $(if $(TORCH),--install-torch) $(if $(IPEX),--install-ipex) $(BENCH_ARGS)
 
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this too).
 test-sanitize: deps
