@@ -443,11 +443,9 @@ Status make_inputs(const Shape& s, const Setup& setup, int sets, bool backward, 
   return Status::Ok();
 }
 
-Status call(const Shape& s, const Inputs& in, int set, const Params& base, bool backward) {
-  Params scaled;
-  const bool i8 = !in.ksv.empty();
-  if (i8) scaled = base, scaled.k_scale = in.ksv[set], scaled.v_scale = in.vsv[set];  // this set's scales
-  const Params& params = i8 ? scaled : base;
+// params: the call's, or for i8 K/V one per set (with that set's scales; built before the timing).
+Status call(const Shape& s, const Inputs& in, int set, const std::vector<Params>& per_set, bool backward) {
+  const Params& params = per_set[per_set.size() == 1 ? 0 : static_cast<std::size_t>(set)];
   if (backward)
     return attention_backward(in.qv, in.kv[set], in.vv[set], in.ov, in.lse_view, in.dout_view, in.dq_view,
                               in.dk_view, in.dv_view, params);
@@ -532,6 +530,11 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   params.dropout_p = a.dropout;
   params.dropout_seed = 1;
 
+  std::vector<Params> per_set{params};
+  if (!in.ksv.empty()) {  // i8 K/V: each set's scales
+    per_set.assign(in.ksv.size(), params);
+    for (std::size_t set = 0; set < per_set.size(); ++set) per_set[set].k_scale = in.ksv[set], per_set[set].v_scale = in.vsv[set];
+  }
   if (a.backward)  // the forward's O and LSE, which the backward reads
     if (Status st = attention(in.qv, in.kv[0], in.vv[0], in.ov, params, in.lse_view); !st) return with_option_names(st);
   // Warm-up: at least one call, and more while they take under 50 ms in all.
@@ -539,7 +542,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   double warm_total = 0, last = 0;
   do {
     const auto start = Clock::now();
-    if (Status st = call(s, in, call_index % sets, params, a.backward); !st) return with_option_names(st);
+    if (Status st = call(s, in, call_index % sets, per_set, a.backward); !st) return with_option_names(st);
     last = std::chrono::duration<double>(Clock::now() - start).count();
     warm_total += last;
     ++call_index;
@@ -549,7 +552,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
       a.reps > 0 ? a.reps : static_cast<int>(std::clamp(std::ceil(1.0 / std::max(last, 1e-9)), 3.0, 100.0));
   for (int rep = 0; rep < reps; ++rep) {
     const auto start = Clock::now();
-    if (Status st = call(s, in, call_index % sets, params, a.backward); !st) return with_option_names(st);
+    if (Status st = call(s, in, call_index % sets, per_set, a.backward); !st) return with_option_names(st);
     r.times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     ++call_index;
   }

@@ -206,12 +206,12 @@ void store_rows(const TensorView& src, std::int64_t h, std::int64_t t0, std::int
     }
     const std::int64_t row = row0 + t;
     unsigned char* out = dst.data() + row * dim * static_cast<std::int64_t>(dtype_size(dtype));
+    const float s = amax / 127.0f;  // (i8: the row's scale)
     for (std::int64_t d = 0; d < dim; ++d) {
       switch (dtype) {
         case DType::bf16: reinterpret_cast<core::bf16*>(out)[d] = core::from_float<core::bf16>(x[d]); break;
         case DType::f16: reinterpret_cast<core::f16*>(out)[d] = core::from_float<core::f16>(x[d]); break;
         case DType::i8: {
-          const float s = amax / 127.0f;
           const float q = s > 0 ? std::nearbyint(x[d] / s) : 0.0f;
           reinterpret_cast<std::int8_t*>(out)[d] = static_cast<std::int8_t>(std::clamp(q, -127.0f, 127.0f));
           break;
@@ -219,7 +219,7 @@ void store_rows(const TensorView& src, std::int64_t h, std::int64_t t0, std::int
         default: reinterpret_cast<float*>(out)[d] = x[d];
       }
     }
-    if (dtype == DType::i8) scale[static_cast<std::size_t>(row)] = amax / 127.0f;
+    if (dtype == DType::i8) scale[static_cast<std::size_t>(row)] = s;
   }
 }
 
