@@ -1,4 +1,5 @@
-// Checks of strided views shared by every entry point's validation (core/validate.cc, core/merge.cc).
+// Checks of strided views shared by every entry point's validation (core/validate.cc, core/merge.cc), and one
+// element of a float view read as fp32 (the KV caches' appends, ring attention's packing).
 #pragma once
 
 #include <cstdint>
@@ -6,8 +7,18 @@
 
 #include "attn/status.h"
 #include "attn/tensor.h"
+#include "core/convert.h"
 
 namespace attn::core {
+
+// Element `off` (counted in elements from data) of a float view (f32, bf16 or f16), as fp32.
+inline float float_at(const TensorView& t, std::int64_t off) {
+  switch (t.dtype) {
+    case DType::bf16: return to_float(static_cast<const bf16*>(t.data)[off]);
+    case DType::f16: return to_float(static_cast<const f16*>(t.data)[off]);
+    default: return static_cast<const float*>(t.data)[off];
+  }
+}
 
 // Structural checks common to every view: the expected rank, a known dtype, sizes >= 0, an element count that
 // fits in 64 bits, strides whose reach stays below 2^60 elements, and data present when there are elements.

@@ -22,6 +22,7 @@
 #include "attn/backward.h"
 #include "core/convert.h"
 #include "core/problem.h"
+#include "core/views.h"
 #include "core/backward_problem.h"
 
 namespace attn::dist {
@@ -45,14 +46,6 @@ void for_each_element(const TensorView& t, F f) {
         for (std::int64_t d = 0; d < n[3]; ++d) f(a * st[0] + b * st[1] + c * st[2] + d * st[3], lin++);
 }
 
-float load(const TensorView& t, std::int64_t off) {
-  switch (t.dtype) {
-    case DType::bf16: return core::to_float(static_cast<const core::bf16*>(t.data)[off]);
-    case DType::f16: return core::to_float(static_cast<const core::f16*>(t.data)[off]);
-    default: return static_cast<const float*>(t.data)[off];
-  }
-}
-
 void store(const TensorView& t, std::int64_t off, float x) {
   switch (t.dtype) {
     case DType::bf16: static_cast<core::bf16*>(t.data)[off] = core::from_float<core::bf16>(x); break;
@@ -62,7 +55,7 @@ void store(const TensorView& t, std::int64_t off, float x) {
 }
 
 void to_f32(const TensorView& t, float* dst) {
-  for_each_element(t, [&](std::int64_t off, std::int64_t i) { dst[i] = load(t, off); });
+  for_each_element(t, [&](std::int64_t off, std::int64_t i) { dst[i] = core::float_at(t, off); });
 }
 void from_f32(const float* src, const TensorView& t) {
   for_each_element(t, [&](std::int64_t off, std::int64_t i) { store(t, off, src[i]); });

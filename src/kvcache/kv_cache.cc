@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/convert.h"
+#include "core/views.h"
 
 namespace attn {
 namespace {
@@ -19,15 +20,6 @@ std::string str(std::int64_t x) { return std::to_string(x); }
 Status positive(const char* name, std::int64_t value) {
   if (value < 1) return Status::Invalid(name, str(value) + "; expected >= 1");
   return Status::Ok();
-}
-
-// Element `off` of a float view (f32, bf16 or f16) as fp32.
-float element(const TensorView& t, std::int64_t off) {
-  switch (t.dtype) {
-    case DType::bf16: return core::to_float(static_cast<const core::bf16*>(t.data)[off]);
-    case DType::f16: return core::to_float(static_cast<const core::f16*>(t.data)[off]);
-    default: return static_cast<const float*>(t.data)[off];
-  }
 }
 
 // Checks that `t` is an f32, bf16 or f16 [1, heads, T, dim] view (T >= 0) and returns T; an i8 cache
@@ -46,7 +38,7 @@ Status check_tokens(const char* name, const TensorView& t, std::int64_t heads, s
     for (std::int64_t h = 0; h < heads; ++h)
       for (std::int64_t j = 0; j < t.shape[2]; ++j)
         for (std::int64_t d = 0; d < dim; ++d)
-          if (!std::isfinite(element(t, h * t.strides[1] + j * t.strides[2] + d * t.strides[3])))
+          if (!std::isfinite(core::float_at(t, h * t.strides[1] + j * t.strides[2] + d * t.strides[3])))
             return Status::Invalid(name, "value [0, " + str(h) + ", " + str(j) + ", " + str(d) +
                                              "] is not finite; expected finite values (an i8 cache has no scale for "
                                              "inf or NaN)");
@@ -201,7 +193,7 @@ void store_rows(const TensorView& src, std::int64_t h, std::int64_t t0, std::int
   for (std::int64_t t = 0; t < count; ++t) {
     float amax = 0;
     for (std::int64_t d = 0; d < dim; ++d) {
-      x[d] = element(src, h * src.strides[1] + (t0 + t) * src.strides[2] + d * src.strides[3]);
+      x[d] = core::float_at(src, h * src.strides[1] + (t0 + t) * src.strides[2] + d * src.strides[3]);
       amax = std::max(amax, std::fabs(x[d]));
     }
     const std::int64_t row = row0 + t;
