@@ -58,11 +58,12 @@ soak: build
 
 # Release build, then bench/run_bench.py: every canonical shape of docs/DESIGN.md for attn, side by side with
 # PyTorch SDPA when torch is importable (TORCH=1 first pip-installs torch + matplotlib into bench/.venv; IPEX=1
-# Intel Extension for PyTorch with the torch it pins into bench/.venv-ipex, a peer column when that venv exists),
-# and the scaling sweep. BENCH_ARGS passes options on, e.g. make bench BENCH_ARGS="--shapes P1,D1 --quick".
+# Intel Extension for PyTorch with the torch it pins into bench/.venv-ipex, a peer column when that venv exists;
+# GGML=1 llama.cpp's ggml, built from the sources PyPI's llama-cpp-python sdist carries into bench/.ggml, a peer
+# column when built), and the scaling sweep. BENCH_ARGS passes options on, e.g. make bench BENCH_ARGS="--shapes P1,D1 --quick".
 .PHONY: bench
 bench: build
-	$(PYTHON) bench/run_bench.py --attn $(BUILD)/attn $(if $(TORCH),--install-torch) $(if $(IPEX),--install-ipex) $(BENCH_ARGS)
+	$(PYTHON) bench/run_bench.py --attn $(BUILD)/attn $(if $(TORCH),--install-torch) $(if $(IPEX),--install-ipex) $(if $(GGML),--install-ggml) $(BENCH_ARGS)
 
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this too).
 test-sanitize: deps

@@ -8,6 +8,7 @@ scaling sweep of time against sequence length.
     python3 bench/run_bench.py --self-test           # a dry run on tiny shapes (no torch needed)
     python3 bench/run_bench.py --backward            # the backward pass: P1, P2 vs SDPA + .backward()
     python3 bench/run_bench.py --install-ipex        # Intel Extension for PyTorch into bench/.venv-ipex first
+    python3 bench/run_bench.py --install-ggml        # llama.cpp's ggml flash attention into bench/.ggml first
 
 attn is timed by `attn bench --json` (one process per dtype, so the ceilings it measures are shared by
 its shapes); PyTorch's torch.nn.functional.scaled_dot_product_attention runs in this process with the
@@ -32,6 +33,13 @@ REPO = BENCH_DIR.parent
 VENV = BENCH_DIR / ".venv"
 IPEX_VENV = BENCH_DIR / ".venv-ipex"  # Intel Extension for PyTorch pins its own torch: a venv of its own
 IPEX_PINS = ["torch==2.8.0", "intel-extension-for-pytorch==2.8.0", "numpy", "psutil"]
+# llama.cpp's ggml: its sources as vendored by PyPI's llama-cpp-python sdist, built with bench/ggml_peer/
+GGML_DIR = BENCH_DIR / ".ggml"
+GGML_PIN = "llama-cpp-python==0.3.36"
+GGML_PEER = GGML_DIR / "build" / "ggml_peer"
+# attn's K/V dtype -> the llama.cpp cache type of the same row (-ctk/-ctv): int8 -> q8_0 (blocks of 32, f16 scale)
+GGML_KV = {"f32": "f32", "bf16": "bf16", "f16": "f16", "i8": "q8_0"}
+GGML_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "q8_0": 34 / 32}
 
 # docs/DESIGN.md's canonical shapes, read from the attn program (`attn bench --list-shapes`, the one table:
 # tools/canonical_shapes.h) by load_shapes(): SHAPES holds the full dimensions, TINY the small stand-ins of the
@@ -351,6 +359,62 @@ def run_ipex(rows, shapes_table, threads, llc):
     return f"torch {result['torch']}, IPEX {result['ipex']}"
 
 
+def install_ggml():
+    """Fetches llama.cpp's sources (the llama-cpp-python sdist vendors them; PyPI is what this machine reaches) and
+    builds bench/ggml_peer against its ggml with -march=native, as a llama.cpp user on this machine would."""
+    if GGML_PEER.exists():
+        return
+    GGML_DIR.mkdir(exist_ok=True)
+    log(f"fetching {GGML_PIN} (sdist, PyPI) into {GGML_DIR} and building bench/ggml_peer")
+    subprocess.check_call([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                           "-d", str(GGML_DIR), GGML_PIN])
+    sdist = next(GGML_DIR.glob("llama_cpp_python-*.tar.gz"))
+    subprocess.check_call(["tar", "xzf", str(sdist), "-C", str(GGML_DIR)])
+    src = next(GGML_DIR.glob("llama_cpp_python-*/vendor/llama.cpp/ggml"))
+    subprocess.check_call(["cmake", "-S", str(BENCH_DIR / "ggml_peer"), "-B", str(GGML_DIR / "build"),
+                           f"-DGGML_SOURCE_DIR={src}"])
+    subprocess.check_call(["cmake", "--build", str(GGML_DIR / "build"), "-j", str(os.cpu_count() or 2),
+                           "--target", "ggml_peer"])
+
+
+def run_ggml(rows, shapes_table, threads, llc):
+    """Times llama.cpp's ggml_flash_attn_ext on every row (bench/ggml_peer, one process per row, after attn's and
+    PyTorch's runs); fills ggml_s / ggml_kv (or ggml_error) and returns ggml's version."""
+    version = None
+    log(f"ggml ({GGML_PEER}): {len(rows)} rows")
+    for row in rows:
+        s = shapes_table[row["shape"]]
+        kv = GGML_KV[row["kv_dtype"]]
+        sets = 1
+        if row["shape"] in DECODE and llc:
+            set_bytes = 2 * s["B"] * s["Hkv"] * s["Skv"] * s["D"] * GGML_BYTES[kv]
+            sets = max(1, math.ceil(2 * llc / set_bytes))
+        cmd = [str(GGML_PEER)] + ggml_dims(s) + ["--kv-type", kv, "--threads", str(threads),
+                                                 "--reps", str(row["attn"]["reps"]), "--sets", str(sets)]
+        log("  $ " + " ".join(cmd))
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            row["ggml_error"] = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+            log(f"    ggml failed: {row['ggml_error']}")
+            continue
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        row["ggml_s"], row["ggml_kv"], row["ggml_sets"] = r["seconds"], kv, r["sets"]
+        version = f"ggml {r['ggml']} ({r['ggml_commit']}, from {GGML_PIN})"
+    return version
+
+
+def ggml_dims(s):
+    """The row's dimensions for bench/ggml_peer: attn's flags less --paged (ggml has no paged layout: D3 runs a
+    padded batch whose keys past each sequence's length are masked, which ggml's kernel skips unread)."""
+    a = ["--batch", s["B"], "--heads", s["Hq"], "--kv-heads", s["Hkv"], "--q-len", s["Sq"], "--kv-len", s["Skv"],
+         "--head-dim", s["D"]]
+    if s["causal"]:
+        a.append("--causal")
+    if s["kv_min"]:
+        a += ["--kv-len-min", s["kv_min"]]
+    return [str(x) for x in a]
+
+
 # ---- the backward pass ----------------------------------------------------------------------------------
 
 BACKWARD_SHAPES = ("P1", "P2")  # the issue's goal: >= 1.5x PyTorch's backward on these
@@ -520,10 +584,13 @@ def pct(x):
 def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_pages, self_test):
     out = []
     ceil = next((r["attn"]["ceilings"] for r in rows if r["attn"]["ceilings"]), None)
-    ipex = any("ipex_s" in row or "ipex_error" in row for row in rows)
-    out.append("| shape | dtype | attn | PyTorch SDPA | PyTorch / attn | " + ("IPEX | IPEX / attn | " if ipex else "") +
+    # Peers timed in processes of their own after attn and PyTorch: a column pair each where they ran.
+    peers = [(name, key) for name, key in (("IPEX", "ipex"), ("ggml", "ggml"))
+             if any(f"{key}_s" in row or f"{key}_error" in row for row in rows)]
+    out.append("| shape | dtype | attn | PyTorch SDPA | PyTorch / attn | " +
+               "".join(f"{name} | {name} / attn | " for name, _ in peers) +
                "attn rate | attn % of ceiling | PyTorch rate | PyTorch % of ceiling | attn extra RSS |")
-    out.append("|---|---|---|---|---|" + ("---|---|" if ipex else "") + "---|---|---|---|---|")
+    out.append("|---|---|---|---|---|" + "---|---|" * len(peers) + "---|---|---|---|---|")
     for row in rows:
         r = row["attn"]
         t = row["torch_s"]
@@ -531,13 +598,13 @@ def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_p
         a_rate, a_frac = throughput(r, r["time_median_s"])
         p_rate, p_frac = throughput(r, t)
         extra = r["extra_rss_bytes"] / 2**20
-        ipex_cols = ""
-        if ipex:
-            x = row.get("ipex_s")
-            ipex_cols = (f"{fmt_time(x)} | " + (f"{x / r['time_median_s']:.2f}× | " if x else
-                                                ("error | " if row.get("ipex_error") else "— | ")))
+        peer_cols = ""
+        for _, key in peers:
+            x = row.get(f"{key}_s")
+            peer_cols += (f"{fmt_time(x)} | " + (f"{x / r['time_median_s']:.2f}× | " if x else
+                                                 ("error | " if row.get(f"{key}_error") else "— | ")))
         out.append(f"| {row['shape']} | {row['config']} | {fmt_time(r['time_median_s'])} | {fmt_time(t)} | {ratio} | "
-                   f"{ipex_cols}{a_rate} | {pct(a_frac)} | {p_rate} | {pct(p_frac)} | {extra:.1f} MiB |")
+                   f"{peer_cols}{a_rate} | {pct(a_frac)} | {p_rate} | {pct(p_frac)} | {extra:.1f} MiB |")
     head = ["**Self-test on tiny shapes with quick ceilings: the numbers mean nothing.**"] if self_test else []
     head += [f"Machine: {info.get('brand') or info.get('vendor')}; {threads} threads for both; attn kernel "
             f"{info['active_isa']} (best {info['best_isa']}); PyTorch {torch_version or 'not installed'}."]
@@ -628,6 +695,10 @@ def main(argv):
     ap.add_argument("--install-ipex", action="store_true",
                     help="pip-install Intel Extension for PyTorch (with the torch it pins) into bench/.venv-ipex")
     ap.add_argument("--no-ipex", action="store_true", help="do not run IPEX even if bench/.venv-ipex exists")
+    ap.add_argument("--install-ggml", action="store_true",
+                    help="fetch llama.cpp's sources (llama-cpp-python sdist, PyPI) and build bench/ggml_peer into "
+                         "bench/.ggml")
+    ap.add_argument("--no-ggml", action="store_true", help="do not run ggml even if bench/.ggml is built")
     ap.add_argument("--out-dir", default=str(BENCH_DIR), help="where results.md/.json and scaling.png go")
     ap.add_argument("--out", default=None, help="markdown table path (default: OUT_DIR/results.md)")
     ap.add_argument("--no-huge-pages", action="store_true",
@@ -643,8 +714,10 @@ def main(argv):
         log(f"creating {IPEX_VENV} and installing {' '.join(IPEX_PINS)} (PyPI)")
         subprocess.check_call([sys.executable, "-m", "venv", str(IPEX_VENV)])
         subprocess.check_call([str(IPEX_VENV / "bin" / "python"), "-m", "pip", "install", "-q"] + IPEX_PINS)
+    if args.install_ggml:
+        install_ggml()
     if args.install_torch:
-        install_torch([a for a in argv if a != "--install-ipex"])
+        install_torch([a for a in argv if a not in ("--install-ipex", "--install-ggml")])
     if not args.no_huge_pages:
         # attn bench asks for transparent huge pages for buffers of 2 MiB and more; PyTorch's CPU allocator
         # does the same when this is set (read when torch loads).
@@ -699,6 +772,13 @@ def main(argv):
                               "ipex.llm.modules.PagedAttention.single_query_cached_kv_attention over a paged cache "
                               "(pages of 16, scattered; ragged lengths for D3); IPEX has no 8-bit KV attention, so "
                               "the int8 rows run in the Q dtype.")
+    if rows and not args.no_ggml and not args.self_test and GGML_PEER.exists():
+        version = run_ggml(rows, shapes_table, threads, info.get("l3_bytes") or 0)
+        if version:
+            peer_notes.append(f"{version}, built with -march=native and OpenMP: ggml_flash_attn_ext on the CPU "
+                              "backend, in llama.cpp's layout (Q f32; K/V in the cache type llama.cpp's -ctk/-ctv "
+                              "would take: f32, bf16, f16, and q8_0 for the int8 rows; an f16 mask for causal and "
+                              "ragged rows); D3 runs a padded batch whose masked keys ggml skips unread.")
 
     points = []
     if not args.no_scaling:
