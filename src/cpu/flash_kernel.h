@@ -28,10 +28,14 @@ constexpr int W = Vec::W;
 constexpr int QV_MAX = 4;                  // query vectors per block, at most
 constexpr std::int64_t BR = QV_MAX * W;    // query lanes per block, at most
 constexpr std::int64_t BC = 64;            // keys per tile
-// Keys per step of the Sᵀ micro-kernel and value dims per step of the Oᵀ micro-kernel (R x QV accumulators
-// plus QV + 1 operands in registers; with AVX-512's 32 registers, 6 x 4 measured 6-8% faster than 4 x 4).
-constexpr int RK = W == 16 ? 6 : 2;
-constexpr int RD = W == 16 ? 6 : 2;
+// Keys per step of the Sᵀ micro-kernel and value dims per step of the Oᵀ micro-kernel: R x QV accumulators plus
+// QV + 1 operands in registers. Enough accumulators must be in flight to cover the FMA latency (4 cycles, 2 per
+// cycle: 8 at least). AVX-512's 32 registers: 6 x 4 (measured 6-8% faster than 4 x 4). 16 registers (AVX2, SSE2):
+// 3 x 4, one operand reloaded (2 x 4 left the FMA units half idle: the micro-kernel alone ran at 50% of the FMA
+// peak on Zen 3, 3 x 4 at 85-95%). The leftover keys or dims take steps of RT, then 1.
+constexpr int RK = W == 16 ? 6 : 3;
+constexpr int RD = W == 16 ? 6 : 3;
+constexpr int RT = W == 16 ? 4 : 2;
 
 // The lanes of one block: lane r holds query row i[r] of query head h[r]. All heads of a block share
 // one KV head, so a long prefill fills the lanes with BR rows of one head, and a decode step (or any
@@ -147,7 +151,7 @@ inline void scores(const float* qt, const float* const* k, std::int64_t dk, std:
   const V m = Vec::set1(mult);
   std::int64_t c = 0;
   for (; c + RK <= cols; c += RK) scores_step<QV, RK>(qt, k, dk, st, c, m);
-  for (; c + 4 <= cols; c += 4) scores_step<QV, 4>(qt, k, dk, st, c, m);
+  for (; c + RT <= cols; c += RT) scores_step<QV, RT>(qt, k, dk, st, c, m);
   for (; c < cols; ++c) scores_step<QV, 1>(qt, k, dk, st, c, m);
 }
 
@@ -159,7 +163,7 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
   for (int v = 0; v < QV; ++v) a[v] = Vec::load(alpha + v * W);
   std::int64_t d = 0;
   for (; d + RD <= dv; d += RD) pv_step<QV, RD>(pt, vrows, cols, a, ot, d);
-  for (; d + 4 <= dv; d += 4) pv_step<QV, 4>(pt, vrows, cols, a, ot, d);
+  for (; d + RT <= dv; d += RT) pv_step<QV, RT>(pt, vrows, cols, a, ot, d);
   for (; d < dv; ++d) pv_step<QV, 1>(pt, vrows, cols, a, ot, d);
 }
 
