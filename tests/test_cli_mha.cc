@@ -44,6 +44,9 @@ TEST(CostCli, SeedsNumbers) {
   EXPECT_TRUE(has(r.out, "= 20.97 GB")) << r.out;
   r = cli({"kv-size", "--layers", "1", "--kv-heads", "1", "--head-dim", "4", "--seq", "10", "--batch", "3", "--dtype", "fp8"});
   EXPECT_TRUE(has(r.out, "= 240 bytes")) << r.out;
+  r = cli({"kv-size", "--layers", "1", "--kv-heads", "1", "--head-dim", "4", "--seq", "10", "--batch", "3", "--dtype", "int8"});
+  EXPECT_TRUE(has(r.out, "= 480 bytes")) << r.out;  // 240 + 2 x 10 x 3 fp32 scales
+  EXPECT_TRUE(has(r.out, "fp32 scales")) << r.out;
   r = cli({"params", "--d-model", "512", "--heads", "8"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.out, "parameters of one attention layer: 1048576")) << r.out;
@@ -67,7 +70,7 @@ TEST(CostCli, BadInputNamesTheOption) {
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r.err, "--seq: 0; expected")) << r.err;
   r = cli({"kv-size", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--seq", "9", "--dtype", "f64"});
-  EXPECT_TRUE(has(r.err, "--dtype: 'f64'; expected f32, f16, bf16 or fp8")) << r.err;
+  EXPECT_TRUE(has(r.err, "--dtype: 'f64'; expected f32, f16, bf16, fp8 or int8")) << r.err;
   r = cli({"flops", "--seq", "10", "--d-model", "30", "--heads", "4"});
   EXPECT_TRUE(has(r.err, "--head-dim: not given")) << r.err;
   r = cli({"flops", "--help"});

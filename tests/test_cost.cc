@@ -83,6 +83,9 @@ TEST(Cost, KvCacheSizeMatchesTheSeeds) {
   EXPECT_NEAR(bytes / 1e9, 21.0, 0.05);  // "GQA-8: 21 GB"
   ASSERT_TRUE(kv_cache_bytes({80, 8, 128, 64000, 4, KvDType::fp8}, &bytes).ok());
   EXPECT_DOUBLE_EQ(bytes, 167772160000.0 / 8 * 4 / 2);
+  // int8: fp8's bytes plus an fp32 scale per (token, KV head) for K and V: 2 · 80 · 8 · 64000 · 4 · 4 more.
+  ASSERT_TRUE(kv_cache_bytes({80, 8, 128, 64000, 4, KvDType::int8}, &bytes).ok());
+  EXPECT_DOUBLE_EQ(bytes, 167772160000.0 / 8 * 4 / 2 + 2.0 * 80 * 8 * 64000 * 4 * 4);
   const Status s = kv_cache_bytes({80, 8, 0, 64000, 1, KvDType::f32}, &bytes);
   EXPECT_NE(s.message().find("head_dim"), std::string::npos) << s.message();
 }

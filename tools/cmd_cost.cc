@@ -51,7 +51,8 @@ Status parse_dtype(const std::string& text, KvDType* dtype) {
   else if (text == "f16") *dtype = KvDType::f16;
   else if (text == "bf16") *dtype = KvDType::bf16;
   else if (text == "fp8") *dtype = KvDType::fp8;
-  else return Status::Invalid("--dtype", "'" + text + "'; expected f32, f16, bf16 or fp8");
+  else if (text == "int8" || text == "i8") *dtype = KvDType::int8;
+  else return Status::Invalid("--dtype", "'" + text + "'; expected f32, f16, bf16, fp8 or int8");
   return Status::Ok();
 }
 
@@ -106,7 +107,11 @@ Status kv_size(const KvArgs& a, std::ostream& out) {
   if (Status s = kv_cache_bytes(shape, &bytes); !s) return options(s);
   out << "KV cache: 2 (K, V) x " << a.layers << " layers x " << a.kv_heads << " KV heads x " << a.head_dim
       << " dims x " << a.seq << " tokens x batch " << a.batch << " x " << kv_dtype_bytes(shape.dtype) << " B ("
-      << a.dtype << ")\n";
+      << a.dtype << ")";
+  if (shape.dtype == KvDType::int8)
+    out << "\n  + 2 (K, V) x " << a.layers << " x " << a.kv_heads << " x " << a.seq << " x " << a.batch
+        << " fp32 scales (one per token and KV head)";
+  out << "\n";
   out << "  = " << fmt("%.0f", bytes) << " bytes = " << fmt("%.2f", bytes / 1e9) << " GB = "
       << fmt("%.2f", bytes / (1024.0 * 1024 * 1024)) << " GiB\n";
   return Status::Ok();
@@ -153,7 +158,7 @@ void add_cost_commands(CLI::App& app, std::ostream& out) {
   kc->add_option("--head-dim", k->head_dim, "Head dim")->required();
   kc->add_option("--seq", k->seq, "Tokens cached")->required();
   kc->add_option("--batch", k->batch, "Sequences (default 1)");
-  kc->add_option("--dtype", k->dtype, "f32, f16 (default), bf16 or fp8");
+  kc->add_option("--dtype", k->dtype, "f32, f16 (default), bf16, fp8 or int8 (attn's 8-bit cache: + an fp32 scale per token and KV head)");
   on_run(kc, [k, &out] { return kv_size(*k, out); });
 
   auto p = std::make_shared<ParamsArgs>();

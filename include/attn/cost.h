@@ -60,10 +60,13 @@ struct ParamShape {
 };
 Status parameter_count(const ParamShape& shape, std::int64_t* count);
 
-enum class KvDType { f32, f16, bf16, fp8 };
-std::int64_t kv_dtype_bytes(KvDType dtype);  // 4, 2, 2, 1
+// int8: attn's 8-bit cache (KVCache / PagedKVCache with DType::i8): one byte per element plus an fp32 scale per
+// (token, KV head) for K and for V.
+enum class KvDType { f32, f16, bf16, fp8, int8 };
+std::int64_t kv_dtype_bytes(KvDType dtype);  // bytes per element: 4, 2, 2, 1, 1
 
-// KV-cache bytes: 2 (K and V) · layers · kv_heads · head_dim · seq · batch · bytes per element.
+// KV-cache bytes: 2 (K and V) · layers · kv_heads · seq · batch · (head_dim · bytes per element + scale bytes),
+// the scale bytes 4 for int8 and 0 otherwise.
 struct KvCacheShape {
   std::int64_t layers = 0, kv_heads = 0, head_dim = 0, seq = 0, batch = 1;
   KvDType dtype = KvDType::f16;

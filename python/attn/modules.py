@@ -355,14 +355,15 @@ def parameter_count(d_model, heads, kv_heads=None, head_dim=None, v_head_dim=Non
     return _call(_attn.parameter_count, *args, names={})
 
 
-_KV_DTYPES = ("f32", "f16", "bf16", "fp8")
+_KV_DTYPES = ("f32", "f16", "bf16", "fp8", "int8")
 
 
 def kv_cache_bytes(layers, kv_heads, head_dim, seq, batch=1, dtype="f16"):
-    """2 (K and V) · layers · kv_heads · head_dim · seq · batch · bytes per element of dtype
-    ('f32', 'f16', 'bf16' or 'fp8')."""
+    """2 (K and V) · layers · kv_heads · seq · batch · (head_dim · bytes per element of dtype + scale bytes):
+    dtype 'f32', 'f16', 'bf16', 'fp8' or 'int8' (attn's 8-bit cache, KVCache(dtype="int8"): 1 byte per element and
+    an fp32 scale per token and KV head)."""
     if not isinstance(dtype, str) or dtype not in _KV_DTYPES:
         raise (ValueError if isinstance(dtype, str) else TypeError)(
-            f"dtype: {dtype!r}; expected 'f32', 'f16', 'bf16' or 'fp8'")
+            f"dtype: {dtype!r}; expected 'f32', 'f16', 'bf16', 'fp8' or 'int8'")
     return _call(_attn.kv_cache_bytes, _int("layers", layers), _int("kv_heads", kv_heads), _int("head_dim", head_dim),
                  _int("seq", seq), _int("batch", batch), dtype, names={})

@@ -262,7 +262,8 @@ double kv_cache_bytes(std::int64_t layers, std::int64_t kv_heads, std::int64_t h
   else if (dtype == "f16") shape.dtype = attn::KvDType::f16;
   else if (dtype == "bf16") shape.dtype = attn::KvDType::bf16;
   else if (dtype == "fp8") shape.dtype = attn::KvDType::fp8;
-  else throw nb::value_error(("dtype: '" + dtype + "'; expected 'f32', 'f16', 'bf16' or 'fp8'").c_str());
+  else if (dtype == "int8") shape.dtype = attn::KvDType::int8;
+  else throw nb::value_error(("dtype: '" + dtype + "'; expected 'f32', 'f16', 'bf16', 'fp8' or 'int8'").c_str());
   double bytes = 0;
   check(attn::kv_cache_bytes(shape, &bytes));
   return bytes;

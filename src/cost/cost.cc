@@ -101,7 +101,8 @@ std::int64_t kv_dtype_bytes(KvDType dtype) {
     case KvDType::f32: return 4;
     case KvDType::f16:
     case KvDType::bf16: return 2;
-    case KvDType::fp8: return 1;
+    case KvDType::fp8:
+    case KvDType::int8: return 1;
   }
   return 0;
 }
@@ -112,8 +113,10 @@ Status kv_cache_bytes(const KvCacheShape& s, double* bytes) {
   if (Status st = positive("head_dim", s.head_dim, "a head dim"); !st) return st;
   if (Status st = positive("seq", s.seq, "a sequence length"); !st) return st;
   if (Status st = positive("batch", s.batch, "a batch size"); !st) return st;
-  *bytes = 2.0 * static_cast<double>(s.layers) * static_cast<double>(s.kv_heads) * static_cast<double>(s.head_dim) *
-           static_cast<double>(s.seq) * static_cast<double>(s.batch) * static_cast<double>(kv_dtype_bytes(s.dtype));
+  const double row_bytes = static_cast<double>(s.head_dim) * static_cast<double>(kv_dtype_bytes(s.dtype)) +
+                           (s.dtype == KvDType::int8 ? 4.0 : 0.0);  // + the row's fp32 scale
+  *bytes = 2.0 * static_cast<double>(s.layers) * static_cast<double>(s.kv_heads) * static_cast<double>(s.seq) *
+           static_cast<double>(s.batch) * row_bytes;
   return Status::Ok();
 }
 

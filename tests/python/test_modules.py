@@ -51,6 +51,8 @@ def test_cost_model_numbers_of_the_seeds():
     assert attn.parameter_count(512, 8) == 1_048_576
     assert attn.kv_cache_bytes(80, 64, 128, 64000, dtype="f16") == 167_772_160_000
     assert round(attn.kv_cache_bytes(80, 8, 128, 64000, dtype="f16") / 1e9, 2) == 20.97
+    # the 8-bit cache: a byte per element and an fp32 scale per token and KV head, for K and for V
+    assert attn.kv_cache_bytes(2, 8, 128, 1000, batch=3, dtype="int8") == 2 * 2 * 8 * 1000 * 3 * (128 + 4)
     c = attn.attention_cost(4096, 8192, 64)
     assert c["dominant"] == "QKV projections"
     assert c["crossover_seq"] == pytest.approx(2 * 8192)
