@@ -120,6 +120,28 @@ def _float_dtype(name, x, like=None, like_dtype=None):
     return dtype
 
 
+def _kv_int8(kind, key, value, k_scale, v_scale, names):
+    """Whether key and value are int8 (an 8-bit KV cache: row j of head h is k_scale[.., h, j] · key[.., h, j, :],
+    likewise for value); then both must be int8 and the scales of the call's kind (their dtype and shape are the
+    library's checks). Otherwise no scale may be given. names: the Python names of key and value."""
+    kn, vn = names
+    kd, vd = _dtype_name(key), _dtype_name(value)
+    if "int8" not in (kd, vd):
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if s is not None:
+                raise TypeError(f"{name}: is set for {kd} {kn}; expected it only with int8 {kn} and {vn}")
+        return False
+    if kd != vd:
+        name, dtype = (vn, vd) if kd == "int8" else (kn, kd)
+        raise TypeError(f"{name}: dtype {dtype}; expected int8 like {kn if name == vn else vn} (an 8-bit KV cache)")
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if s is not None:
+            _array(name, s, kind, "query")
+            if _dtype_name(s) != "float32":
+                raise TypeError(f"{name}: dtype {_dtype_name(s)}; expected float32 (a scale per row of {kn})")
+    return True
+
+
 def _rank(name, x, ranks, expected):
     """x.ndim must be in ranks; `expected` describes them ("4 ([B, H, S, D])")."""
     if x.ndim not in ranks:
@@ -367,7 +389,8 @@ def _scale(scale):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, causal_alignment=None, kv_lens=None, window=None,
-                                 return_lse=False, softcap=0.0, alibi_slopes=None, sinks=None, seed=None):
+                                 return_lse=False, softcap=0.0, alibi_slopes=None, sinks=None, seed=None,
+                                 k_scale=None, v_scale=None):
     """softmax(scale · query keyᵀ + mask) value, with torch.nn.functional.scaled_dot_product_attention's
     signature and semantics where the names match.
 
@@ -413,6 +436,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 denominator and carries no value (-inf = none); lse includes it. A torch tensor that
                 requires grad gets its gradient through the autograd path.
 
+    k_scale, v_scale  float32 [B, Hkv, Skv] ([Hkv, Skv] unbatched): with key and value of dtype int8 (an 8-bit KV
+                cache, as attn.KVCache(dtype="int8") stores it), row j of key head h is k_scale[b, h, j] · key[b, h, j, :]
+                and likewise for value; the rows are widened in the kernel's registers (no float copy is made).
+                Inference only: no autograd (a torch query that requires grad gets a result that does not) and
+                no torch.compile graph (the call runs eagerly).
+
     A row with no allowed key gets out = 0 and lse = -inf (lse = the sink with sinks; PyTorch's math
     path gives NaN or 0).
 
@@ -424,8 +453,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     _array("key", key, kind, "query")
     _array("value", value, kind, "query")
     qdtype = _float_dtype("query", query)
-    _float_dtype("key", key, "query", qdtype)
-    _float_dtype("value", value, "query", qdtype)
+    int8_kv = _kv_int8(kind, key, value, k_scale, v_scale, ("key", "value"))
+    if not int8_kv:
+        _float_dtype("key", key, "query", qdtype)
+        _float_dtype("value", value, "query", qdtype)
     _rank("query", query, (3, 4), "4 ([B, H, S, D]) or 3 ([H, S, D])")
     for name, x in (("key", key), ("value", value)):
         _rank(name, x, (query.ndim,), f"rank {query.ndim} like query")
@@ -449,7 +480,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     batched = query.ndim == 4
     q, k, v = (x if batched else _lead1(x) for x in (query, key, value))
     options = (mask, lens, scale, causal, left, right, align, softcap, slopes)
-    if kind == "torch":
+    if int8_kv:  # the library's forward, eagerly, for either kind (the torch operators take float K/V)
+        scales = tuple(None if s is None else (s if batched or s.ndim != 2 else _lead1(s)) for s in (k_scale, v_scale))
+        if kind == "torch":  # the binding's seed is an int: the operators' (low, high) seed tensor joined
+            drop = (drop[0], 0 if drop[1] is None else int(drop[1][0]) | int(drop[1][1]) << 32)
+        out, lse = _forward(kind, q, k, v, options, return_lse, qdtype == "bfloat16", sinks_in, drop, scales)
+    elif kind == "torch":
         # torch.ops.attn.sdpa: one operator for eager, autograd, torch.compile and torch.export. sinks that
         # require grad go as given (float32, or cast within the graph), so that their gradient reaches them.
         if sinks is not None and _wants_grad(sinks):
@@ -468,15 +504,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return (out, lse) if return_lse else out
 
 
-def _forward(kind, q, k, v, options, return_lse, bf16_bits=False, sinks=None, drop=(0.0, 0)):
+def _forward(kind, q, k, v, options, return_lse, bf16_bits=False, sinks=None, drop=(0.0, 0), scales=(None, None)):
     """out (and lse when asked, else None) of 4-D q, k, v, allocated as q's kind. options: the binding's
     (mask, kv_lens, scale, causal, window_left, window_right, window_align, softcap, alibi_slopes); drop:
-    (dropout_p, seed)."""
+    (dropout_p, seed); scales: (k_scale, v_scale) of int8 k and v."""
     b, hq, sq, _ = q.shape
     out = _empty(kind, q, (b, hq, sq, v.shape[-1]))
     lse = _empty(kind, q, (b, hq, sq), "float32") if return_lse else None
     _call(_attn.attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse, *options[:7],
-          bf16_bits, *options[7:], sinks, *drop)
+          bf16_bits, *options[7:], sinks, *drop, *(None if s is None else _for_binding(s) for s in scales))
     return out, lse
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _attn
 from .functional import (_array, _as_tensor, _call, _diagonals, _dtype_name, _empty, _flag, _float_dtype, _for_binding,
-                         _int, _ints, _is_tensor, _lengths, _mask, _ops, _per_head, _rank, _scale, _softcap)
+                         _int, _ints, _is_tensor, _kv_int8, _lengths, _mask, _ops, _per_head, _rank, _scale, _softcap)
 
 _WEIGHTS = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
 # C++ parameter names -> the Python ones, per function family.
@@ -282,7 +282,7 @@ class PagedKVCache:
 
 def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=None, is_causal=False,
                     causal_alignment=None, scale=None, window=None, return_lse=False, softcap=0.0, alibi_slopes=None,
-                    sinks=None):
+                    sinks=None, k_scale=None, v_scale=None):
     """attn.scaled_dot_product_attention over a paged KV cache (vLLM's and FlashInfer's layout):
     query [B, Hq, Sq, Dk], k_pages [P, Hkv, page_size, Dk], v_pages [P, Hkv, page_size, Dv],
     page_table [B, max_pages] (page n of sequence b), seq_lens [B] (keys j >= seq_lens[b] are ignored).
@@ -297,13 +297,19 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
     after a range check). bool and float dtypes are TypeErrors. attn_mask, is_causal, causal_alignment,
     scale, window, softcap, alibi_slopes and sinks mean what they mean for scaled_dot_product_attention,
     with Skv = max_pages · page_size. No autograd: the result does not require grad.
+
+    k_pages and v_pages may instead be int8 with k_scale and v_scale, float32 [P, Hkv, page_size]: an 8-bit
+    paged cache (attn.PagedKVCache(dtype="int8")), row s of page p being k_scale[p, h, s] · k_pages[p, h, s, :];
+    the rows are widened in registers, and the call runs eagerly for torch tensors.
     """
     kind = _array("query", query)
     _array("k_pages", k_pages, kind, "query")
     _array("v_pages", v_pages, kind, "query")
     qdtype = _float_dtype("query", query)
-    kdtype = _float_dtype("k_pages", k_pages)
-    _float_dtype("v_pages", v_pages, "k_pages", kdtype)
+    int8_kv = _kv_int8(kind, k_pages, v_pages, k_scale, v_scale, ("k_pages", "v_pages"))
+    kdtype = "int8" if int8_kv else _float_dtype("k_pages", k_pages)
+    if not int8_kv:
+        _float_dtype("v_pages", v_pages, "k_pages", kdtype)
     _rank("query", query, (4,), "4 ([B, Hq, Sq, Dk])")
     _rank("k_pages", k_pages, (4,), "4 ([P, Hkv, page_size, Dk])")
     _rank("v_pages", v_pages, (4,), "4 ([P, Hkv, page_size, Dv])")
@@ -318,7 +324,7 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
     softcap = _softcap(softcap)
     slopes = _per_head("alibi_slopes", alibi_slopes, kind, grad_ok=False)
     sinks = _per_head("sinks", sinks, kind, grad_ok=False)
-    if kind == "torch":  # torch.ops.attn.sdpa_paged, traceable by torch.compile and torch.export
+    if kind == "torch" and not int8_kv:  # torch.ops.attn.sdpa_paged, traceable by torch.compile and torch.export
         ops = _ops()
         op = ops.sdpa_paged_eager if ops.direct(query, k_pages, v_pages) else ops.sdpa_paged
         out, lse = _call(op, query, k_pages, v_pages, _as_tensor(table), _as_tensor(lens), mask, scale,
@@ -330,7 +336,7 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
     bf16_bits = kind == "numpy" and "bfloat16" in (qdtype, kdtype)
     _call(_attn.attention_paged, _for_binding(query), _for_binding(k_pages), _for_binding(v_pages), table, lens,
           _for_binding(out), lse, mask, scale, causal, left, right, align, bf16_bits, softcap, slopes, sinks,
-          names=_PAGED_NAMES)
+          *(None if s is None else _for_binding(s) for s in (k_scale, v_scale)), names=_PAGED_NAMES)
     return (out, lse) if return_lse else out
 
 

@@ -64,6 +64,7 @@ attn::DType to_dtype(const std::string& name, nb::dlpack::dtype dt, bool bf16_bi
         if (dt.bits == 8) return attn::DType::boolean;
         break;
       case Code::Int:
+        if (dt.bits == 8) return attn::DType::i8;  // 8-bit K/V (with k_scale and v_scale)
         if (dt.bits == 32) return attn::DType::i32;
         if (dt.bits == 64) return attn::DType::i64;
         break;
@@ -71,7 +72,7 @@ attn::DType to_dtype(const std::string& name, nb::dlpack::dtype dt, bool bf16_bi
     }
   }
   throw nb::type_error((name + ": dtype " + dlpack_name(dt) +
-                        " is not one attn handles; expected float32, bfloat16, float16, bool, int32 or int64")
+                        " is not one attn handles; expected float32, bfloat16, float16, bool, int8, int32 or int64")
                            .c_str());
 }
 
@@ -157,9 +158,11 @@ void attention(const In& q, const In& k, const In& v, const Out& out, const std:
                const std::optional<In>& mask, const std::optional<In>& kv_lens, std::optional<double> scale,
                const std::string& causal, std::int64_t window_left, std::int64_t window_right,
                const std::string& window_align, bool bf16_bits, double softcap, const std::optional<In>& alibi_slopes,
-               const std::optional<In>& sinks, double dropout_p, std::uint64_t seed) {
-  const attn::Params p = to_params(mask, kv_lens, scale, causal, window_left, window_right, window_align,
-                                   {softcap, alibi_slopes, sinks, dropout_p, seed});
+               const std::optional<In>& sinks, double dropout_p, std::uint64_t seed, const std::optional<In>& k_scale,
+               const std::optional<In>& v_scale) {
+  attn::Params p = to_params(mask, kv_lens, scale, causal, window_left, window_right, window_align,
+                             {softcap, alibi_slopes, sinks, dropout_p, seed});
+  p.k_scale = to_view("k_scale", k_scale), p.v_scale = to_view("v_scale", v_scale);
   const attn::TensorView qv = to_view("q", q, bf16_bits), kv = to_view("k", k, bf16_bits),
                          vv = to_view("v", v, bf16_bits), ov = to_view("out", out, bf16_bits);
   const std::optional<attn::TensorView> lv = to_view("lse", lse);
@@ -207,9 +210,11 @@ void attention_paged(const In& q, const In& k_pages, const In& v_pages, const In
                      const Out& out, const std::optional<Out>& lse, const std::optional<In>& mask,
                      std::optional<double> scale, const std::string& causal, std::int64_t window_left,
                      std::int64_t window_right, const std::string& window_align, bool bf16_bits, double softcap,
-                     const std::optional<In>& alibi_slopes, const std::optional<In>& sinks) {
-  const attn::Params p = to_params(mask, std::nullopt, scale, causal, window_left, window_right, window_align,
-                                   {softcap, alibi_slopes, sinks});
+                     const std::optional<In>& alibi_slopes, const std::optional<In>& sinks,
+                     const std::optional<In>& k_scale, const std::optional<In>& v_scale) {
+  attn::Params p = to_params(mask, std::nullopt, scale, causal, window_left, window_right, window_align,
+                             {softcap, alibi_slopes, sinks});
+  p.k_scale = to_view("k_scale", k_scale), p.v_scale = to_view("v_scale", v_scale);
   const attn::TensorView qv = to_view("q", q, bf16_bits), kv = to_view("k_pages", k_pages, bf16_bits),
                          vv = to_view("v_pages", v_pages, bf16_bits), tv = to_view("page_table", page_table),
                          sv = to_view("seq_lens", seq_lens), ov = to_view("out", out, bf16_bits);
@@ -290,7 +295,8 @@ NB_MODULE(_attn, m) {
         nb::arg("mask").none(), nb::arg("kv_lens").none(), nb::arg("scale").none(), nb::arg("causal"),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("window_align"), nb::arg("bf16_bits") = false,
         nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
-        nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0,
+        nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0, nb::arg("k_scale").none() = nb::none(),
+        nb::arg("v_scale").none() = nb::none(),
         "attn::attention(q, k, v, out, params, lse): writes out (and lse) in place.");
   m.def("attention_backward", &attention_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("grad_out"), nb::arg("grad_q"), nb::arg("grad_k"), nb::arg("grad_v"),
@@ -304,6 +310,7 @@ NB_MODULE(_attn, m) {
         nb::arg("scale").none(), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
         nb::arg("window_align"), nb::arg("bf16_bits") = false, nb::arg("softcap") = 0.0,
         nb::arg("alibi_slopes").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
+        nb::arg("k_scale").none() = nb::none(), nb::arg("v_scale").none() = nb::none(),
         "attn::attention_paged: writes out (and lse) in place.");
   m.def("attention_cost", &attention_cost, nb::arg("seq"), nb::arg("d_model"), nb::arg("heads"), nb::arg("kv_heads"),
         nb::arg("head_dim"), nb::arg("v_head_dim"), nb::arg("causal"), nb::arg("batch"), nb::arg("bytes_per_element"));

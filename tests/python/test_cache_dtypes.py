@@ -61,3 +61,98 @@ def test_int8_cache_refuses_non_finite_values_and_unknown_dtypes():
     assert len(cache) == 0
     with pytest.raises(ValueError, match="^dtype: 'int4'"):
         attn.KVCache(2, 8, 4, dtype="int4")
+
+
+# ---- int8 K/V as inputs: scaled_dot_product_attention and attention_paged with k_scale / v_scale ----------------
+
+def quantise(x):
+    """Per-row symmetric int8 of x [..., S, D] (the caches' rule): (int8 rows, float32 scales [..., S])."""
+    scale = (np.abs(x).max(-1) / 127).astype(np.float32)
+    safe = np.where(scale > 0, scale, 1).astype(np.float32)
+    return np.clip(np.rint(x / safe[..., None]), -127, 127).astype(np.int8), scale
+
+
+def exact_attention(q, k, v, causal=False):
+    """fp64 attention of q [B, Hq, Sq, D] over k, v [B, Hkv, Skv, D] (GQA by repeat; causal bottom-right)."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
+    if causal:
+        sq, sk = q.shape[2], k.shape[2]
+        s = np.where(np.arange(sk)[None, :] <= np.arange(sq)[:, None] + sk - sq, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("sq,causal", [(1, False), (7, True), (113, False)])
+def test_sdpa_int8_kv_matches_fp64_on_the_dequantised_values(sq, causal):
+    """The 8-bit rows are exact inputs: the result is fp32 attention over scale · int8, to fp32 rounding."""
+    rng = np.random.default_rng(sq)
+    b, hq, hkv, skv, d = 2, 4, 2, 203, 32
+    q = uniform(rng, (b, hq, sq, d), amp=2.0)
+    k8, ks = quantise(uniform(rng, (b, hkv, skv, d), amp=2.0))
+    v8, vs = quantise(uniform(rng, (b, hkv, skv, d)))
+    out = np.full((b, hq, sq, d), np.nan, np.float32)
+    out[...] = attn.scaled_dot_product_attention(q, k8, v8, is_causal=causal, enable_gqa=True,
+                                                 causal_alignment="bottom_right", k_scale=ks, v_scale=vs)
+    exact = exact_attention(q, k8 * ks[..., None].astype(np.float64), v8 * vs[..., None].astype(np.float64), causal)
+    assert np.isfinite(out).all()
+    assert np.abs(out - exact).max() <= 1e-5 * np.abs(exact).max()
+
+
+def test_sdpa_int8_kv_unbatched_and_torch_give_the_same_bits():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    q = uniform(rng, (4, 9, 16))
+    k8, ks = quantise(uniform(rng, (2, 33, 16)))
+    v8, vs = quantise(uniform(rng, (2, 33, 16)))
+    a = attn.scaled_dot_product_attention(q, k8, v8, enable_gqa=True, k_scale=ks, v_scale=vs)
+    t = attn.scaled_dot_product_attention(*(torch.from_numpy(x) for x in (q, k8, v8)), enable_gqa=True,
+                                          k_scale=torch.from_numpy(ks), v_scale=torch.from_numpy(vs))
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.shape == (4, 9, 16)
+    assert np.array_equal(t.numpy(), a)
+    batched = attn.scaled_dot_product_attention(q[None], k8[None], v8[None], enable_gqa=True, k_scale=ks[None],
+                                                v_scale=vs[None])
+    assert np.array_equal(batched[0], a)
+    # dropout: the same seed drops the same weights for either kind
+    a = attn.scaled_dot_product_attention(q, k8, v8, dropout_p=0.3, seed=7, enable_gqa=True, k_scale=ks, v_scale=vs)
+    t = attn.scaled_dot_product_attention(*(torch.from_numpy(x) for x in (q, k8, v8)), dropout_p=0.3, seed=7,
+                                          enable_gqa=True, k_scale=torch.from_numpy(ks), v_scale=torch.from_numpy(vs))
+    assert np.array_equal(t.numpy(), a)
+
+
+def test_attention_paged_int8_matches_the_contiguous_call():
+    rng = np.random.default_rng(9)
+    hq, hkv, d, page, pages = 4, 2, 16, 4, 12
+    k8, ks = quantise(uniform(rng, (pages, hkv, page, d), amp=2.0))
+    v8, vs = quantise(uniform(rng, (pages, hkv, page, d)))
+    table = np.array([[3, 7, 1], [10, 0, 5]], np.int32)
+    lens = np.array([11, 9], np.int32)
+    q = uniform(rng, (2, hq, 1, d))
+    out = attn.attention_paged(q, k8, v8, table, lens, k_scale=ks, v_scale=vs)
+    for b in range(2):
+        rows = lambda x: np.concatenate([x[p].swapaxes(0, 1) for p in table[b]])[:lens[b]].swapaxes(0, 1)[None]
+        want = attn.scaled_dot_product_attention(q[b:b + 1], rows(k8), rows(v8), enable_gqa=True, k_scale=rows(ks),
+                                                 v_scale=rows(vs))
+        assert np.array_equal(out[b:b + 1], want)
+
+
+def test_int8_kv_errors_name_the_parameter():
+    rng = np.random.default_rng(1)
+    q = uniform(rng, (1, 2, 3, 8))
+    k8, ks = quantise(uniform(rng, (1, 2, 5, 8)))
+    v8, vs = quantise(uniform(rng, (1, 2, 5, 8)))
+    sdpa = attn.scaled_dot_product_attention
+    with pytest.raises(ValueError, match="^k_scale: is missing"):
+        sdpa(q, k8, v8, v_scale=vs)
+    with pytest.raises(TypeError, match="^value: dtype float32; expected int8 like key"):
+        sdpa(q, k8, v8.astype(np.float32), k_scale=ks, v_scale=vs)
+    with pytest.raises(TypeError, match="^k_scale: is set for float32 key; expected it only with int8 key and value"):
+        sdpa(q, k8.astype(np.float32), v8.astype(np.float32), k_scale=ks)
+    with pytest.raises(TypeError, match="^v_scale: dtype float16; expected float32"):
+        sdpa(q, k8, v8, k_scale=ks, v_scale=vs.astype(np.float16))
+    with pytest.raises(ValueError, match="^k_scale: shape"):
+        sdpa(q, k8, v8, k_scale=ks[:, :, :4], v_scale=vs)
+    with pytest.raises(TypeError, match="^query: dtype int8"):
+        sdpa(k8, k8, v8, k_scale=ks, v_scale=vs)
