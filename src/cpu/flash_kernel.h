@@ -118,17 +118,54 @@ void tile_rows(const core::Problem& p, const core::Strided& t, const std::option
 // Per-thread scratch, all fp32 (bytes(): what one costs): Q as Qᵀ [Dk][BR] (lane-major blocks) or rows [BR][Dk] (row-major blocks),
 // converted K and V tiles [BC][D], Sᵀ/Pᵀ [BC][BR], O as Oᵀ [Dv][BR] or rows [BR][Dv], the state of each
 // lane (m, l, and the last tile's rescale factor α), and the row pointers of the current K and V tiles.
+// With a head cache of `cache_rows` rows (head_cache_rows: prefill from bf16, f16 or i8 K/V), also one KV head's
+// K and V rows widened to fp32 [cache_rows][D], which rows of it hold their values (`have`), and which head
+// (`head` = b·Hkv + hk, -1 for none; reset at the start of every call).
 struct Workspace {
-  AlignedVector<float> q, k, v, st, o, m, l, alpha;
+  AlignedVector<float> q, k, v, st, o, m, l, alpha, kh, vh;
+  std::vector<unsigned char> have;
+  std::int64_t head = -1;
   const float* krows[BC];
   const float* vrows[BC];
-  Workspace(std::int64_t dk, std::int64_t dv)
-      : q(dk * BR), k(BC * dk), v(BC * dv), st(BC * BR), o(dv * BR), m(BR), l(BR), alpha(BR) {}
-  static std::int64_t bytes(std::int64_t dk, std::int64_t dv) {
-    return static_cast<std::int64_t>(sizeof(float)) * (dk * BR + BC * dk + BC * dv + BC * BR + dv * BR + 3 * BR) +
-           static_cast<std::int64_t>(sizeof(Workspace));
+  Workspace(std::int64_t dk, std::int64_t dv, std::int64_t cache_rows = 0)
+      : q(dk * BR), k(BC * dk), v(BC * dv), st(BC * BR), o(dv * BR), m(BR), l(BR), alpha(BR), kh(cache_rows * dk),
+        vh(cache_rows * dv), have(static_cast<std::size_t>(cache_rows)) {}
+  static std::int64_t bytes(std::int64_t dk, std::int64_t dv, std::int64_t cache_rows = 0) {
+    return static_cast<std::int64_t>(sizeof(float)) *
+               (dk * BR + BC * dk + BC * dv + BC * BR + dv * BR + 3 * BR + cache_rows * (dk + dv)) +
+           cache_rows + static_cast<std::int64_t>(sizeof(Workspace));
   }
 };
+
+// The fp32 rows of a K and V tile for a lane-major (prefill) block: tile_rows, or with the thread's head cache
+// (ws.have non-empty), the cache's rows, widening on first use the rows no earlier block of this head (on this
+// thread) has used. Query blocks of one head then widen each key once per thread instead of once per block
+// (bf16 P2 at 2 threads: 15 % of the time went to widening tiles). Widening is the same conversion either way:
+// the same bits.
+template <class KVT>
+void kv_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, Workspace& ws) {
+  const std::int64_t dk = p.Dk, dv = p.Dv;
+  if (ws.have.empty()) {
+    tile_rows<KVT>(p, p.k, p.k_scale, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);  // K tile
+    tile_rows<KVT>(p, p.v, p.v_scale, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);  // V tile
+    return;
+  }
+  const std::int64_t head = lanes.b * p.Hkv + lanes.hk;
+  if (ws.head != head) std::fill(ws.have.begin(), ws.have.end(), 0), ws.head = head;
+  for (std::int64_t c = 0; c < cols;) {  // runs of rows not widened yet, widened into their slots
+    if (ws.have[static_cast<std::size_t>(j0 + c)]) {
+      ++c;
+      continue;
+    }
+    std::int64_t n = 1;
+    while (c + n < cols && !ws.have[static_cast<std::size_t>(j0 + c + n)]) ++n;
+    tile_rows<KVT>(p, p.k, p.k_scale, lanes.b, lanes.hk, j0 + c, n, dk, ws.kh.data() + (j0 + c) * dk, ws.krows);
+    tile_rows<KVT>(p, p.v, p.v_scale, lanes.b, lanes.hk, j0 + c, n, dv, ws.vh.data() + (j0 + c) * dv, ws.vrows);
+    std::fill_n(ws.have.begin() + j0 + c, n, 1);
+    c += n;
+  }
+  for (std::int64_t c = 0; c < cols; ++c) ws.krows[c] = ws.kh.data() + (j0 + c) * dk, ws.vrows[c] = ws.vh.data() + (j0 + c) * dv;
+}
 
 // Sᵀ[c][·] = mult · Σ_d K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and QV·W query lanes (mult: the call's score
 // units, applied as the accumulators are stored). The micro-kernel with A = K rows.
@@ -620,8 +657,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
     const std::int64_t cols = std::min(BC, visible_hi - j0);
     const bool interior = j0 >= shared_lo && j0 + cols <= shared_hi;
     if constexpr (NL == 0) {
-      tile_rows<KVT>(p, p.k, p.k_scale, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);  // K tile
-      tile_rows<KVT>(p, p.v, p.v_scale, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);  // V tile
+      kv_tile<KVT>(p, lanes, j0, cols, ws);                                                   // K, V tiles
       scores<QV>(ws.q.data(), ws.krows, dk, cols, u.dot, ws.st.data());                      // Sᵀ = K Qᵀ
       const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
       softmax_tile<QV, Variant>(p, lanes, j0, cols, false, ws.krows, nullptr, u, ws);       // Pᵀ; m, l
@@ -722,12 +758,12 @@ void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, st
 // A call's scratch: the team's workspaces and the split-KV partial results, kept between calls in the caller's
 // attn::Workspace (under kScratchKey, one per instruction set) when it gives one.
 struct Scratch {
-  std::int64_t dk = -1, dv = -1;
+  std::int64_t dk = -1, dv = -1, cache_rows = -1;
   std::vector<Workspace> team;
   std::vector<float> partial;
   std::vector<unsigned char> kv_rows;  // gathered K and V rows (gather_kv)
   std::int64_t bytes() const {
-    return static_cast<std::int64_t>(team.size()) * Workspace::bytes(dk, dv) +
+    return static_cast<std::int64_t>(team.size()) * Workspace::bytes(dk, dv, cache_rows) +
            static_cast<std::int64_t>(partial.capacity() * sizeof(float) + kv_rows.capacity());
   }
 };
@@ -783,6 +819,17 @@ bool gather_kv(const core::Problem& p, const Plan& plan, int threads, Scratch& s
   return true;
 }
 
+// The rows of each thread's head cache (Workspace::kh, kv_tile): Skv for lane-major (prefill) blocks over bf16, f16
+// or i8 K/V when several blocks read each KV head and one head's rows fit kHeadCacheBytes as fp32; else 0 (tiles
+// widened per block). fp32 rows are read in place.
+inline constexpr std::int64_t kHeadCacheBytes = std::int64_t{16} << 20;
+
+inline std::int64_t head_cache_rows(const core::Problem& p, const Plan& plan) {
+  const bool lane_major = plan.rows_per_block * plan.heads_per_block > 8;  // run_block's NL = 0 blocks
+  if (p.k.dtype == DType::f32 || !lane_major || plan.row_blocks * plan.head_blocks < 2) return 0;
+  return p.Skv * (p.Dk + p.Dv) * static_cast<std::int64_t>(sizeof(float)) <= kHeadCacheBytes ? p.Skv : 0;
+}
+
 template <class QT, class KVT, class Variant>
 void flash_forward_rows(const core::Problem& p, int threads, const Plan& plan, Scratch& sc);
 
@@ -798,8 +845,11 @@ void flash_forward(const core::Problem& p, int threads) {
 
 template <class QT, class KVT, class Variant>
 void flash_forward_rows(const core::Problem& p, int threads, const Plan& plan, Scratch& sc) {
-  if (sc.dk != p.Dk || sc.dv != p.Dv) sc.team.clear(), sc.dk = p.Dk, sc.dv = p.Dv;
-  const auto make = [&](int) { return Workspace(p.Dk, p.Dv); };
+  const std::int64_t cache_rows = head_cache_rows(p, plan);
+  if (sc.dk != p.Dk || sc.dv != p.Dv || sc.cache_rows != cache_rows)
+    sc.team.clear(), sc.dk = p.Dk, sc.dv = p.Dv, sc.cache_rows = cache_rows;
+  for (Workspace& w : sc.team) w.head = -1;  // a kept workspace's cached rows are another call's
+  const auto make = [&](int) { return Workspace(p.Dk, p.Dv, cache_rows); };
   if (plan.splits == 1) {
     const int team = team_size(threads, plan.items);
     grow_team(&sc.team, team, make);
@@ -863,7 +913,7 @@ inline std::int64_t flash_workspace_bytes(const core::Problem& p, int threads) {
   const std::int64_t tasks = plan.items * plan.splits;
   const std::int64_t team = std::clamp<std::int64_t>(tasks, 1, std::max(threads, 1));
   const std::int64_t partial = plan.splits > 1 ? plan.items * plan.splits * BR * (p.Dv + 2) : 0;
-  return team * Workspace::bytes(p.Dk, p.Dv) + static_cast<std::int64_t>(sizeof(float)) * partial;
+  return team * Workspace::bytes(p.Dk, p.Dv, head_cache_rows(p, plan)) + static_cast<std::int64_t>(sizeof(float)) * partial;
 }
 
 // The kernel of this instruction set for the given dtypes and dense-mask kind, or null (cpu/pick.h).
