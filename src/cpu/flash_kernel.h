@@ -31,8 +31,8 @@ constexpr std::int64_t BC = 64;            // keys per tile
 // Keys per step of the Sᵀ micro-kernel and value dims per step of the Oᵀ micro-kernel: R x QV accumulators plus
 // QV + 1 operands in registers. Enough accumulators must be in flight to cover the FMA latency (4 cycles, 2 per
 // cycle: 8 at least). AVX-512's 32 registers: 6 x 4 (measured 6-8% faster than 4 x 4). 16 registers (AVX2, SSE2):
-// 3 x 4, one operand reloaded (2 x 4 left the FMA units half idle: the micro-kernel alone ran at 50% of the FMA
-// peak on Zen 3, 3 x 4 at 85-95%). The leftover keys or dims take steps of RT, then 1.
+// 3 x 4 (2 x 4 left the FMA units half idle: the micro-kernel alone ran at 50% of the FMA peak on Zen 3, 3 x 4 at
+// 85-95%). The leftover keys or dims take steps of RT, then 1.
 constexpr int RK = W == 16 ? 6 : 3;
 constexpr int RD = W == 16 ? 6 : 3;
 constexpr int RT = W == 16 ? 4 : 2;
