@@ -104,6 +104,16 @@ def kv_len(shape, b):
     return lo + ((hi - lo) * b + (B - 1) // 2) // (B - 1)
 
 
+def rotation_sets(set_bytes, llc):
+    """How many K/V sets of set_bytes a peer rotates between calls so that together they exceed twice the
+    last-level cache (llc > 0: decode rows; 0: one set), within half the available memory."""
+    if llc <= 0:
+        return 1
+    sets = max(1, math.ceil(2 * llc / set_bytes))
+    avail = available_memory()
+    return max(1, min(sets, int((avail // 2) // set_bytes))) if avail else sets
+
+
 def dims_args(shape):
     a = ["--batch", shape["B"], "--heads", shape["Hq"], "--kv-heads", shape["Hkv"], "--q-len", shape["Sq"],
          "--kv-len", shape["Skv"], "--head-dim", shape["D"]]
@@ -213,13 +223,7 @@ class Peer:
         def rand(*size):
             return (t.rand(*size, generator=gen, dtype=t.float32) * 2 - 1).to(dt)
 
-        set_bytes = 2 * B * Hkv * Skv * D * t.finfo(dt).bits // 8
-        sets = 1
-        if rotate and self.llc > 0:
-            sets = max(1, math.ceil(2 * self.llc / set_bytes))
-            avail = available_memory()
-            if avail:
-                sets = max(1, min(sets, (avail // 2) // set_bytes))
+        sets = rotation_sets(2 * B * Hkv * Skv * D * t.finfo(dt).bits // 8, self.llc if rotate else 0)
         q = rand(B, Hq, Sq, D)
         kv = [(rand(B, Hkv, Skv, D), rand(B, Hkv, Skv, D)) for _ in range(sets)]
         kwargs = self.sdpa_kwargs(shape)
@@ -385,10 +389,8 @@ def run_ggml(rows, shapes_table, threads, llc):
     for row in rows:
         s = shapes_table[row["shape"]]
         kv = GGML_KV[row["kv_dtype"]]
-        sets = 1
-        if row["shape"] in DECODE and llc:
-            set_bytes = 2 * s["B"] * s["Hkv"] * s["Skv"] * s["D"] * GGML_BYTES[kv]
-            sets = max(1, math.ceil(2 * llc / set_bytes))
+        sets = rotation_sets(2 * s["B"] * s["Hkv"] * s["Skv"] * s["D"] * GGML_BYTES[kv],
+                             llc if row["shape"] in DECODE else 0)
         cmd = [str(GGML_PEER)] + ggml_dims(s) + ["--kv-type", kv, "--threads", str(threads),
                                                  "--reps", str(row["attn"]["reps"]), "--sets", str(sets)]
         log("  $ " + " ".join(cmd))
@@ -406,13 +408,7 @@ def run_ggml(rows, shapes_table, threads, llc):
 def ggml_dims(s):
     """The row's dimensions for bench/ggml_peer: attn's flags less --paged (ggml has no paged layout: D3 runs a
     padded batch whose keys past each sequence's length are masked, which ggml's kernel skips unread)."""
-    a = ["--batch", s["B"], "--heads", s["Hq"], "--kv-heads", s["Hkv"], "--q-len", s["Sq"], "--kv-len", s["Skv"],
-         "--head-dim", s["D"]]
-    if s["causal"]:
-        a.append("--causal")
-    if s["kv_min"]:
-        a += ["--kv-len-min", s["kv_min"]]
-    return [str(x) for x in a]
+    return dims_args(dict(s, page=0))
 
 
 # ---- the backward pass ----------------------------------------------------------------------------------

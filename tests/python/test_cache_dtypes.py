@@ -93,9 +93,9 @@ def test_sdpa_int8_kv_matches_fp64_on_the_dequantised_values(sq, causal):
     q = uniform(rng, (b, hq, sq, d), amp=2.0)
     k8, ks = quantise(uniform(rng, (b, hkv, skv, d), amp=2.0))
     v8, vs = quantise(uniform(rng, (b, hkv, skv, d)))
-    out = np.full((b, hq, sq, d), np.nan, np.float32)
-    out[...] = attn.scaled_dot_product_attention(q, k8, v8, is_causal=causal, enable_gqa=True,
-                                                 causal_alignment="bottom_right", k_scale=ks, v_scale=vs)
+    out = attn.scaled_dot_product_attention(q, k8, v8, is_causal=causal, enable_gqa=True,
+                                            causal_alignment="bottom_right", k_scale=ks, v_scale=vs)
+    assert out.dtype == np.float32 and out.shape == (b, hq, sq, d)
     exact = exact_attention(q, k8 * ks[..., None].astype(np.float64), v8 * vs[..., None].astype(np.float64), causal)
     assert np.isfinite(out).all()
     assert np.abs(out - exact).max() <= 1e-5 * np.abs(exact).max()
