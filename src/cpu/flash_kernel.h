@@ -51,18 +51,28 @@ const T* kv_row(const core::Problem& p, const core::Strided& t, std::int64_t b, 
   return static_cast<const T*>(t.data) + core::kv_row_offset(p, t, b, hk, j);
 }
 
-// Where rows j0 .. j0+cols-1 of K and V start (and, for i8 K/V, their scales into ks/vs): one walk over the keys,
-// through the page table without a division per key when the cache is paged.
+// Where rows j0 .. j0+cols-1 of K and V start (and, for i8 K/V, their scales): one walk over the keys, through
+// the page table without a division per key when the cache is paged.
+template <class KVT>
+struct TileRows {
+  const KVT* k[BC];
+  const KVT* v[BC];
+  const float* ks[BC];  // i8 only
+  const float* vs[BC];
+};
+
 template <class KVT>
 void tile_pointers(const core::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t cols,
-                   const KVT** krows, const KVT** vrows, float* ks, float* vs) {
+                   TileRows<KVT>& t) {
+  constexpr bool i8 = std::is_same_v<KVT, std::int8_t>;
   const KVT* k = static_cast<const KVT*>(p.k.data);
   const KVT* v = static_cast<const KVT*>(p.v.data);
-  const float* kscale = p.k_scale ? static_cast<const float*>(p.k_scale->data) : nullptr;
-  const float* vscale = p.v_scale ? static_cast<const float*>(p.v_scale->data) : nullptr;
   const auto at = [&](std::int64_t c, std::int64_t a, std::int64_t row) {  // (batch or page, row within it)
-    krows[c] = k + p.k.offset(a, hk, row, 0), vrows[c] = v + p.v.offset(a, hk, row, 0);
-    if (ks) ks[c] = kscale[p.k_scale->offset(a, hk, row, 0)], vs[c] = vscale[p.v_scale->offset(a, hk, row, 0)];
+    t.k[c] = k + p.k.offset(a, hk, row, 0), t.v[c] = v + p.v.offset(a, hk, row, 0);
+    if constexpr (i8) {
+      t.ks[c] = static_cast<const float*>(p.k_scale->data) + p.k_scale->offset(a, hk, row, 0);
+      t.vs[c] = static_cast<const float*>(p.v_scale->data) + p.v_scale->offset(a, hk, row, 0);
+    }
   };
   if (!p.paged) {
     for (std::int64_t c = 0; c < cols; ++c) at(c, b, j0 + c);
@@ -206,51 +216,73 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 
 // Row-major forms for blocks of few lanes (decode): with NL <= 8 lanes, vectors run along the head
 // dimension instead of across lanes, so no lane of a vector is wasted. K and V rows are read in their
-// storage type (fp32, bf16 or f16) and widened in registers: decode is bound by the bytes of K and V.
-// Sᵀ[c][r] = q_r · k_c for every key of the tile and lanes r < NL (q rows [BR][dk]). KG keys at a time
-// give KG·NL dot-product vectors, summed W at a time by one transposing add tree.
+// storage type (fp32, bf16, f16 or i8) and widened in registers: decode is bound by the bytes of K and V.
+// Sᵀ[c][r] = q_r · k_c for KG keys c at a time and lanes r < NL (q rows [NL][dk], st rows of BR): KG·NL
+// dot-product vectors (one widened key vector feeds NL FMAs), summed W at a time by one transposing add tree
+// whose inputs are ordered so that lane a of its result is accumulator a (key a / NL, lane a % NL).
 // `pf` (rows of pf_bytes bytes, or null): rows prefetched alongside, one per key (the tile's V rows, spread over
-// the loop rather than issued at once).
-template <int NL, class KVT>
-inline void scores_rows(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t cols, float mult,
-                        float* st, const KVT* const* pf = nullptr, std::int64_t pf_bytes = 0) {
-  constexpr int KG = NL >= W ? 1 : W / NL, NA = KG * NL;  // NA is a multiple of W
+// the loop rather than issued at once). Returns the first key not done (cols less the last cols % KG).
+template <int NL, int KG, class KVT>
+inline std::int64_t score_keys(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t c, std::int64_t cols,
+                               float mult, float* st, const KVT* const* pf, std::int64_t pf_bytes,
+                               const KVT* const* pk) {
+  constexpr int NA = KG * NL, NP = (NA + W - 1) / W * W, NS = NL < W ? NL : W;  // NS: lanes per store
   const std::int64_t d_end = dk / W * W;
-  std::int64_t c = 0;
   for (; c + KG <= cols; c += KG) {
     if (pf)
       for (int g = 0; g < KG; ++g)
         for (std::int64_t off = 0; off < pf_bytes; off += 64)
           __builtin_prefetch(reinterpret_cast<const char*>(pf[c + g]) + off, 0, 3);
-    V acc[NA];
-    for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
-    for (std::int64_t d = 0; d < d_end; d += W) {
-      V qv[NL];
-      for (int r = 0; r < NL; ++r) qv[r] = Vec::load(q + r * dk + d);
+    if (pk)
+      for (int g = 0; g < KG; ++g)
+        if (pk[c + g])
+          for (std::int64_t off = 0; off < dk * static_cast<std::int64_t>(sizeof(KVT)); off += 64)
+            __builtin_prefetch(reinterpret_cast<const char*>(pk[c + g]) + off, 0, 3);
+    V acc[NP];
+    for (int a = 0; a < NP; ++a) acc[a] = Vec::zero();
+    for (std::int64_t d = 0; d < d_end; d += W)
       for (int g = 0; g < KG; ++g) {
         const V kv = load_as_float(k[c + g] + d);
-        for (int r = 0; r < NL; ++r) acc[g * NL + r] = Vec::fmadd(qv[r], kv, acc[g * NL + r]);
+        for (int r = 0; r < NL; ++r) acc[g * NL + r] = Vec::fmadd(Vec::load(q + r * dk + d), kv, acc[g * NL + r]);
       }
-    }
     for (int a0 = 0; a0 < NA; a0 += W) {
+      V in[W];
+      for (int a = 0; a < W; ++a) in[Vec::kSumOrder[a]] = acc[a0 + a];
       alignas(64) float sums[W];
-      Vec::store(sums, Vec::sum_each(acc + a0));  // (mult applied below, once the tail is in)
-      for (int lane = 0; lane < W; ++lane) {
-        const int a = a0 + Vec::kSumOrder[lane], g = a / NL, r = a % NL;
-        float s = sums[lane];
-        for (std::int64_t e = d_end; e < dk; ++e) s += q[r * dk + e] * core::to_float(k[c + g][e]);
-        st[(c + g) * BR + r] = s * mult;
+      V sum = Vec::sum_each(in);
+      if (d_end < dk) {  // the last dk % W dimensions, one by one
+        Vec::store(sums, sum);
+        for (int a = a0; a < a0 + W && a < NA; ++a)
+          for (std::int64_t e = d_end; e < dk; ++e) sums[a - a0] += q[(a % NL) * dk + e] * core::to_float(k[c + a / NL][e]);
+        sum = Vec::load(sums);
       }
+      Vec::store(sums, Vec::mul(sum, Vec::set1(mult)));
+      for (int a = a0; a < a0 + W && a < NA; a += NS)
+        std::memcpy(st + (c + a / NL) * BR + a % NL, sums + (a - a0), NS * sizeof(float));
     }
   }
-  for (; c < cols; ++c)  // the last keys, one by one
-    for (int r = 0; r < NL; ++r) {
-      V acc = Vec::zero();
-      for (std::int64_t d = 0; d < d_end; d += W) acc = Vec::fmadd(Vec::load(q + r * dk + d), load_as_float(k[c] + d), acc);
-      float s = Vec::reduce_add(acc);
-      for (std::int64_t e = d_end; e < dk; ++e) s += q[r * dk + e] * core::to_float(k[c][e]);
-      st[c * BR + r] = s * mult;
-    }
+  return c;
+}
+
+// Sᵀ = K Qᵀ (times mult) for the lanes r < NL of a row-major block. 16 registers (AVX2, SSE2) hold 12
+// accumulators and run at most 4 lanes at once (8 lanes in two passes over the tile, its rows then in L1);
+// AVX-512's 32 hold 16. On Zen 3 (D = 128, int8 and bf16 keys, 4 lanes), 3 keys x 4 lanes ran the scores 1.8x as
+// fast as 2 x 4 (8 accumulators are exactly the FMA latency x throughput: no slack), and 2 passes of 4 lanes ran 8
+// lanes 1.7x as fast as 1 key x 8 lanes. The last cols % KG keys take groups of KG / 2 keys, then single keys.
+template <int NL, class KVT>
+inline void scores_rows(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t cols, float mult,
+                        float* st, const KVT* const* pf = nullptr, std::int64_t pf_bytes = 0,
+                        const KVT* const* pk = nullptr) {
+  constexpr int kAcc = W == 16 ? 16 : 12, NS = W == 16 ? NL : (NL < 4 ? NL : 4), KG = kAcc / NS > 1 ? kAcc / NS : 1;
+  for (int r0 = 0; r0 < NL; r0 += NS) {
+    const float* qs = q + r0 * dk;
+    float* ss = st + r0;
+    const KVT* const* ps = r0 == 0 ? pf : nullptr;
+    const KVT* const* pks = r0 == 0 ? pk : nullptr;
+    std::int64_t c = score_keys<NS, KG>(qs, k, dk, 0, cols, mult, ss, ps, pf_bytes, pks);
+    if constexpr (KG > 2) c = score_keys<NS, KG / 2>(qs, k, dk, c, cols, mult, ss, ps, pf_bytes, pks);
+    if constexpr (KG > 1) score_keys<NS, 1>(qs, k, dk, c, cols, mult, ss, ps, pf_bytes, pks);
+  }
 }
 
 // o_r = α_r·o_r + Σ_c Pᵀ[c][r] v_c for lanes r < NL (o rows [BR][dv]), DB vectors of value dims at a time
@@ -606,9 +638,9 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 template <int QV, int NL, class Variant, class T>
 void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows, const T* const* vrows,
                const float* kscale, const float* vscale, std::int64_t j0, std::int64_t cols, bool interior,
-               const Units& u, Workspace& ws) {
+               const Units& u, Workspace& ws, const T* const* k_ahead = nullptr) {
   scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), vrows,
-                  p.Dv * static_cast<std::int64_t>(sizeof(T)));                                  // Sᵀ = K Qᵀ
+                  p.Dv * static_cast<std::int64_t>(sizeof(T)), k_ahead);                        // Sᵀ = K Qᵀ
   if (kscale) scale_keys<NL>(ws.st.data(), kscale, cols);                                       // i8 K scales
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
   softmax_tile<QV, Variant>(p, lanes, j0, cols, true, krows, kscale, u, ws);                   // Pᵀ; m, l
@@ -652,8 +684,11 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
   // the running max and need no wide path (see kFarBelow).
   const std::int64_t tiles = visible_hi > visible_lo ? (visible_hi - visible_lo + BC - 1) / BC : 0;
   const bool backwards = Variant::kTransform && p.alibi.has_value();
+  const auto tile_j0 = [&](std::int64_t t) { return visible_lo + (backwards ? tiles - 1 - t : t) * BC; };
+  constexpr std::int64_t kAheadKeys = 16;
+  TileRows<KVT> rows[NL > 0 ? 2 : 1];  // row-major blocks: this tile's rows and the next one's
   for (std::int64_t t = 0; t < tiles; ++t) {
-    const std::int64_t j0 = visible_lo + (backwards ? tiles - 1 - t : t) * BC;
+    const std::int64_t j0 = tile_j0(t);
     const std::int64_t cols = std::min(BC, visible_hi - j0);
     const bool interior = j0 >= shared_lo && j0 + cols <= shared_hi;
     if constexpr (NL == 0) {
@@ -667,12 +702,29 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       else
         accumulate_pv<QV>(ws.st.data(), ws.vrows, dv, cols, ws.alpha.data(), ws.o.data());  // Oᵀ = α·Oᵀ + Vᵀ Pᵀ
     } else if (p.k.stride[3] == 1 && p.v.stride[3] == 1) {  // rows as stored, widened in registers
-      const KVT* krows[BC];
-      const KVT* vrows[BC];
-      alignas(64) float ks[BC], vs[BC];
+      // The next tile's row pointers are found a tile ahead: its K rows are prefetched during this tile's P·V
+      // (and its V rows during its own scores), its i8 scales now.
       constexpr bool i8 = std::is_same_v<KVT, std::int8_t>;
-      tile_pointers(p, lanes.b, lanes.hk, j0, cols, krows, vrows, i8 ? ks : nullptr, i8 ? vs : nullptr);
-      rows_step<QV, NL, Variant>(p, lanes, krows, vrows, i8 ? ks : nullptr, i8 ? vs : nullptr, j0, cols, interior, u, ws);
+      TileRows<KVT>& cur = rows[t & 1];
+      TileRows<KVT>& next = rows[(t + 1) & 1];
+      if (t == 0) tile_pointers(p, lanes.b, lanes.hk, j0, cols, cur);
+      std::int64_t next_cols = 0;
+      if (t + 1 < tiles) {
+        next_cols = std::min(BC, visible_hi - tile_j0(t + 1));
+        tile_pointers(p, lanes.b, lanes.hk, tile_j0(t + 1), next_cols, next);
+        if constexpr (i8)
+          for (std::int64_t c = 0; c < next_cols; ++c) __builtin_prefetch(next.ks[c], 0, 3), __builtin_prefetch(next.vs[c], 0, 3);
+      }
+      alignas(64) float ks[BC], vs[BC];
+      if constexpr (i8)
+        for (std::int64_t c = 0; c < cols; ++c) ks[c] = *cur.ks[c], vs[c] = *cur.vs[c];
+      const KVT* ahead[BC];  // the K row kAheadKeys keys after each of this tile's (null past the last)
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const std::int64_t a = c + kAheadKeys;
+        ahead[c] = a < cols ? cur.k[a] : a - cols < next_cols ? next.k[a - cols] : nullptr;
+      }
+      rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, i8 ? ks : nullptr, i8 ? vs : nullptr, j0, cols, interior, u,
+                                 ws, ahead);
     } else {  // strided rows: converted to fp32 first (i8 rows times their scales)
       tile_rows<KVT>(p, p.k, p.k_scale, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);
       tile_rows<KVT>(p, p.v, p.v_scale, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);
