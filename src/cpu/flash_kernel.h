@@ -220,8 +220,9 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // Sᵀ[c][r] = q_r · k_c for KG keys c at a time and lanes r < NL (q rows [NL][dk], st rows of BR): KG·NL
 // dot-product vectors (one widened key vector feeds NL FMAs), summed W at a time by one transposing add tree
 // whose inputs are ordered so that lane a of its result is accumulator a (key a / NL, lane a % NL).
-// `pf` (rows of pf_bytes bytes, or null): rows prefetched alongside, one per key (the tile's V rows, spread over
-// the loop rather than issued at once). Returns the first key not done (cols less the last cols % KG).
+// `pf` (rows of pf_bytes bytes, or null) and `pk` (rows of dk values, or null; null entries skipped): rows
+// prefetched alongside, one of each per key (the tile's V rows and K rows further ahead, spread over the loop
+// rather than issued at once). Returns the first key not done (cols less the last cols % KG).
 template <int NL, int KG, class KVT>
 inline std::int64_t score_keys(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t c, std::int64_t cols,
                                float mult, float* st, const KVT* const* pf, std::int64_t pf_bytes,
@@ -629,12 +630,14 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 }
 
 // One tile of a row-major (decode) block, from K and V rows of any storage type. Decode streams K and V
-// from memory once, so this tile's V rows are prefetched while its scores are computed, a key group's rows at a
-// time inside the score loop, and the loads of pv_rows find them in cache (issued all at once before the scores,
-// the prefetches stalled on full miss buffers: spreading them made D1-D3 24-33 % faster in f32 and bf16;
-// prefetching the next K tile as well measured slower). i8 rows (kscale,
-// vscale: their scales; null otherwise) are widened in registers like the others; a key's scale then multiplies
-// its dot product and a value's scale its weight (after the softmax has summed the weights).
+// from memory once, so the score loop prefetches, a key group's rows at a time, this tile's V rows (found in cache
+// by pv_rows) and the K rows k_ahead[c] (kAheadKeys after key c, into the next tile). Issued all at once before the
+// scores, the prefetches stalled on full miss buffers: spreading them made D1-D3 24-33 % faster in f32 and bf16.
+// The next tile's K rows prefetched during this tile's P·V instead measured slower (they and this tile's V rows
+// overfill L1); 16 keys ahead inside the score loop made D2 5-15 % faster (f32 and bf16, 1 and 2 threads; 32
+// ahead no better). i8 rows (kscale, vscale: their scales; null otherwise) are widened in registers like the
+// others; a key's scale then multiplies its dot product and a value's scale its weight (after the softmax has
+// summed the weights).
 template <int QV, int NL, class Variant, class T>
 void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows, const T* const* vrows,
                const float* kscale, const float* vscale, std::int64_t j0, std::int64_t cols, bool interior,
