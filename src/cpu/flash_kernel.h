@@ -266,15 +266,19 @@ inline std::int64_t score_keys(const float* q, const KVT* const* k, std::int64_t
 }
 
 // Sᵀ = K Qᵀ (times mult) for the lanes r < NL of a row-major block. 16 registers (AVX2, SSE2) hold 12
-// accumulators and run at most 4 lanes at once (8 lanes in two passes over the tile, its rows then in L1);
-// AVX-512's 32 hold 16. On Zen 3 (D = 128, int8 and bf16 keys, 4 lanes), 3 keys x 4 lanes ran the scores 1.8x as
-// fast as 2 x 4 (8 accumulators are exactly the FMA latency x throughput: no slack), and 2 passes of 4 lanes ran 8
-// lanes 1.7x as fast as 1 key x 8 lanes. The last cols % KG keys take groups of KG / 2 keys, then single keys.
+// accumulators for 8- and 16-bit rows and run at most 4 lanes at once (8 lanes in two passes over the tile, its
+// rows then in L1); AVX-512's 32 hold 16. On Zen 3 (D = 128, int8 and bf16 keys, 4 lanes), 3 keys x 4 lanes ran
+// the scores 1.8x as fast as 2 x 4 (8 accumulators are exactly the FMA latency x throughput: no slack) in a
+// micro-benchmark, and 2 passes of 4 lanes ran 8 lanes 1.7x as fast as 1 key x 8 lanes; D2 and D3 decode from
+// bf16 and int8 caches ran 5-35 % faster. f32 rows keep W / NL keys x NL lanes (8 accumulators): with 4-byte
+// values a step's rows are twice the bytes, decode from them is bound by memory alone, and the larger groups
+// measured slower on D1 and D3. The last cols % KG keys take groups of KG / 2 keys, then single keys.
 template <int NL, class KVT>
 inline void scores_rows(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t cols, float mult,
                         float* st, const KVT* const* pf = nullptr, std::int64_t pf_bytes = 0,
                         const KVT* const* pk = nullptr) {
-  constexpr int kAcc = W == 16 ? 16 : 12, NS = W == 16 ? NL : (NL < 4 ? NL : 4), KG = kAcc / NS > 1 ? kAcc / NS : 1;
+  constexpr bool wide = W == 16 || std::is_same_v<KVT, float>;  // the W / NL x NL form
+  constexpr int kAcc = wide ? W : 12, NS = wide ? NL : (NL < 4 ? NL : 4), KG = kAcc / NS > 1 ? kAcc / NS : 1;
   for (int r0 = 0; r0 < NL; r0 += NS) {
     const float* qs = q + r0 * dk;
     float* ss = st + r0;
@@ -634,8 +638,8 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 // by pv_rows) and the K rows k_ahead[c] (kAheadKeys after key c, into the next tile). Issued all at once before the
 // scores, the prefetches stalled on full miss buffers: spreading them made D1-D3 24-33 % faster in f32 and bf16.
 // The next tile's K rows prefetched during this tile's P·V instead measured slower (they and this tile's V rows
-// overfill L1); 16 keys ahead inside the score loop made D2 5-15 % faster (f32 and bf16, 1 and 2 threads; 32
-// ahead no better). i8 rows (kscale, vscale: their scales; null otherwise) are widened in registers like the
+// overfill L1); 16 keys ahead inside the score loop made D2 5-15 % faster (bf16, 1 and 2 threads; 32 ahead no
+// better; spreading the prefetches over the dot products' steps measured 30-50 % slower). i8 rows (kscale, vscale: their scales; null otherwise) are widened in registers like the
 // others; a key's scale then multiplies its dot product and a value's scale its weight (after the softmax has
 // summed the weights).
 template <int QV, int NL, class Variant, class T>
@@ -721,13 +725,17 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       alignas(64) float ks[BC], vs[BC];
       if constexpr (i8)
         for (std::int64_t c = 0; c < cols; ++c) ks[c] = *cur.ks[c], vs[c] = *cur.vs[c];
-      const KVT* ahead[BC];  // the K row kAheadKeys keys after each of this tile's (null past the last)
-      for (std::int64_t c = 0; c < cols; ++c) {
-        const std::int64_t a = c + kAheadKeys;
-        ahead[c] = a < cols ? cur.k[a] : a - cols < next_cols ? next.k[a - cols] : nullptr;
-      }
+      // The K row kAheadKeys keys after each of this tile's (null past the last; not for f32 rows, where it
+      // measured slower on D1 and D3).
+      const KVT* ahead[BC];
+      constexpr bool k_ahead = !std::is_same_v<KVT, float>;
+      if constexpr (k_ahead)
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const std::int64_t a = c + kAheadKeys;
+          ahead[c] = a < cols ? cur.k[a] : a - cols < next_cols ? next.k[a - cols] : nullptr;
+        }
       rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, i8 ? ks : nullptr, i8 ? vs : nullptr, j0, cols, interior, u,
-                                 ws, ahead);
+                                 ws, k_ahead ? ahead : nullptr);
     } else {  // strided rows: converted to fp32 first (i8 rows times their scales)
       tile_rows<KVT>(p, p.k, p.k_scale, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);
       tile_rows<KVT>(p, p.v, p.v_scale, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);
