@@ -173,8 +173,8 @@ std::vector<Case> registry() {
     add({.B = 1, .Hq = 2 * group, .Hkv = 2, .Sq = 1, .Skv = group == 4 ? 203 : 113, .Dk = group == 2 ? 40 : 96,
          .Dv = group == 8 ? 48 : 80});
   add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 3, .Skv = 77, .Dk = 33, .Dv = 65, .causal = Causal::bottom_right});
-  // The decode score kernel's key groups (3 or 6 keys on 16-register ISAs) and their leftovers, head dims below
-  // one vector and with a tail, 8 lanes in two passes: in f32, bf16 and i8 K/V.
+  // The decode score kernel's key groups (3 or 6 keys for 8- and 16-bit rows on 16-register ISAs) and their
+  // leftovers, head dims below one vector and with a tail, 8 lanes in two passes: in f32, bf16 and i8 K/V.
   add({.B = 1, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 203, .Dk = 7, .Dv = 13});
   add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 1, .Skv = 113, .Dk = 20, .Dv = 20, .kv_dtype = DType::i8});
   add({.B = 1, .Hq = 16, .Hkv = 2, .Sq = 1, .Skv = 67, .Dk = 33, .Dv = 33, .kv_dtype = DType::bf16});

@@ -639,9 +639,9 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 // scores, the prefetches stalled on full miss buffers: spreading them made D1-D3 24-33 % faster in f32 and bf16.
 // The next tile's K rows prefetched during this tile's P·V instead measured slower (they and this tile's V rows
 // overfill L1); 16 keys ahead inside the score loop made D2 5-15 % faster (bf16, 1 and 2 threads; 32 ahead no
-// better; spreading the prefetches over the dot products' steps measured 30-50 % slower). i8 rows (kscale, vscale: their scales; null otherwise) are widened in registers like the
-// others; a key's scale then multiplies its dot product and a value's scale its weight (after the softmax has
-// summed the weights).
+// better; spreading the prefetches over the dot products' steps measured 30-50 % slower). i8 rows (kscale,
+// vscale: their scales; null otherwise) are widened in registers like the others; a key's scale then multiplies
+// its dot product and a value's scale its weight (after the softmax has summed the weights).
 template <int QV, int NL, class Variant, class T>
 void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows, const T* const* vrows,
                const float* kscale, const float* vscale, std::int64_t j0, std::int64_t cols, bool interior,
@@ -709,8 +709,8 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       else
         accumulate_pv<QV>(ws.st.data(), ws.vrows, dv, cols, ws.alpha.data(), ws.o.data());  // Oᵀ = α·Oᵀ + Vᵀ Pᵀ
     } else if (p.k.stride[3] == 1 && p.v.stride[3] == 1) {  // rows as stored, widened in registers
-      // The next tile's row pointers are found a tile ahead: its K rows are prefetched during this tile's P·V
-      // (and its V rows during its own scores), its i8 scales now.
+      // The next tile's row pointers are found a tile ahead: its first K rows are prefetched from this tile's
+      // score loop (k_ahead), its V rows from its own, its i8 scales now.
       constexpr bool i8 = std::is_same_v<KVT, std::int8_t>;
       TileRows<KVT>& cur = rows[t & 1];
       TileRows<KVT>& next = rows[(t + 1) & 1];
