@@ -227,7 +227,7 @@ template <int NL, int KG, class KVT>
 inline std::int64_t score_keys(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t c, std::int64_t cols,
                                float mult, float* st, const KVT* const* pf, std::int64_t pf_bytes,
                                const KVT* const* pk) {
-  constexpr int NA = KG * NL, NP = (NA + W - 1) / W * W, NS = NL < W ? NL : W;  // NS: lanes per store
+  constexpr int NA = KG * NL, NS = NL < W ? NL : W;  // NS: lanes per store
   const std::int64_t d_end = dk / W * W;
   for (; c + KG <= cols; c += KG) {
     if (pf)
@@ -239,8 +239,8 @@ inline std::int64_t score_keys(const float* q, const KVT* const* k, std::int64_t
         if (pk[c + g])
           for (std::int64_t off = 0; off < dk * static_cast<std::int64_t>(sizeof(KVT)); off += 64)
             __builtin_prefetch(reinterpret_cast<const char*>(pk[c + g]) + off, 0, 3);
-    V acc[NP];
-    for (int a = 0; a < NP; ++a) acc[a] = Vec::zero();
+    V acc[NA];
+    for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t d = 0; d < d_end; d += W)
       for (int g = 0; g < KG; ++g) {
         const V kv = load_as_float(k[c + g] + d);
@@ -248,7 +248,7 @@ inline std::int64_t score_keys(const float* q, const KVT* const* k, std::int64_t
       }
     for (int a0 = 0; a0 < NA; a0 += W) {
       V in[W];
-      for (int a = 0; a < W; ++a) in[Vec::kSumOrder[a]] = acc[a0 + a];
+      for (int a = 0; a < W; ++a) in[Vec::kSumOrder[a]] = a0 + a < NA ? acc[a0 + a] : Vec::zero();
       alignas(64) float sums[W];
       V sum = Vec::sum_each(in);
       if (d_end < dk) {  // the last dk % W dimensions, one by one
