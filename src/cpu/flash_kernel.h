@@ -239,7 +239,7 @@ inline std::int64_t score_keys(const float* q, const KVT* const* k, std::int64_t
         if (pk[c + g])
           for (std::int64_t off = 0; off < dk * static_cast<std::int64_t>(sizeof(KVT)); off += 64)
             __builtin_prefetch(reinterpret_cast<const char*>(pk[c + g]) + off, 0, 3);
-    V acc[NA];
+    V acc[NA];  // (exactly NA: rounded up to whole vectors of W, GCC zeroed and spilled them to the stack)
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t d = 0; d < d_end; d += W)
       for (int g = 0; g < KG; ++g) {
