@@ -720,9 +720,11 @@ def main(argv):
         os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     torch = None if args.no_torch else import_torch()
     if torch is None and not args.no_torch and not args.self_test and (VENV / "bin" / "python").exists() \
-            and Path(sys.executable).resolve() != (VENV / "bin" / "python").resolve() \
+            and Path(sys.prefix).resolve() != VENV.resolve() \
             and not os.environ.get("ATTN_BENCH_REEXEC"):
-        os.environ["ATTN_BENCH_REEXEC"] = "1"  # torch lives in bench/.venv: run there
+        # torch lives in bench/.venv: run there. (Compared by sys.prefix: a venv's python is a symlink to the
+        # interpreter it was made from, so the two executables resolve to the same file.)
+        os.environ["ATTN_BENCH_REEXEC"] = "1"
         py = str(VENV / "bin" / "python")
         os.execv(py, [py, str(Path(__file__).resolve())] + argv)
 
