@@ -140,6 +140,14 @@ std::vector<Case> registry() {
   add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .causal = Causal::top_left,
        .mask = MaskCase::additive_full, .amplitude = 30, .scale = 1.0});
   add({.B = 1, .Hq = 1, .Hkv = 1, .Sq = 203, .Skv = 203, .Dk = 128, .Dv = 128, .amplitude = 30, .scale = 1.0});
+  // Long dot products of large terms (the two near-misses of the tolerance rule, issue 28): scores of tens from
+  // Dk = 256 terms of up to 64 each (scale 0.21, a float mask, key lengths, more queries than keys bottom-right),
+  // and scale 19.2 on Dk = 64 with bf16 K/V and dropout 0.9 (each kept weight x10). A score's fp32 rounding grows
+  // with the length of its sum: the kernels sum dot products in chunks (cpu/microkernel.h: kDotChunk).
+  add({.B = 2, .Hq = 8, .Hkv = 2, .Sq = 127, .Skv = 64, .Dk = 256, .Dv = 64, .causal = Causal::bottom_right,
+       .mask = MaskCase::additive_full, .kv_lens = true, .amplitude = 8, .scale = 0.21});
+  add({.B = 1, .Hq = 3, .Hkv = 3, .Sq = 16, .Skv = 15, .Dk = 64, .Dv = 64, .causal = Causal::top_left,
+       .kv_dtype = DType::bf16, .amplitude = 0.4, .scale = 19.2, .dropout = 0.9});
   // Explicit scales.
   add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 113, .Dk = 64, .Dv = 64, .scale = 0.01});
   add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 113, .Dk = 64, .Dv = 64, .scale = 2.5});
@@ -421,6 +429,17 @@ Status Instance::run(Backend backend, int threads, bool with_lse) {
   p.kv_lens.reset();
   if (!k_scale_pages.storage.empty()) p.k_scale = k_scale_pages.view, p.v_scale = v_scale_pages.view;
   return attention_paged(q.view, k_pages.view, v_pages.view, page_table.view, seq_lens.view, out.view, p, l);
+}
+
+Status Instance::problem(Backend backend, int threads, bool with_lse, core::Problem* result) const {
+  Params p = params;
+  p.backend = backend;
+  p.threads = threads;
+  const std::optional<TensorView> l = with_lse ? std::optional<TensorView>(lse.view) : std::nullopt;
+  if (k_pages.storage.empty()) return core::validate(q.view, k.view, v.view, out.view, p, l, result);
+  p.kv_lens.reset();
+  if (!k_scale_pages.storage.empty()) p.k_scale = k_scale_pages.view, p.v_scale = v_scale_pages.view;
+  return core::validate_paged(q.view, k_pages.view, v_pages.view, page_table.view, seq_lens.view, out.view, p, l, result);
 }
 
 std::vector<Case> backward_registry() {

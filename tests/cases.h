@@ -61,6 +61,8 @@ struct Instance {
   // Runs the case's entry point (attention or attention_paged) with the given overrides.
   // with_lse = false: no LSE output (kernels may then take cheaper paths, e.g. AMX's degree-3 exp2).
   Status run(Backend backend, int threads, bool with_lse = true);
+  // The validated problem run() would run (its entry point's validation), without running it.
+  Status problem(Backend backend, int threads, bool with_lse, core::Problem* p) const;
 };
 Instance instantiate(const Case& c);
 // The same from an explicit seed; `adjust` (if set) may change values (q, k, v, mask) before a paged case

@@ -10,6 +10,7 @@
 #include "attn/backward.h"
 #include "attn/info.h"
 #include "cases.h"
+#include "core/workspace_impl.h"
 #include "cpu/kernels.h"
 
 namespace attn::test {
@@ -121,6 +122,29 @@ TEST_P(AttentionCase, WorkspaceReuseChangesNothing) {
     EXPECT_EQ(shared.bytes(), held) << "a repeated call of the same shape grew the workspace";
   }
   in.params.workspace = nullptr;
+}
+
+// The scratch a call reports before it runs (attn::describe_attention: the dispatcher's workspace_bytes, each kernel's
+// Plan::bytes) is exactly what it then allocates: a fresh Workspace holds that much after the call, at every level
+// and thread count (the key lengths validation borrows aside).
+TEST_P(AttentionCase, ReportedScratchIsWhatTheCallAllocates) {
+  const Case& c = GetParam();
+  Instance in = instantiate(c);
+  for (cpu::Isa isa : supported_isas()) {
+    ForceIsa force(isa);
+    for (int threads : {1, 3}) {
+      core::Problem p;
+      ASSERT_TRUE(in.problem(Backend::flash, threads, true, &p).ok());
+      const std::int64_t reported = cpu::select_flash(p, threads).workspace_bytes;
+      Workspace ws;
+      in.params.workspace = &ws;
+      const Status s = in.run(Backend::flash, threads);
+      in.params.workspace = nullptr;
+      ASSERT_TRUE(s.ok()) << s.message();
+      const auto kv_lens = static_cast<std::int64_t>(ws.impl().kv_len.capacity() * sizeof(std::int64_t));
+      EXPECT_EQ(ws.bytes() - kv_lens, reported) << cpu::isa_name(isa) << ", " << threads << " threads";
+    }
+  }
 }
 
 // What a Workspace holds survives calls that only describe, and calls refused after validation borrowed its

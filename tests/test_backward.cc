@@ -8,6 +8,7 @@
 
 #include "cases.h"
 #include "core/backward_problem.h"
+#include "core/workspace_impl.h"
 
 namespace attn::test {
 namespace {
@@ -66,6 +67,33 @@ TEST_P(BackwardCase, MatchesFp64Reference) {
   }
   SCOPED_TRACE("reference");
   check(Backend::reference);
+}
+
+// The scratch the backward reports before it runs (describe_attention_backward: the dispatcher's
+// workspace_bytes, the kernel's Plan::bytes) is exactly what it then allocates, at every level and thread count.
+TEST_P(BackwardCase, ReportedScratchIsWhatTheCallAllocates) {
+  const Case& c = GetParam();
+  Instance in = instantiate(c);
+  forward(in);
+  for (cpu::Isa isa : supported_isas()) {
+    ForceIsa force(isa);
+    for (int threads : {1, 3}) {
+      GradInstance g = instantiate_grads(c);
+      Params params = in.params;
+      params.threads = threads;
+      core::BackwardProblem bp;
+      ASSERT_TRUE(core::validate_backward(in.q.view, in.k.view, in.v.view, in.out.view, in.lse.view, g.dout.view,
+                                          g.dq.view, g.dk.view, g.dv.view, params, std::nullopt, &bp).ok());
+      const std::int64_t reported = cpu::select_backward(bp, threads).workspace_bytes;
+      Workspace ws;
+      params.workspace = &ws;
+      const Status s = attention_backward(in.q.view, in.k.view, in.v.view, in.out.view, in.lse.view, g.dout.view,
+                                          g.dq.view, g.dk.view, g.dv.view, params);
+      ASSERT_TRUE(s.ok()) << s.message();
+      const auto kv_lens = static_cast<std::int64_t>(ws.impl().kv_len.capacity() * sizeof(std::int64_t));
+      EXPECT_EQ(ws.bytes() - kv_lens, reported) << cpu::isa_name(isa) << ", " << threads << " threads";
+    }
+  }
 }
 
 // Every output element is owned by one work item that sums in a fixed order: repeated runs, every thread count
@@ -226,6 +254,30 @@ TEST(BackwardNumerics, FullyMaskedRowsAndUnseenKeysGiveZeroGradients) {
       for (const Tensor* t : {&g.dq, &g.dk, &g.dv})
         for (double x : values(*t)) ASSERT_TRUE(std::isfinite(x));
     }
+}
+
+// A row that attends one key has P = 1 exactly, so the key's dV is the row's dO to the bit. The backward's
+// statistics come from the forward's own online-softmax state over the same scores sweep 2 recomputes (an LSE
+// rounded to fp32 gave P = 1 ± a few ulp in about one row in ten). Every row here sees one key (a window of
+// width 0 on the diagonal), one row per key, over every level, with scores large and small.
+TEST(BackwardNumerics, OneAllowedKeyGivesDvEqualToDoutExactly) {
+  for (cpu::Isa isa : supported_isas()) {
+    ForceIsa force(isa);
+    for (double amplitude : {1.0, 3.0}) {
+      SCOPED_TRACE(std::string(cpu::isa_name(isa)) + ", amplitude " + std::to_string(amplitude));
+      Case c{.B = 2, .Hq = 2, .Hkv = 2, .Sq = 157, .Skv = 157, .Dk = 32, .Dv = 24, .window = {0, 0, Align::top_left},
+             .amplitude = amplitude};
+      Instance in = instantiate(c);
+      GradInstance g = instantiate_grads(c);
+      forward(in);
+      ASSERT_TRUE(backward(in, g, Backend::flash, 2).ok());
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+          for (std::int64_t j = 0; j < c.Skv; ++j)
+            for (std::int64_t d = 0; d < c.Dv; ++d)
+              ASSERT_EQ(g.dv.get(b, h, j, d), g.dout.get(b, h, j, d)) << "key " << j << ", dim " << d;
+    }
+  }
 }
 
 // The seeds' worked example, by hand: one key per query sees everything, dV of key j = Σ_i P_ij dO_i.

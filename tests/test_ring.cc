@@ -211,12 +211,15 @@ void run(const Config& c) {
   rule(c.name + " lse", lsel, rows_of(lse_t1, qs), rows_of(lse_tt, qs), DType::f32);
   if (!c.backward) return;
 
-  // Backward: single process (flash, same precision) and the fp64 reference on the same O, LSE and dO.
+  // Backward: single process (flash, same precision: the statistics taken from the given O and LSE, as the ring
+  // takes them, FlashAttention-2's way) and the fp64 reference on the same O, LSE and dO.
   Tensor dq1, dk1, dv1, dqt, dkt, dvt;
   dq1.init(c.B, c.Hq, c.S, c.Dk, c.dtype), dk1.init(c.B, c.Hkv, c.Skv, c.Dk, c.dtype), dv1.init(c.B, c.Hkv, c.Skv, c.Dv, c.dtype);
   dqt.init(c.B, c.Hq, c.S, c.Dk, DType::f32), dkt.init(c.B, c.Hkv, c.Skv, c.Dk, DType::f32), dvt.init(c.B, c.Hkv, c.Skv, c.Dv, DType::f32);
+  Params p_single = p;
+  p_single.backward_statistics = BackwardStatistics::from_forward;
   CHECK(attention_backward(q.view(), k.view(), v.view(), out1.view(), lse1_v, dout.view(), dq1.view(), dk1.view(),
-                           dv1.view(), p).ok(), c.name + ": single-process backward");
+                           dv1.view(), p_single).ok(), c.name + ": single-process backward");
   dq1.load_from_storage(), dk1.load_from_storage(), dv1.load_from_storage();
   CHECK(attention_backward(q.f32_view(), k.f32_view(), v.f32_view(), out_truth.view(), lset_v, dout.f32_view(),
                            dqt.view(), dkt.view(), dvt.view(), pref).ok(), c.name + ": reference backward");

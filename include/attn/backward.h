@@ -17,11 +17,15 @@ namespace attn {
 //   grad_q   [B, Hq,  Sq,  Dk]    dtype of q
 //   grad_k   [B, Hkv, Skv, Dk]    dtype of k      (with GQA/MQA: summed over the query heads sharing the KV head)
 //   grad_v   [B, Hkv, Skv, Dv]    dtype of k
-// Statistics: where scores are small (|scale·q·k| <= 8 by the norms of Q and K, |LSE| <= 64, finite inputs) the
-// row's LSE and D = rowsum(dO ∘ O) are taken from the forward, as FlashAttention-2 does; everywhere else they are
-// recomputed from the scores (max, sum and D = rowsum(P ∘ dP), two more products): an fp32 LSE carries half an
-// ulp of |LSE| of error into every probability, and dO·O a rounding the peaked rows' cancellation magnifies. An
-// LSE value that is not plausible there (NaN, +inf, beyond ±64) also makes the rows recompute; never an error.
+// Statistics: each row's max and sum are recomputed from the scores (one more product, Q Kᵀ) with the forward's
+// own online-softmax state, over the same scores the gradients use, so the probabilities are the softmax of those
+// scores to fp32 rounding (a row with one allowed key has P = 1 exactly); the given lse is not used for them (an
+// fp32 LSE carries half an ulp of |LSE| into every probability). D = rowsum(dO ∘ O) is taken from the forward's
+// O where scores are small (|scale·q·k| <= 8 by the norms of Q and K, |LSE| <= 64, finite inputs), and
+// recomputed as rowsum(P ∘ dP) everywhere else (another product), since a rounding of O that a peaked row's
+// cancellation magnifies would otherwise reach the gradients. An lse value that is not plausible there (NaN, +inf,
+// beyond ±64) makes a row recompute D too; never an error. With Params::backward_statistics = from_forward, the
+// given lse and out are the statistics (FlashAttention-2's way; ring attention).
 // params must be the ones the forward ran with (scale, causal, window, kv_lens, mask); params.backend picks
 // the flash kernel (automatic, flash) or the fp64 reference. A row with no allowed key (or whose scores are
 // all −∞) contributes nothing and gets dQ = 0; keys no query sees get zero gradients; keys at or past a batch's

@@ -38,7 +38,8 @@ inline constexpr double kMaxScale = 0x1p+127;  // 1.70e+38
 
 // Where attention_backward takes each query row's softmax statistics (its LSE and D = rowsum(dO ∘ O)) from.
 enum class BackwardStatistics : std::uint8_t {
-  automatic,     // the forward's LSE and O where scores are small, recomputed from the scores elsewhere (accurate)
+  automatic,     // each row's max and sum recomputed from the scores; D from the forward's O where scores are small
+                 // (attn/backward.h)
   from_forward,  // always the given lse and out (FlashAttention-2's way): a backward over a subset of the keys
                  // whose lse and out are those of the whole key set (ring attention, attn/dist.h)
 };

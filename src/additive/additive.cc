@@ -11,7 +11,6 @@
 // vectorise): this module exists to compare scoring functions, not to be the fast path.
 #include "attn/additive.h"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +22,7 @@
 
 #include "core/views.h"
 #include "cpu/kernels.h"
+#include "cpu/schedule.h"
 #include "mha/linear.h"
 
 namespace attn {
@@ -274,31 +274,21 @@ Status additive_attention(const TensorView& q, const TensorView& k, const Tensor
     const Data d(p, w, q, k, v);
     const std::int64_t rows = p.B * p.Sq;
     std::vector<float> results(static_cast<std::size_t>(rows * (p.Dv + 1)));  // out and lse, stored at the end
-    bool failed = false;
-#pragma omp parallel num_threads(p.threads)
-    {
-      try {
-        std::vector<float> e(static_cast<std::size_t>(p.Skv));
-#pragma omp for schedule(static)
-        for (std::int64_t row = 0; row < rows; ++row) {
-          const std::int64_t b = row / p.Sq, i = row % p.Sq;
-          float* o = results.data() + row * (p.Dv + 1);
-          o[p.Dv] = softmax(p.Skv, row_scores(p, w, d, b, i, e.data(), nullptr), e.data());  // P, LSE
-          std::fill(o, o + p.Dv, 0.0f);
-          if (o[p.Dv] == kNegInf) continue;
-          for (std::int64_t j = 0; j < p.Skv; ++j) {  // out = Σ_j P_j v_j over the keys the row attends
-            if (!p.allowed(b, i, j) || p.bias(b, i, j) == kNegInf) continue;
-            const float pj = e[static_cast<std::size_t>(j)];
-            const float* vj = d.v.data() + (b * p.Skv + j) * p.Dv;
-            for (std::int64_t c = 0; c < p.Dv; ++c) o[c] += pj * vj[c];
-          }
-        }
-      } catch (const std::bad_alloc&) {
-#pragma omp atomic write
-        failed = true;
-      }
-    }
-    if (failed) throw std::bad_alloc();
+    std::vector<std::vector<float>> team;  // each thread's row of weights e [Skv]
+    cpu::run_team(&team, p.threads, rows, [&](int) { return std::vector<float>(static_cast<std::size_t>(p.Skv)); },
+                  cpu::loop(rows, [&](std::int64_t row, std::vector<float>& e) {
+                    const std::int64_t b = row / p.Sq, i = row % p.Sq;
+                    float* o = results.data() + row * (p.Dv + 1);
+                    o[p.Dv] = softmax(p.Skv, row_scores(p, w, d, b, i, e.data(), nullptr), e.data());  // P, LSE
+                    std::fill(o, o + p.Dv, 0.0f);
+                    if (o[p.Dv] == kNegInf) return;
+                    for (std::int64_t j = 0; j < p.Skv; ++j) {  // out = Σ_j P_j v_j over the keys the row attends
+                      if (!p.allowed(b, i, j) || p.bias(b, i, j) == kNegInf) continue;
+                      const float pj = e[static_cast<std::size_t>(j)];
+                      const float* vj = d.v.data() + (b * p.Skv + j) * p.Dv;
+                      for (std::int64_t c = 0; c < p.Dv; ++c) o[c] += pj * vj[c];
+                    }
+                  }, cpu::Spread::even));
     for (std::int64_t row = 0; row < rows; ++row) {
       const float* o = results.data() + row * (p.Dv + 1);
       for (std::int64_t c = 0; c < p.Dv; ++c) at(out, row / p.Sq, row % p.Sq, c) = o[c];
@@ -337,52 +327,52 @@ Status additive_attention_backward(const TensorView& q, const TensorView& k, con
     // dqp [B·Sq, A], dkp [B·Skv, A], dV, and dw per batch (summed in batch order below).
     std::vector<float> dqp(n(p.B * p.Sq * p.A), 0.0f), dkp(n(p.B * p.Skv * p.A), 0.0f), dv(n(p.B * p.Skv * p.Dv), 0.0f);
     std::vector<double> dw(n(p.B * p.A), 0.0);  // (in double: each sums Sq·Skv terms)
-    bool failed = false;
-#pragma omp parallel num_threads(p.threads)
-    {
-      try {
-        std::vector<float> e(n(p.Skv)), dpj(n(p.Skv)), t(n(p.Skv * p.A)), go(n(p.Dv));
-#pragma omp for schedule(static)
-        for (std::int64_t b = 0; b < p.B; ++b) {  // rows of a batch share dK, dV: one batch per item
-          float* dv_b = dv.data() + b * p.Skv * p.Dv;
-          double* dw_b = dw.data() + b * p.A;
-          for (std::int64_t i = 0; i < p.Sq; ++i) {
-            float* dqp_i = dqp.data() + (b * p.Sq + i) * p.A;
-            if (softmax(p.Skv, row_scores(p, w, d, b, i, e.data(), t.data()), e.data()) == kNegInf) continue;  // P
-            for (std::int64_t c = 0; c < p.Dv; ++c) go[n(c)] = get(grad_out, b, i, c);
-            // dP_j = dO·v_j, D = Σ_j P_j dP_j, dV_j += P_j dO over the keys the row attends
-            double dsum = 0;
-            for (std::int64_t j = 0; j < p.Skv; ++j) {
-              if (!p.allowed(b, i, j) || p.bias(b, i, j) == kNegInf) continue;
-              const float* vj = d.v.data() + (b * p.Skv + j) * p.Dv;
-              float s = 0;
-              for (std::int64_t c = 0; c < p.Dv; ++c) s += go[n(c)] * vj[c];
-              dpj[n(j)] = s;
-              dsum += static_cast<double>(e[n(j)]) * s;
-              for (std::int64_t c = 0; c < p.Dv; ++c) dv_b[j * p.Dv + c] += e[n(j)] * go[n(c)];
-            }
-            const float D = static_cast<float>(dsum);
-            // dS_j = P_j (dP_j − D), through tanh to qp, kp and w
-            for (std::int64_t j = 0; j < p.Skv; ++j) {
-              if (!p.allowed(b, i, j) || p.bias(b, i, j) == kNegInf) continue;
-              const float ds = e[n(j)] * (dpj[n(j)] - D);
-              const float* tj = t.data() + j * p.A;
-              float* dkp_j = dkp.data() + (b * p.Skv + j) * p.A;
-              for (std::int64_t a = 0; a < p.A; ++a) {
-                const float th = tj[a], gw = ds * w.w[n(a)] * (1.0f - th * th);
-                dqp_i[a] += gw;
-                dkp_j[a] += gw;
-                dw_b[a] += static_cast<double>(ds * th);
-              }
-            }
-          }
-        }
-      } catch (const std::bad_alloc&) {
-#pragma omp atomic write
-        failed = true;
-      }
-    }
-    if (failed) throw std::bad_alloc();
+    struct Scratch {  // each thread's rows: weights e and dP [Skv], tanh values t [Skv, A], dO [Dv]
+      std::vector<float> e, dpj, t, go;
+    };
+    std::vector<Scratch> team;
+    cpu::run_team(&team, p.threads, p.B,
+                  [&](int) { return Scratch{std::vector<float>(n(p.Skv)), std::vector<float>(n(p.Skv)),
+                                            std::vector<float>(n(p.Skv * p.A)), std::vector<float>(n(p.Dv))}; },
+                  // rows of a batch share dK, dV: one batch per item
+                  cpu::loop(p.B, [&](std::int64_t b, Scratch& scratch) {
+                    std::vector<float>& e = scratch.e;
+                    std::vector<float>& dpj = scratch.dpj;
+                    std::vector<float>& t = scratch.t;
+                    std::vector<float>& go = scratch.go;
+                    float* dv_b = dv.data() + b * p.Skv * p.Dv;
+                    double* dw_b = dw.data() + b * p.A;
+                    for (std::int64_t i = 0; i < p.Sq; ++i) {
+                      float* dqp_i = dqp.data() + (b * p.Sq + i) * p.A;
+                      if (softmax(p.Skv, row_scores(p, w, d, b, i, e.data(), t.data()), e.data()) == kNegInf) continue;  // P
+                      for (std::int64_t c = 0; c < p.Dv; ++c) go[n(c)] = get(grad_out, b, i, c);
+                      // dP_j = dO·v_j, D = Σ_j P_j dP_j, dV_j += P_j dO over the keys the row attends
+                      double dsum = 0;
+                      for (std::int64_t j = 0; j < p.Skv; ++j) {
+                        if (!p.allowed(b, i, j) || p.bias(b, i, j) == kNegInf) continue;
+                        const float* vj = d.v.data() + (b * p.Skv + j) * p.Dv;
+                        float s = 0;
+                        for (std::int64_t c = 0; c < p.Dv; ++c) s += go[n(c)] * vj[c];
+                        dpj[n(j)] = s;
+                        dsum += static_cast<double>(e[n(j)]) * s;
+                        for (std::int64_t c = 0; c < p.Dv; ++c) dv_b[j * p.Dv + c] += e[n(j)] * go[n(c)];
+                      }
+                      const float D = static_cast<float>(dsum);
+                      // dS_j = P_j (dP_j − D), through tanh to qp, kp and w
+                      for (std::int64_t j = 0; j < p.Skv; ++j) {
+                        if (!p.allowed(b, i, j) || p.bias(b, i, j) == kNegInf) continue;
+                        const float ds = e[n(j)] * (dpj[n(j)] - D);
+                        const float* tj = t.data() + j * p.A;
+                        float* dkp_j = dkp.data() + (b * p.Skv + j) * p.A;
+                        for (std::int64_t a = 0; a < p.A; ++a) {
+                          const float th = tj[a], gw = ds * w.w[n(a)] * (1.0f - th * th);
+                          dqp_i[a] += gw;
+                          dkp_j[a] += gw;
+                          dw_b[a] += static_cast<double>(ds * th);
+                        }
+                      }
+                    }
+                  }, cpu::Spread::even));
     // dQ = dqp W_q, dW_q = dqpᵀ Q, dK = dkp W_k, dW_k = dkpᵀ K (all batches at once)
     std::vector<float> dq(n(p.B * p.Sq * p.Dq)), dk(n(p.B * p.Skv * p.Dk)), dwq(n(p.A * p.Dq)), dwk(n(p.A * p.Dk));
     mha::gemm(false, false, p.B * p.Sq, p.Dq, p.A, dqp.data(), p.A, w.wq.data(), p.Dq, 0.0f, dq.data(), p.Dq);

@@ -35,7 +35,7 @@ Status attention_backward(const TensorView& q, const TensorView& k, const Tensor
     return Status::Ok();
   }
   const int threads = cpu::resolve_threads(bp.fwd.threads);
-  const cpu::BackwardChoice kernel = cpu::select_backward(bp.fwd, threads);
+  const cpu::BackwardChoice kernel = cpu::select_backward(bp, threads);
   if (!kernel.fn)
     return Status::Unsupported("q", std::string("no backward kernel for q dtype ") + dtype_name(bp.fwd.q.dtype) +
                                         " with k/v dtype " + dtype_name(bp.fwd.k.dtype));

@@ -100,7 +100,7 @@ Status describe_attention_backward(const TensorView& q, const TensorView& k, con
     r.threads = 1;
     r.workspace_bytes = reference::bytes_needed(bp.fwd, /*backward=*/true);
   } else {
-    const cpu::BackwardChoice c = cpu::select_backward(bp.fwd, r.threads);
+    const cpu::BackwardChoice c = cpu::select_backward(bp, r.threads);
     if (!c.fn) return Status::Unsupported("q", "no backward kernel for these dtypes");
     r.backend = "flash";
     r.isa = cpu::isa_name(c.isa);

@@ -39,26 +39,44 @@ namespace attn::core {
 inline constexpr double kLog2e = 1.4426950408889634;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// The lane arithmetic of one scalar row (Lanes concept: T, set1, add, sub, mul, max, exp2, if_neg_inf).
-// max(a, b) returns b when either is NaN, as the x86 max instructions do.
-struct ScalarLanes {
-  using T = float;
+// The lane arithmetic of one scalar row, in fp32 (ScalarLanes) or fp64 (WideLanes): the Lanes concept (T, W lanes,
+// set1, load, add, sub, mul, max, abs, exp2, tanh, if_neg_inf, any_neg_inf), which the CPU kernels' vector types
+// (cpu/vec.h: VecLanes) implement too and core/variant.h's vector hooks use. max(a, b) returns b when either is
+// NaN, as the x86 max instructions do.
+template <class F>
+struct ScalarOf {
+  using T = F;
+  static constexpr int W = 1;
   ATTN_HD static T set1(float x) { return x; }
+  ATTN_HD static T load(const float* p) { return *p; }
   ATTN_HD static T add(T a, T b) { return a + b; }
   ATTN_HD static T sub(T a, T b) { return a - b; }
   ATTN_HD static T mul(T a, T b) { return a * b; }
   ATTN_HD static T max(T a, T b) { return a > b ? a : b; }
-  ATTN_HD static T exp2(T x) { return static_cast<float>(std::exp2(static_cast<double>(x))); }
+  ATTN_HD static T exp2(T x) { return static_cast<T>(std::exp2(static_cast<double>(x))); }
   // x == -inf ? a : b
   ATTN_HD static T if_neg_inf(T x, T a, T b) { return x == kNegInf ? a : b; }
+  ATTN_HD static bool any_neg_inf(T x) { return x == kNegInf; }
+  ATTN_HD static T abs(T x) { return std::fabs(x); }
+  ATTN_HD static T tanh(T x) { return std::tanh(x); }
 };
+using ScalarLanes = ScalarOf<float>;
+using WideLanes = ScalarOf<double>;
 
-// The state of one row (Lanes = ScalarLanes) or of one row per SIMD lane (a vector Lanes of cpu/vec.h).
+// The state of one row (Lanes = ScalarLanes or WideLanes) or of one row per SIMD lane (a vector Lanes of
+// cpu/vec.h). Besides l it can keep a second sum weighted like l, w = Σ 2^((s - m)·c)·x_j, for a kernel that
+// needs a weighted mean over the row's keys (the backward's D = Σ_j P_ij dP_ij); rescaled with l, it costs nothing
+// where it is not used.
 template <class Lanes>
 struct OnlineSoftmax {
   using T = typename Lanes::T;
-  T m = Lanes::set1(kNegInf);  // running max of the scores seen (score units)
-  T l = Lanes::set1(0.0f);     // running sum of 2^((s - m)·c)
+  T m;  // running max of the scores seen (score units)
+  T l;  // running sum of 2^((s - m)·c)
+  T w;  // running sum of 2^((s - m)·c)·x_j (the second sum)
+
+  // Empty: m = -inf, l = w = 0. (Always inlined, like every function here, so that a vector state is built with
+  // its kernel's instruction set.)
+  ATTN_HD OnlineSoftmax() : m(Lanes::set1(kNegInf)), l(Lanes::set1(0.0f)), w(Lanes::set1(0.0f)) {}
 
   // Where weights are measured from: m, or 0 while the row has seen nothing (its scores are then all -inf and
   // weigh 2^(-inf) = 0 instead of NaN).
@@ -67,13 +85,14 @@ struct OnlineSoftmax {
   ATTN_HD static T weight(T s, T origin, T c) { return Lanes::exp2(Lanes::mul(Lanes::sub(s, origin), c)); }
   ATTN_HD static T weight_log2(T s, T origin) { return Lanes::exp2(Lanes::sub(s, origin)); }
 
-  // Eager step: m' = max(m, tile_max), l *= α; returns α = 2^((m - m')·c), the factor the caller multiplies its
-  // accumulator o by (0 for a row that had seen nothing: its o holds only 0·v terms).
+  // Eager step: m' = max(m, tile_max), l *= α, w *= α; returns α = 2^((m - m')·c), the factor the caller multiplies
+  // its accumulator o by (0 for a row that had seen nothing: its o holds only 0·v terms).
   ATTN_HD T advance(T tile_max, T c) {
     const T m_new = Lanes::max(m, tile_max);
     const T alpha = Lanes::if_neg_inf(m, Lanes::set1(0.0f), Lanes::exp2(Lanes::mul(Lanes::sub(m, m_new), c)));
     m = m_new;
     l = Lanes::mul(l, alpha);
+    w = Lanes::mul(w, alpha);
     return alpha;
   }
 
@@ -86,7 +105,28 @@ struct OnlineSoftmax {
     return advance(tile_max, c);
   }
 
+  // A tile's weights, summed relative to origin() after its advance (and their sum times x_j for w).
   ATTN_HD void add(T sum) { l = Lanes::add(l, sum); }
+  ATTN_HD void add(T sum, T weighted) { l = Lanes::add(l, sum), w = Lanes::add(w, weighted); }
+
+  // One score s joining the row as a key of its own, x its value for the second sum: a sink (a logit with no
+  // value, x = 0) joins every row of its head this way.
+  ATTN_HD void absorb(T s, T c, T x = Lanes::set1(0.0f)) {
+    advance(s, c);
+    const T e = weight(s, origin(), c);
+    add(e, Lanes::mul(e, x));
+  }
+
+  // What a kernel that recomputes the row's weights later needs (the backward): P = 2^((s - m)·c)·inv_l, and the
+  // second sum's mean w / l. An empty row (l = 0: no key above -inf) gets m = 0 and inv_l = 0, so every weight is
+  // 0; a row that met a NaN stays NaN.
+  struct Statistics {
+    T m, inv_l, mean_w;
+  };
+  ATTN_HD Statistics statistics() const {
+    if (l == 0) return {T(0), T(0), T(0)};
+    return {m, T(1) / l, w / l};
+  }
 };
 
 using RowState = OnlineSoftmax<ScalarLanes>;
@@ -141,6 +181,7 @@ ATTN_HD void merge(RowState& a, float* oa, const RowState& b, const float* ob, s
   const float wa = ScalarLanes::exp2((a.m - m) * c), wb = ScalarLanes::exp2((b.m - m) * c);
   for (std::int64_t d = 0; d < n; ++d) oa[d] = oa[d] * wa + ob[d] * wb;
   a.l = a.l * wa + b.l * wb;
+  a.w = a.w * wa + b.w * wb;
   a.m = m;
 }
 

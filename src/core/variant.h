@@ -14,14 +14,21 @@
 // The hooks a kernel calls, per query row (Variant::row(problem, b, h, i)):
 //   hidden(j)          the key is hidden from the row (the kernel then never reads it: -inf, no weight)
 //   logit(j, x)        the row's score of key j from x = scale·q·k, in natural-log units (-inf when hidden);
-//                      an fp32 form (rounded as the kernels' vector paths round: x, then + bias) and an fp64
-//                      form (the wide and exact paths)
-//   same_row(other)    the two rows share their bias row (a key-padding mask, broadcast over rows and heads):
-//                      the vector kernel then adds it to a whole tile of lanes at once
+//                      an fp32 form and an fp64 form (the wide and exact paths)
+//   dx(x)              d logit / dx, the factor the backward's dS takes
+// and their vector form, for a kernel that holds up to N query rows in the lanes of its vectors and takes a tile
+// of keys one key at a time (Variant::Lanes<L, N>, L the lane arithmetic: core::ScalarLanes, or a CPU instruction
+// set's VecLanes):
+//   Lanes(problem, b, h[], i[], n, j0)   the rows of lanes 0 .. n-1 for the tile of keys starting at j0
+//   logit(v, c, x, hidden)               the scores of the lanes of vector v for key j0 + c from x = scale·q·k per
+//                                        lane (-inf where the dense mask hides the key; `hidden` then set)
 // and per variant:
 //   kPerElement        scores must go through logit() (else the kernel may keep unscaled or log2-premultiplied
 //                      dot products, with the scale folded into its exponent)
-//   kBiasOnly          logit(j, x) = x + bias(j): the tile-wide vector path applies
+//   kTransform         logit() transforms x (its dx() is not 1)
+//   kDropout           the call's dropout may apply (dropout(problem))
+//   from_far_side(p)   the kernel should walk a row's key tiles from the last back (ALiBi: a row's largest scores
+//                      sit at its diagonal, the far keys' are large and negative)
 // Adding a variant: a policy here (and its case in cpu/pick.h), its definition in src/reference, its Params
 // field and validation, and tests; the kernels call only these hooks.
 #pragma once
@@ -29,46 +36,85 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 
+#include "core/online_softmax.h"
 #include "core/problem.h"
 
 namespace attn::core {
 
 // ---- dense masks ----------------------------------------------------------------------------------------
+// Each: Row (one query row: bias(j), 0 or the additive value or -inf) and Lanes<L, N> (the rows of up to N lanes:
+// bias(v, c), the biases of the lanes of vector v at key j0 + c; one broadcast when every lane reads the same row,
+// as a key-padding mask broadcast over rows and heads does).
 
 struct NoDenseMask {
   static constexpr bool kActive = false;
   struct Row {
     float bias(std::int64_t) const { return 0.0f; }
-    bool same(const Row&) const { return true; }
   };
   static Row row(const Problem&, std::int64_t, std::int64_t, std::int64_t) { return {}; }
+  template <class L, int N>
+  struct Lanes {
+    Lanes(const Problem&, std::int64_t, const std::int64_t*, const std::int64_t*, std::int64_t, std::int64_t) {}
+    bool active() const { return false; }
+    typename L::T bias(int, std::int64_t) const { return L::set1(0.0f); }
+  };
 };
+
+// A dense mask row of element type E, read as a bias by Bias(e) (additive: the value; keep: 0 or -inf).
+template <class E, float (*Bias)(E)>
+struct DenseRow {
+  const E* base;
+  std::int64_t stride;
+  float bias(std::int64_t j) const { return Bias(base[j * stride]); }
+};
+
+// The rows of up to N lanes of a dense mask (lanes past n read lane 0's row), from key j0 on.
+template <class L, int N, class E, float (*Bias)(E)>
+struct DenseLanes {
+  const E* base[N];
+  std::int64_t stride = 0;
+  bool shared = true;  // every lane reads one row
+  DenseLanes(const Problem& p, std::int64_t b, const std::int64_t* h, const std::int64_t* i, std::int64_t n,
+             std::int64_t j0) {
+    stride = p.mask.stride[3];
+    for (int r = 0; r < N; ++r) {
+      const std::int64_t s = r < n ? r : 0;
+      base[r] = static_cast<const E*>(p.mask.data) + p.mask.offset(b, h[s], i[s], 0) + j0 * stride;
+      shared = shared && base[r] == base[0];
+    }
+  }
+  bool active() const { return true; }
+  typename L::T bias(int v, std::int64_t c) const {
+    if (shared) return L::set1(Bias(base[0][c * stride]));
+    alignas(64) float x[L::W];
+    for (int w = 0; w < L::W; ++w) x[w] = Bias(base[v * L::W + w][c * stride]);
+    return L::load(x);
+  }
+};
+
+inline float additive_bias(float x) { return x; }
+inline float keep_bias(unsigned char x) { return x ? 0.0f : -std::numeric_limits<float>::infinity(); }
 
 struct AdditiveMask {
   static constexpr bool kActive = true;
-  struct Row {
-    const float* base;
-    std::int64_t stride;
-    float bias(std::int64_t j) const { return base[j * stride]; }
-    bool same(const Row& o) const { return base == o.base && stride == o.stride; }
-  };
+  using Row = DenseRow<float, additive_bias>;
   static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
     return {static_cast<const float*>(p.mask.data) + p.mask.offset(b, h, i, 0), p.mask.stride[3]};
   }
+  template <class L, int N>
+  using Lanes = DenseLanes<L, N, float, additive_bias>;
 };
 
 struct KeepMask {
   static constexpr bool kActive = true;
-  struct Row {
-    const unsigned char* base;
-    std::int64_t stride;
-    float bias(std::int64_t j) const { return base[j * stride] ? 0.0f : -std::numeric_limits<float>::infinity(); }
-    bool same(const Row& o) const { return base == o.base && stride == o.stride; }
-  };
+  using Row = DenseRow<unsigned char, keep_bias>;
   static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
     return {static_cast<const unsigned char*>(p.mask.data) + p.mask.offset(b, h, i, 0), p.mask.stride[3]};
   }
+  template <class L, int N>
+  using Lanes = DenseLanes<L, N, unsigned char, keep_bias>;
 };
 
 // A dense mask of any kind, chosen at run time (the `mods` variants: one instantiation for every mask kind, so
@@ -77,30 +123,49 @@ struct AnyMask {
   static constexpr bool kActive = true;
   struct Row {
     MaskKind kind = MaskKind::none;
-    const float* add = nullptr;          // the additive row (kind additive)
-    const unsigned char* keep = nullptr;  // the keep row (kind keep)
-    std::int64_t stride = 0;
+    AdditiveMask::Row add{nullptr, 0};
+    KeepMask::Row keep{nullptr, 0};
     float bias(std::int64_t j) const {
       switch (kind) {
-        case MaskKind::additive: return add[j * stride];
-        case MaskKind::keep: return keep[j * stride] ? 0.0f : -std::numeric_limits<float>::infinity();
+        case MaskKind::additive: return add.bias(j);
+        case MaskKind::keep: return keep.bias(j);
         default: return 0.0f;
       }
     }
-    bool same(const Row& o) const { return kind == o.kind && add == o.add && keep == o.keep && stride == o.stride; }
   };
   static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
-    switch (p.mask_kind) {
-      case MaskKind::additive: return {MaskKind::additive, AdditiveMask::row(p, b, h, i).base, nullptr, p.mask.stride[3]};
-      case MaskKind::keep: return {MaskKind::keep, nullptr, KeepMask::row(p, b, h, i).base, p.mask.stride[3]};
-      default: return {};
-    }
+    Row r;
+    r.kind = p.mask_kind;
+    if (r.kind == MaskKind::additive) r.add = AdditiveMask::row(p, b, h, i);
+    if (r.kind == MaskKind::keep) r.keep = KeepMask::row(p, b, h, i);
+    return r;
   }
+  template <class L, int N>
+  struct Lanes {
+    MaskKind kind;
+    std::optional<typename AdditiveMask::template Lanes<L, N>> add;
+    std::optional<typename KeepMask::template Lanes<L, N>> keep;
+    Lanes(const Problem& p, std::int64_t b, const std::int64_t* h, const std::int64_t* i, std::int64_t n,
+          std::int64_t j0)
+        : kind(p.mask_kind) {
+      if (kind == MaskKind::additive) add.emplace(p, b, h, i, n, j0);
+      if (kind == MaskKind::keep) keep.emplace(p, b, h, i, n, j0);
+    }
+    bool active() const { return kind != MaskKind::none; }
+    typename L::T bias(int v, std::int64_t c) const {
+      switch (kind) {
+        case MaskKind::additive: return add->bias(v, c);
+        case MaskKind::keep: return keep->bias(v, c);
+        default: return L::set1(0.0f);
+      }
+    }
+  };
 };
 
 // ---- logits transforms ------------------------------------------------------------------------------------
 // T(j, x): the row's score of key j from x = scale·q·k, before the dense mask's bias; dx(x): dT/dx, the factor
-// the backward's dS takes (the ALiBi bias, a constant, has none).
+// the backward's dS takes (the ALiBi bias, a constant, has none). Row: one query row, fp32 and fp64; Lanes<L, N>:
+// the rows of up to N lanes, apply(v, c, x) for key j0 + c.
 
 struct Identity {
   static constexpr bool kActive = false;
@@ -112,6 +177,12 @@ struct Identity {
     double dx(double) const { return 1.0; }
   };
   static Row row(const Problem&, std::int64_t, std::int64_t, std::int64_t) { return {}; }
+  static bool from_far_side(const Problem&) { return false; }
+  template <class L, int N>
+  struct Lanes {
+    Lanes(const Problem&, std::int64_t, const std::int64_t*, const std::int64_t*, std::int64_t, std::int64_t) {}
+    typename L::T apply(int, std::int64_t, typename L::T x) const { return x; }
+  };
 };
 
 // Soft-capping and ALiBi (attn::Params::softcap, alibi_slopes), each off when its parameter is 0:
@@ -144,6 +215,34 @@ struct ScoreMods {
   static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
     return {p.softcap, p.alibi_slope(b, h), i + p.kv_len[static_cast<std::size_t>(b)] - p.Sq};
   }
+  // ALiBi makes the scores of far keys large and negative: walking a row's tiles from its diagonal back finds the
+  // running max first, so the far tiles' scores lie far below it (cpu/flash_kernel.h: kFarBelow).
+  static bool from_far_side(const Problem& p) { return p.alibi.has_value(); }
+  // The vector form: cap·tanh(x·(1/cap)) with the lane arithmetic's tanh, and the ALiBi distance |diag − j| formed
+  // as |(diag − j0) − c| in fp32, exact while it is below 2^24.
+  template <class L, int N>
+  struct Lanes {
+    using T = typename L::T;
+    bool cap_on = false, alibi = false;
+    T cap, inv_cap;
+    alignas(64) float slope[N], base[N];  // base = diag − j0
+    Lanes(const Problem& p, std::int64_t b, const std::int64_t* h, const std::int64_t* i, std::int64_t n,
+          std::int64_t j0)
+        : cap_on(p.softcap > 0), alibi(p.alibi.has_value()), cap(L::set1(p.softcap)),
+          inv_cap(L::set1(p.softcap > 0 ? 1.0f / p.softcap : 0.0f)) {
+      for (int r = 0; r < N; ++r) {
+        const Row row = r < n ? ScoreMods::row(p, b, h[r], i[r]) : Row{};
+        slope[r] = row.slope;
+        base[r] = r < n ? static_cast<float>(row.diag - j0) : 0.0f;
+      }
+    }
+    T apply(int v, std::int64_t c, T x) const {
+      if (cap_on) x = L::mul(cap, L::tanh(L::mul(x, inv_cap)));
+      if (alibi) x = L::sub(x, L::mul(L::load(slope + v * L::W), L::abs(L::sub(L::load(base + v * L::W),
+                                                                                 L::set1(static_cast<float>(c))))));
+      return x;
+    }
+  };
 };
 
 // ---- the composition ------------------------------------------------------------------------------------------
@@ -151,11 +250,12 @@ struct ScoreMods {
 template <class Mask, class Transform = Identity>
 struct Variant {
   static constexpr bool kPerElement = Mask::kActive || Transform::kActive;
-  static constexpr bool kBiasOnly = !Transform::kActive;
   static constexpr bool kTransform = Transform::kActive;
   // The call's dropout (Problem::dropout, when on) multiplies the weights P by its factors z after the softmax
-  // has summed them: the kernels call core::Dropout::factors where this holds.
+  // has summed them: the kernels call core::Dropout::factors where dropout(p) holds.
   static constexpr bool kDropout = Transform::kDropout;
+  static bool dropout(const Problem& p) { return kDropout && p.dropout.on(); }
+  static bool from_far_side(const Problem& p) { return Transform::from_far_side(p); }
 
   struct Row {
     typename Mask::Row mask;
@@ -173,12 +273,31 @@ struct Variant {
     // d logit / dx at x (1 without a transform)
     float dx(float x) const { return transform.dx(x); }
     double dx(double x) const { return transform.dx(x); }
-    float bias(std::int64_t j) const { return mask.bias(j); }
-    bool same_row(const Row& o) const { return mask.same(o.mask); }
   };
   static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
     return {Mask::row(p, b, h, i), Transform::row(p, b, h, i)};
   }
+
+  // The vector form (see the top of this file): the rows of lanes 0 .. n-1 (lane r: query row i[r] of head h[r]
+  // in batch b), for the tile of keys starting at j0.
+  template <class L, int N>
+  struct Lanes {
+    using T = typename L::T;
+    typename Mask::template Lanes<L, N> mask;
+    typename Transform::template Lanes<L, N> transform;
+    Lanes(const Problem& p, std::int64_t b, const std::int64_t* h, const std::int64_t* i, std::int64_t n,
+          std::int64_t j0)
+        : mask(p, b, h, i, n, j0), transform(p, b, h, i, n, j0) {}
+    // The lanes' scores at key j0 + c from x = scale·q·k (the fp32 form of Row::logit); `hidden` is set when the
+    // dense mask hides the key from some lane.
+    T logit(int v, std::int64_t c, T x, bool& hidden) const {
+      const T y = transform.apply(v, c, x);
+      if (!mask.active()) return y;
+      const T b = mask.bias(v, c);
+      if (L::any_neg_inf(b)) hidden = true;
+      return L::if_neg_inf(b, b, L::add(y, b));
+    }
+  };
 };
 
 // The variant of the `mods` kind (softcap, ALiBi or dropout, with any dense mask).

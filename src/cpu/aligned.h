@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <vector>
 
@@ -24,5 +25,33 @@ struct CacheAlignedAllocator {
 
 template <class T>
 using AlignedVector = std::vector<T, CacheAlignedAllocator<T>>;
+
+// Workspaces (the kernels' per-thread scratch) list their buffers once, as (member, length) pairs in a static
+// layout(shape, f) that calls f(&Workspace::buffer, length) for each: the constructor allocates those lengths,
+// bytes(shape) counts them before anything is allocated (what attn::describe_attention reports), and held()
+// measures what an existing workspace holds. These do the allocating, counting and measuring for any such
+// workspace WS.
+template <class S, class V>
+constexpr std::int64_t element_bytes(V S::*) {
+  return static_cast<std::int64_t>(sizeof(typename V::value_type));
+}
+template <class WS, class Shape>
+void allocate_layout(WS& ws, const Shape& shape) {
+  WS::layout(shape, [&](auto member, std::int64_t n) { (ws.*member).resize(static_cast<std::size_t>(n)); });
+}
+template <class WS, class Shape>
+std::int64_t layout_bytes(const Shape& shape) {
+  std::int64_t bytes = static_cast<std::int64_t>(sizeof(WS));
+  WS::layout(shape, [&](auto member, std::int64_t n) { bytes += n * element_bytes(member); });
+  return bytes;
+}
+template <class WS, class Shape>
+std::int64_t held_bytes(const WS& ws, const Shape& shape) {
+  std::int64_t bytes = static_cast<std::int64_t>(sizeof(WS));
+  WS::layout(shape, [&](auto member, std::int64_t) {
+    bytes += static_cast<std::int64_t>((ws.*member).capacity()) * element_bytes(member);
+  });
+  return bytes;
+}
 
 }  // namespace attn::cpu

@@ -9,21 +9,20 @@
 // seed enter as dV += (P ∘ z)ᵀ dO and dP ∘ z in place of dP; D = dO·O (O is dropout's output) is unchanged.
 //
 // Sweeps over work items that own their outputs, so no atomics and no order that depends on the schedule:
-// results are bitwise identical at every thread count.
+// results are bitwise identical at every thread count. All of them run in one parallel region (cpu/schedule.h).
 //   0. the largest row norm of every query block, dO block, key tile and value tile (rows the masks can reach
 //      only: keys past a batch's length are never read). A non-finite norm marks a block or tile holding NaN
 //      or inf; a large product of norms marks tiles whose scores are formed in fp64.
-//   1. row_statistics, per (batch, query head, query block): the row's max m_i and l_i = Σ_j e^(s_ij − m_i),
-//      recomputed here from the scores (one product per tile; see there for why not from the forward's LSE),
-//      and D_i = dO_i · O_i.
+//   1. row_statistics, per (batch, query head, query block): each row's online-softmax state (core::OnlineSoftmax,
+//      the forward's) over the scores the row's keys get here, the same scores sweep 2 recomputes; and D_i.
 //   2. key_chunk, per (batch, KV head, chunk of keys): for each key block of the chunk, over the group's
 //      query heads and query blocks in order: the five products above. dK and dV of the block are complete
 //      when it ends and are stored; dQ is summed into the item's own rows: the caller's dQ itself (fp32, one
 //      chunk) or an fp32 partial per chunk.
 //   3. with partials only: dQ = Σ_chunks partial, the chunks in order. The number of chunks depends on the
 //      shape only (never on the thread count), and is 1 unless B·Hkv alone gives too few items.
-// Memory: per-thread tiles, the per-row statistics, and the partials (chunks x |dQ| in fp32) when there are
-// any; never Sq x Skv.
+// Memory (Plan::bytes): per-thread tiles, the per-row statistics, and the partials (chunks x |dQ| in fp32) when
+// there are any; never Sq x Skv.
 //
 // Non-finite inputs follow IEEE arithmetic over the pairs that carry weight (attended keys whose score is not
 // -inf; a row that is empty in the forward contributes nothing): a tile that meets a NaN or inf in Q, dO, K or V
@@ -33,8 +32,9 @@
 // The five products are one register-blocked micro-kernel (gemm below): C[i][·] (+)= Σ_k A(i, k) · B[k][·]
 // with B's rows in SIMD lanes and A read as broadcast scalars at any two strides, so Pᵀ and dSᵀ need no
 // transpose. Scores, probabilities and every sum are fp32 (scores fp64 on tiles with large logits); the
-// exponential is exp2v (vec.h). Tile sizes, micro-kernel shapes (4x4 and 8x2 vectors, 6x4), and a variant
-// loading each query block once per 4 key blocks were measured here: none moved the time beyond the noise.
+// exponential is the online-softmax state's weight (exp2v). Tile sizes, micro-kernel shapes (4x4 and 8x2
+// vectors, 6x4), and a variant loading each query block once per 4 key blocks were measured here: none moved the
+// time beyond the noise.
 //
 // Compiled once per instruction-set level by the unit generated from src/cpu/isa_unit.cc.in, after
 // cpu/flash_kernel.h and like it (cpu/isa_prelude.h first, this body inside the target region). This body
@@ -48,8 +48,8 @@
 
 namespace attn::cpu::ATTN_ISA_NS::bwd {
 
-// (Vec, exp2v and the micro-kernel mma: cpu/vec.h and cpu/microkernel.h, included by cpu/flash_kernel.h in the
-// enclosing namespace.)
+// (Vec, exp2v, the micro-kernel mma and the row sources: cpu/vec.h, cpu/microkernel.h and cpu/row_source.h,
+// included by cpu/flash_kernel.h in the enclosing namespace.)
 
 using V = Vec::T;
 constexpr int W = Vec::W;
@@ -60,14 +60,21 @@ constexpr int GV = W == 16 ? 4 : 2;   // vectors of C per micro-kernel step (GR 
 
 inline std::int64_t padded(std::int64_t dim) { return (dim + W - 1) / W * W; }
 
+// The softmax's units here: scores x in natural-log units (scale·q·k + mask, through the variant's hooks), so the
+// online-softmax state runs with c = log2 e.
+using RowState = core::OnlineSoftmax<core::WideLanes>;  // one row, fp64 sums (D must cancel exactly: dscores)
+using LaneState = core::OnlineSoftmax<VecLanes>;         // the weight function over SIMD lanes
+constexpr double kC = core::kLog2e;
+
 // ---- the micro-kernel ------------------------------------------------------------------------------------
 
 // C[i][·] for rows i0 .. i0+R-1 and vectors n0 .. n0+CV-1: (ACC ? C : 0) + Σ_{k<kn} A(i, k) · B[k][·], with
-// A(i, k) = a[i·a_row + k·a_k]: the micro-kernel (cpu/microkernel.h) with a strided A.
+// A(i, k) = a[i·a_row + k·a_k]: the micro-kernel (cpu/microkernel.h) with a strided A, sums over k in chunks of
+// kDotChunk (as the forward's scores: the two sweeps' scores must be the same bits).
 template <int R, int CV, bool ACC>
 inline void gemm_step(const float* a, std::int64_t a_row, std::int64_t a_k, const float* b, std::int64_t b_row,
                       std::int64_t kn, float* c, std::int64_t c_row) {
-  mma<R, CV, ACC ? mk::Init::load : mk::Init::zero, false>(mk::Strided{a, a_row, a_k}, b, b_row, kn, c, c_row);
+  mma<R, CV, ACC ? mk::Init::load : mk::Init::zero, false, kDotChunk>(mk::Strided{a, a_row, a_k}, b, b_row, kn, c, c_row);
 }
 
 template <int R, bool ACC>
@@ -96,26 +103,20 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t kn, const float* a
   }
 }
 
-// ---- loading (any storage dtype -> fp32) ---------------------------------------------------------------
+// ---- rows ------------------------------------------------------------------------------------------------
 
 // max(a, b), NaN when either is NaN (a block's norm must show a NaN anywhere in it).
 inline float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? std::numeric_limits<float>::quiet_NaN() : std::max(a, b); }
 
-// Rows [s0, s0 + rows) of head h as dst[r][0..dim) with row stride ld, zero elsewhere up to `pad` rows;
-// returns the largest row norm.
-template <class T>
-float load_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
-                std::int64_t pad, std::int64_t dim, std::int64_t ld, float* dst) {
+// The largest L2 norm of n rows readable to `pitch` values (a multiple of W; zeros past the row's own values).
+inline float max_row_norm(const RowBlock& rows, std::int64_t n, std::int64_t pitch) {
   float norm2 = 0.0f;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* src = static_cast<const T*>(t.data) + t.offset(b, h, s0 + r, 0);
-    float* out = dst + r * ld;
-    float n2 = 0.0f;
-    for (std::int64_t d = 0; d < dim; ++d) out[d] = core::to_float(src[d * t.stride[3]]), n2 += out[d] * out[d];
-    std::fill(out + dim, out + ld, 0.0f);
-    norm2 = nan_max(norm2, n2);
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* x = rows.base + r * rows.ld;
+    V acc = Vec::zero();
+    for (std::int64_t d = 0; d < pitch; d += W) acc = Vec::fmadd(Vec::load(x + d), Vec::load(x + d), acc);
+    norm2 = nan_max(norm2, Vec::reduce_add(acc));
   }
-  std::fill(dst + rows * ld, dst + pad * ld, 0.0f);
   return std::sqrt(norm2);
 }
 
@@ -123,76 +124,75 @@ float load_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int
 
 // All fp32 (the fp64 scores aside); row lengths padded to a multiple of W (Dkp, Dvp) with zeros.
 struct Workspace {
+  struct Shape {
+    std::int64_t dk = 0, dv = 0, marks = 0;  // marks: query blocks of a KV head's group (written)
+    bool operator==(const Shape&) const = default;
+    std::int64_t dkp() const { return padded(dk); }
+    std::int64_t dvp() const { return padded(dv); }
+  };
   std::int64_t dkp, dvp;
   AlignedVector<float> qbuf, doutbuf;  // [BR][Dkp], [BR][Dvp]  query and dO rows, when not read in place
-  const float* q = nullptr;            // the block's query rows, row stride ldq (qbuf or the caller's memory)
-  const float* dout = nullptr;         // its dO rows, row stride ldo
-  std::int64_t ldq = 0, ldo = 0;
-  float qnorm = 0, donorm = 0;         // max_i ‖q_i‖, max_i ‖dO_i‖ over the block
-  AlignedVector<float> s;        // [BR][BC]   scores, then P
+  AlignedVector<float> s;        // [BR][BC]   scores, then P (sweep 1: Sᵀ [BC][BR])
   AlignedVector<double> sd;      // [BR][BC]   fp64 scores (tiles with large logits)
-  AlignedVector<float> ds;       // [BR][BC]   dP, then dS
+  AlignedVector<float> ds;       // [BR][BC]   dP, then dS (sweep 1: dPᵀ [BC][BR])
   AlignedVector<float> dfac;     // [BR][BC]   d logit / dx of each pair (variants with a logits transform)
   AlignedVector<float> drop;     // [BR][BC]   dropout factors z, then the dropped weights P ∘ z (sweep 1: [BC][BR])
   AlignedVector<float> kt, vt;   // [Dk][BC], [Dv][BC]  the key tile transposed (keys in lanes; zero past its keys)
-  AlignedVector<float> kbuf;     // [BC][Dkp]  its key rows, when not read in place
+  AlignedVector<float> kbuf, vbuf;  // [BC][Dkp], [BC][Dvp]  its key and value rows, when not read in place
   AlignedVector<float> dk, dv;   // [BC][Dkp], [BC][Dvp]  the key block's accumulators
   AlignedVector<float> qt, dot;  // [Dk][BR], [Dv][BR]  sweep 1: the block's Q and dO transposed (rows in lanes)
-  double m[BR];                   // the rows' statistics: P = e^(s − m) · inv_l (m = 0, inv_l = 0 for rows past
-  float inv_l[BR];                // the block and for empty rows), D
+  std::vector<char> written;     // sweep 2: which query blocks of the item's heads hold a dQ sum already
+  // The query block in hand: its Q and dO rows, their largest norms, each row's key range and statistics
+  // (P = e^(s − m) · inv_l; m = 0, inv_l = 0 for rows past the block and for empty rows), and D.
+  RowBlock q{}, dout{};
+  float qnorm = 0, donorm = 0;
+  double m[BR];
+  float inv_l[BR];
   double d[BR];
-  double lsum[BR], pdsum[BR];     // row_statistics' running sums
   core::KeyRange range[BR];
-  Workspace(std::int64_t dk_, std::int64_t dv_)
-      : dkp(padded(dk_)), dvp(padded(dv_)), qbuf(BR * dkp), doutbuf(BR * dvp), s(BR * BC), sd(BR * BC),
-        ds(BR * BC), dfac(BR * BC), drop(BR * BC), kt(dk_ * BC), vt(dv_ * BC), kbuf(BC * dkp), dk(BC * dkp), dv(BC * dvp), qt(dk_ * BR),
-        dot(dv_ * BR) {}
-  std::int64_t bytes() const {
-    return static_cast<std::int64_t>(sizeof(Workspace)) +
-           4 * static_cast<std::int64_t>(qbuf.size() + doutbuf.size() + s.size() + ds.size() + dfac.size() + drop.size() + kt.size() + vt.size() +
-                                         kbuf.size() + dk.size() + dv.size() + qt.size() + dot.size()) +
-           8 * static_cast<std::int64_t>(sd.size());
+
+  // The buffers and their lengths (cpu/aligned.h: the one formula, allocated by the constructor, counted by
+  // bytes() before a call and by held() after it).
+  template <class F>
+  static void layout(const Shape& s, F f) {
+    f(&Workspace::qbuf, BR * s.dkp());
+    f(&Workspace::doutbuf, BR * s.dvp());
+    f(&Workspace::s, BR * BC);
+    f(&Workspace::sd, BR * BC);
+    f(&Workspace::ds, BR * BC);
+    f(&Workspace::dfac, BR * BC);
+    f(&Workspace::drop, BR * BC);
+    f(&Workspace::kt, s.dk * BC);
+    f(&Workspace::vt, s.dv * BC);
+    f(&Workspace::kbuf, BC * s.dkp());
+    f(&Workspace::vbuf, BC * s.dvp());
+    f(&Workspace::dk, BC * s.dkp());
+    f(&Workspace::dv, BC * s.dvp());
+    f(&Workspace::qt, s.dk * BR);
+    f(&Workspace::dot, s.dv * BR);
+    f(&Workspace::written, s.marks);
   }
+  explicit Workspace(const Shape& s) : dkp(s.dkp()), dvp(s.dvp()) { allocate_layout(*this, s); }
+  static std::int64_t bytes(const Shape& s) { return layout_bytes<Workspace>(s); }
 };
 
-// Per-row values the later sweeps read, [B, Hq, Sq] each: P_ij = e^(s_ij − m_i) · inv_l_i, and D_i; the
-// largest query and dO norms of each query block, [B, Hq, Sq / BR]; the largest key and value norms of each key
-// tile, [B, Hkv, Skv / BC].
-struct RowStats {
+// What the sweeps share, [B, Hq, Sq] per row: m, inv_l and D (P_ij = e^(s_ij − m_i) · inv_l_i); the largest query
+// and dO norms of each query block, [B, Hq, Sq / BR]; the largest key and value norms of each key tile,
+// [B, Hkv, Skv / BC]; and the dQ partial sums.
+struct Statistics {
   std::vector<double> m, d;
-  std::vector<float> inv_l, qnorm, donorm;
-  std::vector<float> knorm, vnorm;
+  std::vector<float> inv_l, qnorm, donorm, knorm, vnorm;
+  std::vector<float> dq_part;
 };
 
-// Rows [s0, s0 + rows) of head h as fp32 rows: in place when the caller's are fp32 with unit stride and
-// whole vectors, else converted into buf. Returns the largest row norm when `norm`.
-template <class T>
-float block_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
-                 std::int64_t pad, std::int64_t dim, std::int64_t ldp, float* buf, const float** out, std::int64_t* ld,
-                 bool norm = false) {
-  if (std::is_same_v<T, float> && t.stride[3] == 1 && dim == ldp) {
-    const float* base = static_cast<const float*>(t.data) + t.offset(b, h, s0, 0);
-    float norm2 = 0.0f;
-    for (std::int64_t r = 0; r < rows && norm; ++r) {
-      V acc = Vec::zero();
-      for (std::int64_t d = 0; d < dim; d += W) acc = Vec::fmadd(Vec::load(base + r * t.stride[2] + d),
-                                                                  Vec::load(base + r * t.stride[2] + d), acc);
-      norm2 = nan_max(norm2, Vec::reduce_add(acc));
-    }
-    *out = base, *ld = t.stride[2];
-    return std::sqrt(norm2);
-  }
-  *out = buf, *ld = ldp;
-  return load_rows<T>(t, b, h, s0, rows, pad, dim, ldp, buf);
-}
-
-// Query rows [i0, i0 + rows) of head h: Q, dO, each row's key range and (when stats is given) its statistics.
+// Query rows [i0, i0 + rows) of head h: Q, dO (as fp32 rows, zero-padded to whole vectors), their norms, each
+// row's key range and (with_stats) its statistics.
 template <class QT>
-void load_query_block(const core::BackwardProblem& bp, const RowStats& stats, bool with_stats, std::int64_t b,
+void load_query_block(const core::BackwardProblem& bp, const Statistics& stats, bool with_stats, std::int64_t b,
                       std::int64_t h, std::int64_t i0, std::int64_t rows, Workspace& ws) {
   const core::Problem& p = bp.fwd;
-  block_rows<QT>(p.q, b, h, i0, rows, BR, p.Dk, ws.dkp, ws.qbuf.data(), &ws.q, &ws.ldq);
-  block_rows<QT>(bp.dout, b, h, i0, rows, BR, p.Dv, ws.dvp, ws.doutbuf.data(), &ws.dout, &ws.ldo);
+  ws.q = head_rows<QT>(p, p.q, p.Dk, b, h).as_float_block(i0, rows, ws.dkp, ws.qbuf.data());
+  ws.dout = head_rows<QT>(p, bp.dout, p.Dv, b, h).as_float_block(i0, rows, ws.dvp, ws.doutbuf.data());
   const auto block = static_cast<std::size_t>((b * p.Hq + h) * ((p.Sq + BR - 1) / BR) + i0 / BR);
   ws.qnorm = stats.qnorm[block], ws.donorm = stats.donorm[block];
   for (std::int64_t r = 0; r < BR; ++r) {
@@ -206,34 +206,39 @@ void load_query_block(const core::BackwardProblem& bp, const RowStats& stats, bo
 }
 
 // The key tile [j0, j0 + cols) of KV head hk in the layouts the tile steps read: Kᵀ and Vᵀ (keys in lanes:
-// S = Q Kᵀ, dP = dO Vᵀ) and K rows (dQ += dS K), and the largest key norm of the tile (from sweep 0).
+// S = Q Kᵀ, dP = dO Vᵀ), K and V rows (dQ += dS K; sweep 1's products), and the largest key and value norms of
+// the tile (from sweep 0).
 struct KeyTile {
   const float* kt;  // [Dk][BC]
   const float* vt;  // [Dv][BC]
-  const float* k;   // rows, row stride ldk
-  std::int64_t ldk;
+  RowBlock k, v;    // rows, zero-padded to whole vectors
   float knorm, vnorm;
 };
 
-// `cols` keys from j0, all below the batch's key length (the rest of the tile stays zero).
+// `cols` keys from j0, all below the batch's key length (the rest of the tile stays zero). Sweep 2 reads K rows,
+// Kᵀ and Vᵀ (transposed); sweep 1 K rows, and V rows when it forms dP (values).
+enum class TileForm { rows, rows_and_values, transposed };
 template <class KVT>
-KeyTile load_key_tile(const core::Problem& p, const RowStats& stats, std::int64_t b, std::int64_t hk,
-                      std::int64_t j0, std::int64_t cols, Workspace& ws) {
-  KeyTile kt{ws.kt.data(), ws.vt.data(), nullptr, 0, 0.0f, 0.0f};
-  block_rows<KVT>(p.k, b, hk, j0, cols, BC, p.Dk, ws.dkp, ws.kbuf.data(), &kt.k, &kt.ldk);
-  std::fill(ws.kt.begin(), ws.kt.end(), 0.0f);
-  std::fill(ws.vt.begin(), ws.vt.end(), 0.0f);
-  for (std::int64_t c = 0; c < cols; ++c) {
-    const KVT* v = static_cast<const KVT*>(p.v.data) + p.v.offset(b, hk, j0 + c, 0);
-    for (std::int64_t d = 0; d < p.Dk; ++d) ws.kt[d * BC + c] = kt.k[c * kt.ldk + d];
-    for (std::int64_t d = 0; d < p.Dv; ++d) ws.vt[d * BC + c] = core::to_float(v[d * p.v.stride[3]]);
+KeyTile load_key_tile(const core::Problem& p, const Statistics& stats, std::int64_t b, std::int64_t hk,
+                      std::int64_t j0, std::int64_t cols, Workspace& ws, TileForm form) {
+  KeyTile kt{ws.kt.data(), ws.vt.data(), {}, {}, 0.0f, 0.0f};
+  const bool transposed = form == TileForm::transposed;
+  kt.k = key_rows<KVT>(p, b, hk).as_float_block(j0, cols, ws.dkp, ws.kbuf.data());
+  if (form != TileForm::rows) kt.v = value_rows<KVT>(p, b, hk).as_float_block(j0, cols, ws.dvp, ws.vbuf.data());
+  if (transposed) {
+    std::fill(ws.kt.begin(), ws.kt.end(), 0.0f);
+    std::fill(ws.vt.begin(), ws.vt.end(), 0.0f);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      for (std::int64_t d = 0; d < p.Dk; ++d) ws.kt[d * BC + c] = kt.k.base[c * kt.k.ld + d];
+      for (std::int64_t d = 0; d < p.Dv; ++d) ws.vt[d * BC + c] = kt.v.base[c * kt.v.ld + d];
+    }
   }
   const auto tile = static_cast<std::size_t>((b * p.Hkv + hk) * ((p.Skv + BC - 1) / BC) + j0 / BC);
   kt.knorm = stats.knorm[tile], kt.vnorm = stats.vnorm[tile];
   return kt;
 }
 
-// ---- the tile steps ------------------------------------------------------------------------------------
+// ---- how a tile is computed --------------------------------------------------------------------------------
 
 // Above this bound on |scale·q·k| over a tile, scores are formed in fp64. An fp32 dot product is as good as
 // a naive fp32 backward's (errors ~ ε·scale·‖q‖‖k‖ in the logit), but with large logits softmax rows are
@@ -247,7 +252,7 @@ constexpr float kWideLogits = 256.0f;
 // by the scale. Ordinary scales (1/√Dk, and the registry's peaked cases up to 30) keep D = dO·O.
 constexpr double kExactDScale = 64.0;
 
-// Blocks whose scores are bounded by this in magnitude take the forward's LSE as their statistics (row_statistics).
+// Blocks whose scores are bounded by this in magnitude take D = dO·O (row_statistics).
 constexpr float kMildLogits = 8.0f;
 constexpr float kMildLse = 64.0f;  // (and whose LSEs are at most this: a dense mask can move them anywhere)
 
@@ -257,22 +262,45 @@ constexpr float kMildLse = 64.0f;  // (and whose LSEs are at most this: a dense 
 struct TileKind {
   bool exact, wide;
 };
-inline TileKind tile_kind(const core::Problem& p, const Workspace& ws, const KeyTile& kt) {
-  const bool finite = std::isfinite(ws.qnorm) && std::isfinite(ws.donorm) && std::isfinite(kt.knorm) &&
-                      std::isfinite(kt.vnorm);
-  return {!finite, !finite || !(static_cast<float>(p.scale) * ws.qnorm * kt.knorm <= kWideLogits)};
+inline TileKind tile_kind(const core::Problem& p, float qnorm, float donorm, float knorm, float vnorm) {
+  const bool finite = std::isfinite(qnorm) && std::isfinite(donorm) && std::isfinite(knorm) && std::isfinite(vnorm);
+  return {!finite, !finite || !(static_cast<float>(p.scale) * qnorm * knorm <= kWideLogits)};
 }
+
+// A (query block, key tile) pair: query rows [i0, i0 + rows) of head h of batch b, keys [j0, j0 + cols) of its KV
+// head (all below the batch's key length).
+struct TilePair {
+  std::int64_t b, h, i0, rows, j0, cols;
+};
+
+// The score of pair (row r of the block, key c of the tile) in fp64 from fp32 rows q and k, -inf for a key the row
+// may not see (its key range or the dense mask); *dx (if given) gets d logit / dx for the pair.
+template <class Variant>
+double pair_score(const core::Problem& p, const TilePair& t, std::int64_t r, std::int64_t c,
+                  const core::KeyRange& range, const float* q, const float* k, std::int64_t k_step,
+                  double* dx = nullptr) {
+  const std::int64_t j = t.j0 + c;
+  if (j < range.lo || j >= range.hi) return -std::numeric_limits<double>::infinity();
+  const auto row = Variant::row(p, t.b, t.h, t.i0 + r);
+  if (row.hidden(j)) return -std::numeric_limits<double>::infinity();
+  double dot = 0;
+  for (std::int64_t d = 0; d < p.Dk; ++d) dot += static_cast<double>(q[d]) * k[d * k_step];
+  if (dx) *dx = row.dx(dot * p.scale);
+  return row.logit(j, dot * p.scale);
+}
+
+// ---- the tile steps of sweep 2 --------------------------------------------------------------------------
 
 // S = Q Kᵀ (unscaled dot products) [BR][BC] in fp32, or in fp64 into ws.sd for a wide tile.
 inline void scores(const core::Problem& p, std::int64_t rows, const KeyTile& kt, bool wide, Workspace& ws) {
   if (!wide) {
-    gemm<false>(rows, BC, p.Dk, ws.q, ws.ldq, 1, kt.kt, BC, ws.s.data(), BC);
+    gemm<false>(rows, BC, p.Dk, ws.q.base, ws.q.ld, 1, kt.kt, BC, ws.s.data(), BC);
     return;
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     double acc[BC] = {};
     for (std::int64_t d = 0; d < p.Dk; ++d) {
-      const double x = ws.q[r * ws.ldq + d];
+      const double x = ws.q.base[r * ws.q.ld + d];
       for (std::int64_t c = 0; c < BC; ++c) acc[c] += x * kt.kt[d * BC + c];
     }
     std::copy(acc, acc + BC, ws.sd.data() + r * BC);
@@ -281,18 +309,17 @@ inline void scores(const core::Problem& p, std::int64_t rows, const KeyTile& kt,
 
 // dP = dO Vᵀ  [BR][BC]
 inline void dprobs(const core::Problem& p, std::int64_t rows, const KeyTile& kt, const Workspace& ws, float* dp) {
-  gemm<false>(rows, BC, p.Dv, ws.dout, ws.ldo, 1, kt.vt, BC, dp, BC);
+  gemm<false>(rows, BC, p.Dv, ws.dout.base, ws.dout.ld, 1, kt.vt, BC, dp, BC);
 }
 
 // The scores of the block's rows in natural-log units, -inf for keys a row may not see (and for the tile's
-// columns past `cols`): in place over ws.s (fp32: scale·S + mask, rounded as the vector path rounds) or over
-// ws.sd (wide: scale·S + mask in fp64). `interior` tiles (every row sees every key, no dense mask) are only
-// scaled, in vectors.
+// columns past `cols`): in place over ws.s (fp32: the variant's logit of scale·S, rounded as sweep 1 rounds) or
+// over ws.sd (wide: in fp64). `interior` tiles (every row sees every key, no per-element variant) are only scaled,
+// in vectors.
 template <class Variant>
-void masked_scores(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
-                   std::int64_t j0, std::int64_t cols, bool wide, bool interior, Workspace& ws) {
+void masked_scores(const core::Problem& p, const TilePair& t, bool wide, bool interior, Workspace& ws) {
   const float scale_f = static_cast<float>(p.scale);
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for (std::int64_t r = 0; r < t.rows; ++r) {
     float* row = ws.s.data() + r * BC;
     double* rowd = ws.sd.data() + r * BC;
     if (interior && !wide) {
@@ -300,11 +327,11 @@ void masked_scores(const core::Problem& p, std::int64_t b, std::int64_t h, std::
       for (std::int64_t c = 0; c < BC; c += W) Vec::store(row + c, Vec::mul(Vec::load(row + c), scale));
       continue;
     }
-    const auto vrow = Variant::row(p, b, h, i0 + r);
+    const auto vrow = Variant::row(p, t.b, t.h, t.i0 + r);
     float* dfac = ws.dfac.data() + r * BC;
     for (std::int64_t c = 0; c < BC; ++c) {
-      const std::int64_t j = j0 + c;
-      const bool hidden = c >= cols || j < ws.range[r].lo || j >= ws.range[r].hi || vrow.hidden(j);
+      const std::int64_t j = t.j0 + c;
+      const bool hidden = c >= t.cols || j < ws.range[r].lo || j >= ws.range[r].hi || vrow.hidden(j);
       if (wide) {
         const double x = rowd[c] * p.scale;
         rowd[c] = hidden ? -std::numeric_limits<double>::infinity() : vrow.logit(j, x);
@@ -318,21 +345,19 @@ void masked_scores(const core::Problem& p, std::int64_t b, std::int64_t h, std::
   }
 }
 
-// P = e^(x − m) · inv_l from the masked scores x (masked_scores), in place over ws.s; 0 for hidden keys and for
-// rows past the block (inv_l = 0).
+// P = e^(x − m) · inv_l from the masked scores x (masked_scores), the online-softmax state's weight function, in
+// place over ws.s; 0 for hidden keys and for rows past the block (inv_l = 0).
 inline void probabilities(std::int64_t rows, bool wide, Workspace& ws) {
-  const V log2e = Vec::set1(static_cast<float>(core::kLog2e));
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = ws.s.data() + r * BC;
     if (wide) {
       const double* rowd = ws.sd.data() + r * BC;
-      for (std::int64_t c = 0; c < BC; ++c)
-        row[c] = static_cast<float>(std::exp(rowd[c] - ws.m[r]) * ws.inv_l[r]);
+      for (std::int64_t c = 0; c < BC; ++c) row[c] = static_cast<float>(RowState::weight(rowd[c], ws.m[r], kC) * ws.inv_l[r]);
       continue;
     }
-    const V neg_m = Vec::set1(-static_cast<float>(ws.m[r])), inv_l = Vec::set1(ws.inv_l[r]);
-    for (std::int64_t c = 0; c < BC; c += W)
-      Vec::store(row + c, Vec::mul(exp2v(Vec::mul(Vec::add(Vec::load(row + c), neg_m), log2e)), inv_l));
+    const V m = Vec::set1(static_cast<float>(ws.m[r])), inv_l = Vec::set1(ws.inv_l[r]), c = Vec::set1(static_cast<float>(kC));
+    for (std::int64_t k = 0; k < BC; k += W)
+      Vec::store(row + k, Vec::mul(LaneState::weight(Vec::load(row + k), m, c), inv_l));
   }
 }
 
@@ -367,288 +392,79 @@ inline void dscores(const float* pt, std::int64_t rows, const double* d, double 
 
 // acc[c][·] (+)= Σ_r w[r][c] · x[r][·] over the tile's keys c and the block's rows r  (dV += Pᵀ dO, dK += dSᵀ Q);
 // `add` false on the first term (instead of zeroing acc first).
-inline void cols_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ldx,
-                            std::int64_t n, float* acc, bool add) {
-  if (add) gemm<true>(cols, n, rows, w, 1, BC, x, ldx, acc, n);
-  else gemm<false>(cols, n, rows, w, 1, BC, x, ldx, acc, n);
+inline void cols_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const RowBlock& x, std::int64_t n,
+                            float* acc, bool add) {
+  if (add) gemm<true>(cols, n, rows, w, 1, BC, x.base, x.ld, acc, n);
+  else gemm<false>(cols, n, rows, w, 1, BC, x.base, x.ld, acc, n);
 }
 
 // acc[r][·] (+)= Σ_c w[r][c] · x[c][·]   (dQ += dS K)
-inline void rows_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t ldx,
-                            std::int64_t n, float* acc, std::int64_t ldacc, bool add) {
-  if (add) gemm<true>(rows, n, cols, w, BC, 1, x, ldx, acc, ldacc);
-  else gemm<false>(rows, n, cols, w, BC, 1, x, ldx, acc, ldacc);
+inline void rows_times_rows(const float* w, std::int64_t rows, std::int64_t cols, const RowBlock& x, std::int64_t n,
+                            float* acc, std::int64_t ldacc, bool add) {
+  if (add) gemm<true>(rows, n, cols, w, BC, 1, x.base, x.ld, acc, ldacc);
+  else gemm<false>(rows, n, cols, w, BC, 1, x.base, x.ld, acc, ldacc);
 }
 
 // Dropout (core/dropout.h) of a tile whose P (ws.s) and dP (ws.ds) are formed: the weights P ∘ z that dV takes
 // into ws.drop, and dP ∘ z in place (the gradient reaching P through the dropped weights). Rows past the block
-// and keys past `cols` get z = 0. Compiled into the `mods` variant only; false when the call has no dropout.
+// and keys past `cols` get z = 0. False when the call has no dropout (core/variant.h: Variant::dropout).
 template <class Variant>
-bool drop_tile(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
-               std::int64_t j0, std::int64_t cols, Workspace& ws) {
-  if constexpr (Variant::kDropout) {
-    if (!p.dropout.on()) return false;
-    std::fill(ws.drop.begin(), ws.drop.end(), 0.0f);
-    for (std::int64_t r = 0; r < rows; ++r) p.dropout.factors(b, h, i0 + r, j0, cols, ws.drop.data() + r * BC, 1);
-    for (std::int64_t e = 0; e < BR * BC; e += W) {
-      const V z = Vec::load(ws.drop.data() + e);
-      Vec::store(ws.ds.data() + e, Vec::mul(Vec::load(ws.ds.data() + e), z));
-      Vec::store(ws.drop.data() + e, Vec::mul(Vec::load(ws.s.data() + e), z));
-    }
-    return true;
+bool drop_tile(const core::Problem& p, const TilePair& t, Workspace& ws) {
+  if (!Variant::dropout(p)) return false;
+  std::fill(ws.drop.begin(), ws.drop.end(), 0.0f);
+  for (std::int64_t r = 0; r < t.rows; ++r) p.dropout.factors(t.b, t.h, t.i0 + r, t.j0, t.cols, ws.drop.data() + r * BC, 1);
+  for (std::int64_t e = 0; e < BR * BC; e += W) {
+    const V z = Vec::load(ws.drop.data() + e);
+    Vec::store(ws.ds.data() + e, Vec::mul(Vec::load(ws.ds.data() + e), z));
+    Vec::store(ws.drop.data() + e, Vec::mul(Vec::load(ws.s.data() + e), z));
   }
-  return false;
+  return true;
 }
 
-// ---- the sweeps --------------------------------------------------------------------------------------
+// Where a pair's gradients go: the key block's dK and dV accumulators (ws.dk, ws.dv) and the query block's dQ rows
+// (dq, row stride ldq). kv_add / dq_add: the accumulator holds a sum already (else the pair's terms are stored).
+struct Accumulators {
+  float* dq;
+  std::int64_t ldq;
+  bool dq_add, kv_add;
+};
 
-// The keys some row of the block [i0, i0 + rows) sees lie in [first.lo, last.hi): both ends are
-// non-decreasing in the row.
-inline core::KeyRange block_keys(const core::Problem& p, std::int64_t b, std::int64_t i0, std::int64_t rows) {
-  return {core::key_range(p, b, i0).lo, core::key_range(p, b, i0 + rows - 1).hi};
-}
-
-// The score of pair (row r of the block, key c of the tile) in fp64 from the block's and the tile's fp32 rows,
-// -inf for a key the row may not see: what tile_exact and the exact statistics use.
-// *dx (if given) gets d logit / dx for the pair (1 without a logits transform).
-template <class Variant>
-double pair_score(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
-                  core::KeyRange range, const float* q, const KeyTile& kt, std::int64_t c, double* dx = nullptr) {
-  if (j < range.lo || j >= range.hi) return -std::numeric_limits<double>::infinity();
-  const auto row = Variant::row(p, b, h, i);
-  if (row.hidden(j)) return -std::numeric_limits<double>::infinity();
-  double dot = 0;
-  for (std::int64_t d = 0; d < p.Dk; ++d) dot += static_cast<double>(q[d]) * kt.kt[d * BC + c];
-  if (dx) *dx = row.dx(dot * p.scale);
-  return row.logit(j, dot * p.scale);
-}
-
-// Sweep 1, the statistics of query rows [i0, i0 + rows) of head h: P_ij = e^(s_ij − m_i)·inv_l_i and D_i.
-// Mild blocks (small scores, finite inputs) take them from the forward, as FlashAttention-2 does: m = LSE,
-// inv_l = 1, D = dO·O. Every other block recomputes them here, with the same arithmetic as sweep 2: the row's
-// max m_i, l_i = Σ_j e^(s_ij − m_i) and D_i = Σ_j P_ij dP_ij (two products per tile), because
-//   - the LSE is fp32: its rounding (half an ulp of |LSE|) is an error of that size in every recomputed
-//     exponent; for |LSE| ~ 10-30 (peaked rows, scale·|q·k| ≳ 10) that made gradients 2-18x less accurate than
-//     a naive fp32 backward's, and with |LSE| ~ 1e10 (a -1e10 mask) it is no normalisation at all;
-//   - in a peaked row dS = scale·P·(dP − D) cancels, and D = dO·O from the forward's differently rounded O leaves
-//     scale times its rounding (measured: 10x a naive backward's error on peaked rows; 1e23 for scale 1e30, inf in
-//     f16 gradients), where D from the same P and dP cancels as the naive computation does.
-// Layout: the forward's (the block's rows in SIMD lanes, Sᵀ = K Qᵀ and dPᵀ = V dOᵀ with K and V rows read as
-// broadcast scalars, so no tile is transposed); each score and dP is the same sequence of fused multiply-adds
-// over d as sweep 2's, so the same bits.
-template <class QT, class KVT, class Variant>
-void row_statistics(const core::BackwardProblem& bp, const RowStats& norms, std::int64_t b, std::int64_t h,
-                    std::int64_t i0, std::int64_t rows, Workspace& ws, RowStats& stats) {
-  const core::Problem& p = bp.fwd;
-  load_query_block<QT>(bp, norms, false, b, h, i0, rows, ws);
-  const double neg_inf = -std::numeric_limits<double>::infinity();
-  // A sink (natural-log units) starts every row's sums: a weight e^(sink − m) with no value (dP = 0).
-  const double sink = p.sink(h);
-  for (std::int64_t r = 0; r < BR; ++r)
-    ws.m[r] = sink, ws.lsum[r] = sink == neg_inf ? 0.0 : 1.0, ws.pdsum[r] = 0.0;
-  const core::KeyRange keys = block_keys(p, b, i0, rows);
-  const std::int64_t len = p.kv_len[static_cast<std::size_t>(b)], hk = h / p.group;
-  const std::int64_t tiles_per_head = (p.Skv + BC - 1) / BC;
-  // Key tiles on the grid of BC that sweep 2 uses, so each score is formed the same way in both.
-  const std::int64_t first = keys.lo / BC * BC;
-  float bound = 0;  // scale·max‖q‖·max‖k‖ over the block's tiles; NaN with a NaN or inf in Q, dO, K or V
-  for (std::int64_t j0 = first; j0 < keys.hi; j0 += BC) {
-    const auto tile = static_cast<std::size_t>((b * p.Hkv + hk) * tiles_per_head + j0 / BC);
-    bound = nan_max(bound, static_cast<float>(p.scale) * ws.qnorm * stats.knorm[tile]);
-    bound = nan_max(bound, (stats.vnorm[tile] + ws.donorm) * 0.0f);  // (NaN for inf too: inf·0)
-  }
-  // Mild blocks (every |score| <= kMildLogits from q·k, every LSE within ±kMildLse, everything finite): the
-  // forward's statistics, FlashAttention-2's way: m = LSE, l = 1, D = dO·O, no product. The LSE's rounding (half an
-  // ulp of at most kMildLse) is then of the order of a naive backward's own rounding.
-  // With Params::backward_statistics = from_forward every block does, whatever its scores: the keys here may be
-  // a subset of those the LSE and O were formed over (ring attention), so only the given ones are right.
-  if ((bound <= kMildLogits && p.scale <= kExactDScale) || p.stats_from_forward) {
-    const auto* saved = static_cast<const float*>(p.lse->data);
-    bool lse_ok = true;
-    for (std::int64_t r = 0; r < rows && lse_ok && !p.stats_from_forward; ++r) {
-      const float x = saved[p.lse->offset(b, h, i0 + r, 0)];
-      lse_ok = (std::isfinite(x) && std::fabs(x) <= kMildLse) || x == core::kNegInf;
-    }
-    // With a sink, D = dO·O must stay the sum over the row's keys (Σ_j P_ij dP_ij: the sink has no value), which
-    // dO·O is not when dO holds a NaN or inf and the row attends no key (O = 0): such a block recomputes.
-    for (std::int64_t r = 0; r < rows && lse_ok && p.sinks; ++r)
-      for (std::int64_t e = 0; e < p.Dv && lse_ok; ++e) lse_ok = std::isfinite(ws.dout[r * ws.ldo + e]);
-    if (lse_ok) {
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
-        const float lse = saved[p.lse->offset(b, h, i0 + r, 0)];
-        const bool empty = lse == core::kNegInf;
-        double d = 0;
-        if (!empty) {
-          const QT* o = static_cast<const QT*>(p.out.data) + p.out.offset(b, h, i0 + r, 0);
-          const float* g = ws.dout + r * ws.ldo;
-          for (std::int64_t e = 0; e < p.Dv; ++e) d += static_cast<double>(g[e]) * core::to_float(o[e * p.out.stride[3]]);
-        }
-        stats.m[row] = empty ? 0.0 : lse;
-        stats.inv_l[row] = empty ? 0.0f : 1.0f;
-        stats.d[row] = d;
-      }
-      return;
-    }
-  }
-  // Every other block: m, l and D = Σ_j P_ij dP_ij recomputed from the same scores, P and dP as sweep 2.
-  // Qᵀ and dOᵀ, rows past the block zero.
-  std::fill(ws.qt.begin(), ws.qt.end(), 0.0f);
-  std::fill(ws.dot.begin(), ws.dot.end(), 0.0f);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t d = 0; d < p.Dk; ++d) ws.qt[d * BR + r] = ws.q[r * ws.ldq + d];
-    for (std::int64_t d = 0; d < p.Dv; ++d) ws.dot[d * BR + r] = ws.dout[r * ws.ldo + d];
-  }
-  const float scale_f = static_cast<float>(p.scale);
-  const V log2e = Vec::set1(static_cast<float>(core::kLog2e));
-  float* st = ws.s.data();   // Sᵀ [BC][BR]
-  float* dpt = ws.ds.data();  // dPᵀ [BC][BR]
-  for (std::int64_t j0 = first; j0 < keys.hi; j0 += BC) {
-    const std::int64_t cols = std::min(BC, len - j0);
-    const auto tile = static_cast<std::size_t>((b * p.Hkv + hk) * tiles_per_head + j0 / BC);
-    const TileKind kind = tile_kind(p, ws, KeyTile{nullptr, nullptr, nullptr, 0, stats.knorm[tile], stats.vnorm[tile]});
-    const float* k;
-    std::int64_t ldk;
-    block_rows<KVT>(p.k, b, hk, j0, cols, BC, p.Dk, ws.dkp, ws.kbuf.data(), &k, &ldk);
-    if (kind.wide) {  // pair by pair in fp64 (large scores, or NaN/inf: the exact tiles' arithmetic too)
-      const float* v;
-      std::int64_t ldv;
-      block_rows<KVT>(p.v, b, hk, j0, cols, BC, p.Dv, ws.dvp, ws.dv.data(), &v, &ldv);
-      // dP as sweep 2 forms it: in fp32 (dprobs) on a wide tile, in fp64 (tile_exact) on an exact one.
-      if (!kind.exact) gemm<false>(cols, BR, p.Dv, v, ldv, 1, ws.dot.data(), BR, dpt, BR);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const auto vrow = Variant::row(p, b, h, i0 + r);
-        float* z = ws.drop.data();  // the row's dropout factors, when on
-        if constexpr (Variant::kDropout)
-          if (p.dropout.on()) p.dropout.factors(b, h, i0 + r, j0, cols, z, 1);
-        for (std::int64_t c = 0; c < cols; ++c) {
-          const std::int64_t j = j0 + c;
-          if (j < ws.range[r].lo || j >= ws.range[r].hi || vrow.hidden(j)) continue;
-          double dot = 0;
-          for (std::int64_t d = 0; d < p.Dk; ++d) dot += static_cast<double>(ws.q[r * ws.ldq + d]) * k[c * ldk + d];
-          const double x = vrow.logit(j, dot * p.scale);
-          if (x == neg_inf) continue;  // a -inf score: no weight
-          if (!(x <= ws.m[r])) {       // a new max (or NaN, which poisons the row)
-            const double rescale = ws.m[r] == neg_inf ? 0.0 : std::exp(ws.m[r] - x);
-            ws.lsum[r] *= rescale, ws.pdsum[r] *= rescale;
-            ws.m[r] = x;
-          }
-          const double e = std::exp(x - ws.m[r]);
-          ws.lsum[r] += e;
-          double dp = dpt[c * BR + r];
-          if (kind.exact) {
-            dp = 0;
-            for (std::int64_t d = 0; d < p.Dv; ++d) dp += static_cast<double>(ws.dout[r * ws.ldo + d]) * v[c * ldv + d];
-          }
-          if constexpr (Variant::kDropout)
-            if (p.dropout.on()) dp *= z[c];
-          ws.pdsum[r] += e * dp;
-        }
-      }
-      continue;
-    }
-    gemm<false>(cols, BR, p.Dk, k, ldk, 1, ws.qt.data(), BR, st, BR);  // Sᵀ = K Qᵀ
-    {
-      const float* v;
-      std::int64_t ldv;
-      block_rows<KVT>(p.v, b, hk, j0, cols, BC, p.Dv, ws.dvp, ws.dv.data(), &v, &ldv);
-      gemm<false>(cols, BR, p.Dv, v, ldv, 1, ws.dot.data(), BR, dpt, BR);  // dPᵀ = V dOᵀ
-    }
-    if constexpr (Variant::kDropout)  // dPᵀ ∘ zᵀ: D sums P ∘ z ∘ dP
-      if (p.dropout.on()) {
-        float* zt = ws.drop.data();  // [BC][BR]
-        for (std::int64_t r = 0; r < rows; ++r) p.dropout.factors(b, h, i0 + r, j0, cols, zt + r, BR);
-        for (std::int64_t c = 0; c < cols; ++c)
-          for (std::int64_t r = 0; r < rows; ++r) dpt[c * BR + r] *= zt[c * BR + r];
-      }
-    // x = scale·S + mask (rounded as sweep 2 rounds), -inf where a row may not look
-    bool interior = !Variant::kPerElement;
-    for (std::int64_t r = 0; r < rows && interior; ++r) interior = ws.range[r].lo <= j0 && j0 + cols <= ws.range[r].hi;
-    if (interior) {
-      const V sc = Vec::set1(scale_f);
-      for (std::int64_t c = 0; c < cols; ++c)
-        for (std::int64_t v = 0; v < BR; v += W) Vec::store(st + c * BR + v, Vec::mul(Vec::load(st + c * BR + v), sc));
-    } else {
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const auto vrow = Variant::row(p, b, h, i0 + r);
-        for (std::int64_t c = 0; c < cols; ++c) {
-          const std::int64_t j = j0 + c;
-          float& x = st[c * BR + r];
-          x = (j < ws.range[r].lo || j >= ws.range[r].hi || vrow.hidden(j)) ? core::kNegInf : vrow.logit(j, x * scale_f);
-        }
-      }
-    }
-    // per row (lane): m = max x, l = Σ e^(x − m) (and Σ e^(x − m)·dP), rescaled when m moves
-    for (std::int64_t v0 = 0; v0 < BR; v0 += W) {
-      V mx = Vec::set1(core::kNegInf);
-      for (std::int64_t c = 0; c < cols; ++c) mx = Vec::max(mx, Vec::load(st + c * BR + v0));
-      alignas(64) float tmax[W], origin[W];
-      Vec::store(tmax, mx);
-      for (int lane = 0; lane < W; ++lane) {
-        const std::int64_t r = v0 + lane;
-        if (tmax[lane] > ws.m[r]) {
-          const double rescale = ws.m[r] == neg_inf ? 0.0 : std::exp(ws.m[r] - tmax[lane]);
-          ws.lsum[r] *= rescale, ws.pdsum[r] *= rescale;
-          ws.m[r] = tmax[lane];
-        }
-        origin[lane] = ws.m[r] == neg_inf ? 0.0f : static_cast<float>(ws.m[r]);
-      }
-      const V neg_m = Vec::sub(Vec::zero(), Vec::load(origin));
-      V acc = Vec::zero(), acc_pd = Vec::zero();
-      for (std::int64_t c = 0; c < cols; ++c) {
-        const V e = exp2v(Vec::mul(Vec::add(Vec::load(st + c * BR + v0), neg_m), log2e));
-        acc = Vec::add(acc, e);
-        acc_pd = Vec::fmadd(e, Vec::load(dpt + c * BR + v0), acc_pd);
-      }
-      alignas(64) float sums[W], pds[W];
-      Vec::store(sums, acc), Vec::store(pds, acc_pd);
-      for (int lane = 0; lane < W; ++lane) ws.lsum[v0 + lane] += sums[lane], ws.pdsum[v0 + lane] += pds[lane];
-    }
-  }
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
-    const double l = ws.lsum[r];
-    const bool empty = l == 0.0;  // no key with a score above -inf (NaN is not empty: it poisons)
-    stats.m[row] = empty ? 0.0 : ws.m[r];
-    stats.inv_l[row] = empty ? 0.0f : static_cast<float>(1.0 / l);
-    stats.d[row] = empty ? 0.0 : ws.pdsum[r] / l;
-  }
-}
+// Where tile_exact takes a pair's score from: recomputed in fp64 from the rows (a tile holding NaN or inf), or
+// as scores() and masked_scores() formed them (a finite tile whose rows' statistics are not finite), fp32 or fp64.
+enum class ExactScores { recompute, fp32, fp64 };
 
 // The tile steps pair by pair, for a tile that meets a NaN or inf (in Q, dO, K, V or a row's statistics), where
-// the vector products would turn 0·NaN into NaN for pairs that carry no weight: over the pairs that carry
-// weight only, in fp64, P = e^(s − m)·inv_l, dP = dO·v, dS = scale·P·(dP − D), then dV += P dO, dK += dS q,
-// dQ += dS k. The accumulators (dk, dv: the key block's rows; dq: the block's rows at stride ldq_acc) are
-// stored into, not added to, when kv_add / dq_add are false. `scored`: the tile itself is finite and only a row's
-// statistics are not; its scores were formed by scores() and masked_scores() (fp32, or fp64 when `wide`), as
-// sweep 1 formed them, and are read from there: recomputing them in fp64 here would normalise fp32 scores of
-// sweep 1 by scores of another rounding (by hundreds for scores of 1e10).
+// the vector products would turn 0·NaN into NaN for pairs that carry no weight: over the pairs that carry weight
+// only, in fp64, P = e^(s − m)·inv_l, dP = dO·v, dS = scale·P·(dP − D), then dV += P dO, dK += dS q, dQ += dS k.
+// Scores formed already (ExactScores::fp32 / fp64) are read, not recomputed: recomputing them in fp64 here would
+// normalise sweep 1's fp32 scores by scores of another rounding (by hundreds for scores of 1e10).
 template <class Variant>
-void tile_exact(const core::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows,
-                std::int64_t j0, std::int64_t cols, const KeyTile& kt, Workspace& ws, bool kv_add, float* dq,
-                std::int64_t ldq_acc, bool dq_add, bool scored = false, bool wide = false) {
-  if (!kv_add) {
+void tile_exact(const core::Problem& p, const TilePair& t, const KeyTile& kt, const Accumulators& acc,
+                ExactScores from, Workspace& ws) {
+  if (!acc.kv_add) {
     std::fill(ws.dk.begin(), ws.dk.end(), 0.0f);
     std::fill(ws.dv.begin(), ws.dv.end(), 0.0f);
   }
-  if (!dq_add)
-    for (std::int64_t r = 0; r < rows; ++r) std::fill_n(dq + r * ldq_acc, ws.dkp, 0.0f);
+  if (!acc.dq_add)
+    for (std::int64_t r = 0; r < t.rows; ++r) std::fill_n(acc.dq + r * acc.ldq, ws.dkp, 0.0f);
   float z[BC];  // the row's dropout factors (1 without dropout)
   std::fill_n(z, BC, 1.0f);
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for (std::int64_t r = 0; r < t.rows; ++r) {
     if (ws.inv_l[r] == 0.0f) continue;  // an empty row contributes nothing
-    const float* q = ws.q + r * ws.ldq;
-    const float* g = ws.dout + r * ws.ldo;
-    if constexpr (Variant::kDropout)
-      if (p.dropout.on()) p.dropout.factors(b, h, i0 + r, j0, cols, z, 1);
-    for (std::int64_t c = 0; c < cols; ++c) {
+    const float* q = ws.q.base + r * ws.q.ld;
+    const float* g = ws.dout.base + r * ws.dout.ld;
+    if (Variant::dropout(p)) p.dropout.factors(t.b, t.h, t.i0 + r, t.j0, t.cols, z, 1);
+    for (std::int64_t c = 0; c < t.cols; ++c) {
       double dx = 1;
-      const double s = !scored ? pair_score<Variant>(p, b, h, i0 + r, j0 + c, ws.range[r], q, kt, c, &dx)
-                       : wide  ? ws.sd[r * BC + c]
-                               : static_cast<double>(ws.s[r * BC + c]);
-      if (scored && Variant::kTransform) dx = ws.dfac[r * BC + c];
+      double s = 0;
+      switch (from) {
+        case ExactScores::recompute: s = pair_score<Variant>(p, t, r, c, ws.range[r], q, kt.kt + c, BC, &dx); break;
+        case ExactScores::fp32: s = ws.s[r * BC + c]; break;
+        case ExactScores::fp64: s = ws.sd[r * BC + c]; break;
+      }
+      if (from != ExactScores::recompute && Variant::kTransform) dx = ws.dfac[r * BC + c];
       if (s == -std::numeric_limits<double>::infinity()) continue;
-      const double prob = std::exp(s - ws.m[r]) * ws.inv_l[r];
+      const double prob = RowState::weight(s, ws.m[r], kC) * ws.inv_l[r];
       double dp = 0;
       for (std::int64_t e = 0; e < p.Dv; ++e) dp += static_cast<double>(g[e]) * kt.vt[e * BC + c];
       const double ds = p.scale * prob * (dp * z[c] - ws.d[r]) * dx;
@@ -656,38 +472,277 @@ void tile_exact(const core::Problem& p, std::int64_t b, std::int64_t h, std::int
       for (std::int64_t e = 0; e < p.Dv; ++e) ws.dv[c * ws.dvp + e] += static_cast<float>(dropped * g[e]);
       for (std::int64_t e = 0; e < p.Dk; ++e) {
         ws.dk[c * ws.dkp + e] += static_cast<float>(ds * q[e]);
-        dq[r * ldq_acc + e] += static_cast<float>(ds * kt.kt[e * BC + c]);
+        acc.dq[r * acc.ldq + e] += static_cast<float>(ds * kt.kt[e * BC + c]);
       }
     }
   }
 }
 
-// Whether the block's statistics (inv_l, D) are all finite.
+// Whether the block's statistics (inv_l, D, m) are all finite.
 inline bool stats_finite(std::int64_t rows, const Workspace& ws) {
   for (std::int64_t r = 0; r < rows; ++r)
     if (!std::isfinite(ws.inv_l[r]) || !std::isfinite(ws.d[r]) || !std::isfinite(ws.m[r])) return false;
   return true;
 }
 
-template <class T>
-void store_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
-                std::int64_t dim, const float* src, std::int64_t ld, float factor) {
-  T* base = static_cast<T*>(const_cast<void*>(t.data));
-  for (std::int64_t r = 0; r < rows; ++r) {
-    T* dst = base + t.offset(b, h, s0 + r, 0);
-    for (std::int64_t d = 0; d < dim; ++d) dst[d * t.stride[3]] = core::from_float<T>(src[r * ld + d] * factor);
+// The five products of one pair, all tiles finite (S = Q Kᵀ then P, dP, dS; dV, dK, dQ accumulated).
+template <class Variant>
+void tile_products(const core::Problem& p, const TilePair& t, const KeyTile& kt, const TileKind& kind,
+                   bool interior, const Accumulators& acc, Workspace& ws) {
+  scores(p, t.rows, kt, kind.wide, ws);                                                   // S = Q Kᵀ
+  masked_scores<Variant>(p, t, kind.wide, interior, ws);                                  // logits (scale·S, mask)
+  probabilities(t.rows, kind.wide, ws);                                                   // P
+  dprobs(p, t.rows, kt, ws, ws.ds.data());                                                // dP = dO Vᵀ
+  const bool dropped = drop_tile<Variant>(p, t, ws);                                      // P ∘ z, dP ∘ z
+  dscores<Variant::kTransform>(ws.s.data(), t.rows, ws.d, p.scale, ws.dfac.data(), ws.ds.data());  // scale·dS
+  cols_times_rows(dropped ? ws.drop.data() : ws.s.data(), t.rows, t.cols, ws.dout, ws.dvp, ws.dv.data(),
+                  acc.kv_add);                                                            // dV += Pᵀ dO
+  cols_times_rows(ws.ds.data(), t.rows, t.cols, ws.q, ws.dkp, ws.dk.data(), acc.kv_add);  // dK += dSᵀ Q
+  rows_times_rows(ws.ds.data(), t.rows, t.cols, kt.k, ws.dkp, acc.dq, acc.ldq, acc.dq_add);  // dQ += dS K
+}
+
+// ---- sweep 1: the rows' statistics ---------------------------------------------------------------------------
+
+// The keys some row of the block [i0, i0 + rows) sees lie in [first.lo, last.hi): both ends are
+// non-decreasing in the row.
+inline core::KeyRange block_keys(const core::Problem& p, std::int64_t b, std::int64_t i0, std::int64_t rows) {
+  return {core::key_range(p, b, i0).lo, core::key_range(p, b, i0 + rows - 1).hi};
+}
+
+// One key tile of sweep 1 in vectors, the forward's layout (the block's rows in SIMD lanes: Sᵀ = K Qᵀ and
+// dPᵀ = V dOᵀ with K and V rows read as broadcast scalars, so no tile is transposed; each score and dP is the same
+// sequence of fused multiply-adds over d as sweep 2's, so the same bits): the scores through the variant's hooks
+// (rounded as sweep 2 rounds them), then each row's state advances over the tile and takes its weights, and,
+// with_dp, the weights times dP (dropped weights' dP times z) for D.
+template <class Variant>
+void statistics_tile(const core::Problem& p, const TilePair& t, const KeyTile& kt, bool with_dp, Workspace& ws,
+                     RowState* state) {
+  float* st = ws.s.data();    // Sᵀ [BC][BR]
+  float* dpt = ws.ds.data();  // dPᵀ [BC][BR]
+  gemm<false>(t.cols, BR, p.Dk, kt.k.base, kt.k.ld, 1, ws.qt.data(), BR, st, BR);                 // Sᵀ = K Qᵀ
+  if (with_dp) {
+    gemm<false>(t.cols, BR, p.Dv, kt.v.base, kt.v.ld, 1, ws.dot.data(), BR, dpt, BR);              // dPᵀ = V dOᵀ
+    if (Variant::dropout(p)) {                                                                  // dPᵀ ∘ zᵀ
+      float* zt = ws.drop.data();  // [BC][BR]
+      for (std::int64_t r = 0; r < t.rows; ++r) p.dropout.factors(t.b, t.h, t.i0 + r, t.j0, t.cols, zt + r, BR);
+      for (std::int64_t c = 0; c < t.cols; ++c)
+        for (std::int64_t r = 0; r < t.rows; ++r) dpt[c * BR + r] *= zt[c * BR + r];
+    }
+  }
+  // x = scale·S through the variant's hooks (rounded as sweep 2 rounds), -inf where a row may not look
+  bool interior = !Variant::kPerElement;
+  for (std::int64_t r = 0; r < t.rows && interior; ++r) interior = ws.range[r].lo <= t.j0 && t.j0 + t.cols <= ws.range[r].hi;
+  const float scale_f = static_cast<float>(p.scale);
+  if (interior) {
+    const V sc = Vec::set1(scale_f);
+    for (std::int64_t c = 0; c < t.cols; ++c)
+      for (std::int64_t v = 0; v < BR; v += W) Vec::store(st + c * BR + v, Vec::mul(Vec::load(st + c * BR + v), sc));
+  } else {
+    for (std::int64_t r = 0; r < t.rows; ++r) {
+      const auto vrow = Variant::row(p, t.b, t.h, t.i0 + r);
+      for (std::int64_t c = 0; c < t.cols; ++c) {
+        const std::int64_t j = t.j0 + c;
+        float& x = st[c * BR + r];
+        x = (j < ws.range[r].lo || j >= ws.range[r].hi || vrow.hidden(j)) ? core::kNegInf : vrow.logit(j, x * scale_f);
+      }
+    }
+  }
+  // Each row's state over the tile: advance to the tile's max, then add its weights (and weights times dP).
+  const V c_v = Vec::set1(static_cast<float>(kC));
+  for (std::int64_t v0 = 0; v0 < t.rows; v0 += W) {
+    V mx = Vec::set1(core::kNegInf);
+    for (std::int64_t c = 0; c < t.cols; ++c) mx = Vec::max(mx, Vec::load(st + c * BR + v0));
+    alignas(64) float tmax[W], origin[W];
+    Vec::store(tmax, mx);
+    for (int lane = 0; lane < W; ++lane) {
+      RowState& s = state[v0 + lane];
+      s.advance(tmax[lane], kC);
+      origin[lane] = static_cast<float>(s.origin());
+    }
+    const V o = Vec::load(origin);
+    V sum = Vec::zero(), sum_dp = Vec::zero();
+    for (std::int64_t c = 0; c < t.cols; ++c) {
+      const V e = LaneState::weight(Vec::load(st + c * BR + v0), o, c_v);
+      sum = Vec::add(sum, e);
+      if (with_dp) sum_dp = Vec::fmadd(e, Vec::load(dpt + c * BR + v0), sum_dp);
+    }
+    alignas(64) float sums[W], dps[W];
+    Vec::store(sums, sum), Vec::store(dps, sum_dp);
+    for (int lane = 0; lane < W; ++lane) state[v0 + lane].add(sums[lane], dps[lane]);
   }
 }
 
-// How the keys are cut into chunks (sweep 2's items are (batch, KV head, chunk)). Shape only.
+// The same pair by pair in fp64 (a tile with large scores, or with NaN or inf: sweep 2's exact arithmetic too):
+// each attended pair's score from a double dot product, the row's state advanced to it and taking its weight; dP
+// as sweep 2 forms it (fp32 from dPᵀ = V dOᵀ on a wide tile, fp64 on an exact one).
+template <class Variant>
+void statistics_pairs(const core::Problem& p, const TilePair& t, const KeyTile& kt, const TileKind& kind,
+                      bool with_dp, Workspace& ws, RowState* state) {
+  float* dpt = ws.ds.data();  // dPᵀ [BC][BR]
+  if (with_dp && !kind.exact) gemm<false>(t.cols, BR, p.Dv, kt.v.base, kt.v.ld, 1, ws.dot.data(), BR, dpt, BR);
+  float* z = ws.drop.data();  // the row's dropout factors, when on
+  for (std::int64_t r = 0; r < t.rows; ++r) {
+    const float* q = ws.q.base + r * ws.q.ld;
+    const float* g = ws.dout.base + r * ws.dout.ld;
+    if (with_dp && Variant::dropout(p)) p.dropout.factors(t.b, t.h, t.i0 + r, t.j0, t.cols, z, 1);
+    for (std::int64_t c = 0; c < t.cols; ++c) {
+      const double x = pair_score<Variant>(p, t, r, c, ws.range[r], q, kt.k.base + c * kt.k.ld, 1);
+      if (x == -std::numeric_limits<double>::infinity()) continue;  // hidden, or a -inf score: no weight
+      double dp = 0;
+      if (with_dp) {
+        if (kind.exact)
+          for (std::int64_t d = 0; d < p.Dv; ++d) dp += static_cast<double>(g[d]) * kt.v.base[c * kt.v.ld + d];
+        else
+          dp = dpt[c * BR + r];
+        if (Variant::dropout(p)) dp *= z[c];
+      }
+      state[r].absorb(x, kC, dp);
+    }
+  }
+}
+
+// D_i = dO_i · O_i in fp64, from the forward's O.
+template <class QT>
+double output_dot(const core::BackwardProblem& bp, std::int64_t b, std::int64_t h, std::int64_t i, const float* g) {
+  const core::Problem& p = bp.fwd;
+  const QT* o = static_cast<const QT*>(p.out.data) + p.out.offset(b, h, i, 0);
+  double d = 0;
+  for (std::int64_t e = 0; e < p.Dv; ++e) d += static_cast<double>(g[e]) * core::to_float(o[e * p.out.stride[3]]);
+  return d;
+}
+
+// m = LSE, inv_l = 1 and D = dO·O for every row of the block (Params::backward_statistics = from_forward, ring
+// attention: the keys here may be a subset of those the LSE and O were formed over, so only the given ones are
+// right). An empty row (LSE = -inf) contributes nothing.
+template <class QT>
+void statistics_from_forward(const core::BackwardProblem& bp, std::int64_t b, std::int64_t h, std::int64_t i0,
+                             std::int64_t rows, const Workspace& ws, Statistics& stats) {
+  const core::Problem& p = bp.fwd;
+  const auto* saved = static_cast<const float*>(p.lse->data);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
+    const float lse = saved[p.lse->offset(b, h, i0 + r, 0)];
+    const bool empty = lse == core::kNegInf;
+    stats.m[row] = empty ? 0.0 : lse;
+    stats.inv_l[row] = empty ? 0.0f : 1.0f;
+    stats.d[row] = empty ? 0.0 : output_dot<QT>(bp, b, h, i0 + r, ws.dout.base + r * ws.dout.ld);
+  }
+}
+
+// Whether D = dO·O serves a block: its scores are small (every |scale·q·k| <= kMildLogits by the norms of its Q and
+// its keys, every LSE within ±kMildLse: no dense mask moved them far) and its scale ordinary, everything finite;
+// with a sink, also every dO value finite (D must stay Σ over the row's keys, which dO·O is not when dO holds a NaN
+// or inf and the row attends no key: O = 0). Elsewhere D = Σ_j P_ij dP_ij from the same P and dP as sweep 2, since
+// in a peaked row dS = scale·P·(dP − D) cancels and D = dO·O from the forward's differently rounded O leaves scale
+// times its rounding (measured: 10x a naive backward's error on peaked rows; 1e23 for scale 1e30, inf in f16
+// gradients), where D from the same P and dP cancels as the naive computation does.
+inline bool mild_block(const core::Problem& p, const Statistics& stats, std::int64_t b, std::int64_t h,
+                       std::int64_t i0, std::int64_t rows, const Workspace& ws) {
+  if (p.scale > kExactDScale) return false;
+  const std::int64_t hk = h / p.group, tiles_per_head = (p.Skv + BC - 1) / BC;
+  const core::KeyRange keys = block_keys(p, b, i0, rows);
+  float bound = 0;  // scale·max‖q‖·max‖k‖ over the block's tiles; NaN with a NaN or inf in Q, dO, K or V
+  for (std::int64_t j0 = keys.lo / BC * BC; j0 < keys.hi; j0 += BC) {
+    const auto tile = static_cast<std::size_t>((b * p.Hkv + hk) * tiles_per_head + j0 / BC);
+    bound = nan_max(bound, static_cast<float>(p.scale) * ws.qnorm * stats.knorm[tile]);
+    bound = nan_max(bound, (stats.vnorm[tile] + ws.donorm) * 0.0f);  // (NaN for inf too: inf·0)
+  }
+  if (!(bound <= kMildLogits)) return false;
+  const auto* saved = static_cast<const float*>(p.lse->data);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float x = saved[p.lse->offset(b, h, i0 + r, 0)];
+    if (!((std::isfinite(x) && std::fabs(x) <= kMildLse) || x == core::kNegInf)) return false;
+  }
+  for (std::int64_t r = 0; r < rows && p.sinks; ++r)
+    for (std::int64_t e = 0; e < p.Dv; ++e)
+      if (!std::isfinite(ws.dout.base[r * ws.dout.ld + e])) return false;
+  return true;
+}
+
+// Qᵀ and dOᵀ of the block in hand (sweep 1's vector tiles), rows past the block zero.
+inline void transpose_block(const core::Problem& p, std::int64_t rows, Workspace& ws) {
+  std::fill(ws.qt.begin(), ws.qt.end(), 0.0f);
+  std::fill(ws.dot.begin(), ws.dot.end(), 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t d = 0; d < p.Dk; ++d) ws.qt[d * BR + r] = ws.q.base[r * ws.q.ld + d];
+    for (std::int64_t d = 0; d < p.Dv; ++d) ws.dot[d * BR + r] = ws.dout.base[r * ws.dout.ld + d];
+  }
+}
+
+// Sweep 1, the statistics of query rows [i0, i0 + rows) of head h: each row's online-softmax state (core::
+// OnlineSoftmax: the forward's, here in fp64) over the scores its keys get, recomputed with the same arithmetic as
+// sweep 2 (so a row with one allowed key gets P = 1 exactly), its head's sink absorbed first; then m, inv_l = 1/l
+// and D (the state's second sum over l, or dO·O for a mild block). The forward's LSE is not used for P: it is
+// fp32, and its rounding (half an ulp of |LSE|) would be an error of that size in every recomputed exponent (for
+// |LSE| ~ 10-30 that made gradients 2-18x less accurate than a naive fp32 backward's; with |LSE| ~ 1e10, from a
+// -1e10 mask, no normalisation at all).
+template <class QT, class KVT, class Variant>
+void row_statistics(const core::BackwardProblem& bp, std::int64_t b, std::int64_t h, std::int64_t i0,
+                    std::int64_t rows, Workspace& ws, Statistics& stats) {
+  const core::Problem& p = bp.fwd;
+  load_query_block<QT>(bp, stats, false, b, h, i0, rows, ws);
+  if (p.stats_from_forward) return statistics_from_forward<QT>(bp, b, h, i0, rows, ws, stats);
+  const bool d_from_output = mild_block(p, stats, b, h, i0, rows, ws);
+  RowState state[BR];
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (p.sinks) state[r].absorb(p.sink(h), kC);  // a logit with no value (dP = 0)
+  transpose_block(p, rows, ws);  // Qᵀ, dOᵀ for the vector tiles
+  const core::KeyRange keys = block_keys(p, b, i0, rows);
+  const std::int64_t len = p.kv_len[static_cast<std::size_t>(b)];
+  for (std::int64_t j0 = keys.lo / BC * BC; j0 < keys.hi; j0 += BC) {  // the grid sweep 2 uses: the same scores
+    const TilePair t{b, h, i0, rows, j0, std::min(BC, len - j0)};
+    const KeyTile kt = load_key_tile<KVT>(p, stats, b, h / p.group, j0, t.cols, ws,
+                                          d_from_output ? TileForm::rows : TileForm::rows_and_values);
+    const TileKind kind = tile_kind(p, ws.qnorm, ws.donorm, kt.knorm, kt.vnorm);
+    if (kind.wide) statistics_pairs<Variant>(p, t, kt, kind, !d_from_output, ws, state);
+    else statistics_tile<Variant>(p, t, kt, !d_from_output, ws, state);
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i0 + r);
+    const RowState::Statistics s = state[r].statistics();
+    stats.m[row] = s.m;
+    stats.inv_l[row] = static_cast<float>(s.inv_l);
+    stats.d[row] = s.inv_l == 0 ? 0.0 : d_from_output ? output_dot<QT>(bp, b, h, i0 + r, ws.dout.base + r * ws.dout.ld) : s.mean_w;
+  }
+}
+
+// ---- sweep 2: the gradients ------------------------------------------------------------------------------
+
+template <class T>
+void store_rows(const core::Strided& t, std::int64_t b, std::int64_t h, std::int64_t s0, std::int64_t rows,
+                std::int64_t dim, const float* src, std::int64_t ld) {
+  T* base = static_cast<T*>(const_cast<void*>(t.data));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* dst = base + t.offset(b, h, s0 + r, 0);
+    for (std::int64_t d = 0; d < dim; ++d) dst[d * t.stride[3]] = core::from_float<T>(src[r * ld + d]);
+  }
+}
+
+// How the keys are cut into chunks (sweep 2's items are (batch, KV head, chunk)), and what a call allocates:
+// Plan::bytes() is the one formula of a call's scratch (Scratch holds exactly that). Shape only.
 struct Plan {
   std::int64_t chunks = 1, chunk_len = 0, items = 0;
-  explicit Plan(const core::Problem& p) {
+  std::int64_t kblocks = 0, tiles = 0, qblocks = 0, q_items = 0, rows = 0;
+  bool dq_in_place = false;  // dQ summed in the caller's fp32 rows (one chunk), else in partials
+  Workspace::Shape shape;
+  explicit Plan(const core::BackwardProblem& bp) {
+    const core::Problem& p = bp.fwd;
     // Key chunks only when B·Hkv alone gives too few items (cpu/schedule.h: the shape only).
     constexpr std::int64_t kMinItems = 8, kMinChunkKeys = 4 * BC;
     const Cut cut = cut_length(p.B * p.Hkv, p.Skv, kMinItems, kMinChunkKeys, BC);
     chunks = cut.pieces, chunk_len = cut.piece_len;
     items = p.B * p.Hkv * chunks;
+    kblocks = (p.Skv + BC - 1) / BC, tiles = p.B * p.Hkv * kblocks;
+    qblocks = (p.Sq + BR - 1) / BR, q_items = p.B * p.Hq * qblocks;
+    rows = p.B * p.Hq * p.Sq;
+    shape = {p.Dk, p.Dv, p.group * qblocks};
+    dq_in_place = chunks == 1 && p.q.dtype == DType::f32 && bp.dq.stride[3] == 1 && p.Dk == shape.dkp();
+  }
+  std::int64_t most_items() const { return std::max(tiles + q_items, items); }
+  std::int64_t dq_part_len() const { return dq_in_place ? 0 : rows * shape.dkp(); }  // one chunk's
+  std::int64_t bytes(int threads) const {
+    return team_size(threads, most_items()) * Workspace::bytes(shape) + rows * (8 + 8 + 4) +
+           4 * 2 * (q_items + tiles) + 4 * chunks * dq_part_len();
   }
 };
 
@@ -699,229 +754,186 @@ struct DqTarget {
 
 // Sweep 2: keys [k_lo, k_hi) of KV head hk. Per key block: over the group's query heads (in order) and every
 // query block whose rows see the block (in order), the tile steps; then the block's dK and dV are stored.
-// dQ is added into dqt (this item's own rows); `written` marks its query blocks holding a sum already (the
+// dQ is added into dqt (this item's own rows); ws.written marks its query blocks holding a sum already (the
 // first term of a block is stored, not added: nothing needs zeroing first). Keys at or past the batch's key
 // length are never read (their dK and dV are zero).
 template <class QT, class KVT, class Variant>
-void key_chunk(const core::BackwardProblem& bp, const RowStats& stats, std::int64_t b, std::int64_t hk,
-               std::int64_t k_lo, std::int64_t k_hi, const DqTarget& dqt, std::vector<char>& written, Workspace& ws) {
+void key_chunk(const core::BackwardProblem& bp, const Statistics& stats, std::int64_t b, std::int64_t hk,
+               std::int64_t k_lo, std::int64_t k_hi, const DqTarget& dqt, Workspace& ws) {
   const core::Problem& p = bp.fwd;
-  const std::int64_t dkp = ws.dkp, dvp = ws.dvp, qblocks = (p.Sq + BR - 1) / BR;
+  const std::int64_t qblocks = (p.Sq + BR - 1) / BR;
   const std::int64_t len = p.kv_len[static_cast<std::size_t>(b)];
-  float* dk = ws.dk.data();
-  float* dv = ws.dv.data();
   for (std::int64_t j0 = k_lo; j0 < k_hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, k_hi - j0);       // the block's keys
     const std::int64_t seen = std::min(cols, len - j0);      // those below the key length
-    bool add = false;  // dK and dV of this key block hold a sum
+    bool kv_add = false;  // dK and dV of this key block hold a sum
     if (seen > 0) {
-      const KeyTile kt = load_key_tile<KVT>(p, stats, b, hk, j0, seen, ws);
-      for (std::int64_t g = 0; g < p.group; ++g) {
-        const std::int64_t h = hk * p.group + g;
+      const KeyTile kt = load_key_tile<KVT>(p, stats, b, hk, j0, seen, ws, TileForm::transposed);
+      for (std::int64_t g = 0; g < p.group; ++g)
         for (std::int64_t i0 = 0; i0 < p.Sq; i0 += BR) {
-          const std::int64_t rows = std::min(BR, p.Sq - i0);
-          const core::KeyRange keys = block_keys(p, b, i0, rows);
+          const TilePair t{b, hk * p.group + g, i0, std::min(BR, p.Sq - i0), j0, seen};
+          const core::KeyRange keys = block_keys(p, b, i0, t.rows);
           if (keys.lo >= j0 + cols || keys.hi <= j0 || keys.hi <= keys.lo) continue;
-          float* dq = dqt.base + g * dqt.hs + i0 * dqt.rs;
-          char& dq_add = written[static_cast<std::size_t>(g * qblocks + i0 / BR)];
-          load_query_block<QT>(bp, stats, true, b, h, i0, rows, ws);
-          const TileKind kind = tile_kind(p, ws, kt);
+          char& dq_add = ws.written[static_cast<std::size_t>(g * qblocks + i0 / BR)];
+          const Accumulators acc{dqt.base + g * dqt.hs + i0 * dqt.rs, dqt.rs, dq_add != 0, kv_add};
+          load_query_block<QT>(bp, stats, true, b, t.h, i0, t.rows, ws);
+          const TileKind kind = tile_kind(p, ws.qnorm, ws.donorm, kt.knorm, kt.vnorm);
           bool interior = !Variant::kPerElement && seen == BC;
-          for (std::int64_t r = 0; r < rows && interior; ++r)
-            interior = ws.range[r].lo <= j0 && j0 + BC <= ws.range[r].hi;
-          if (kind.exact || !stats_finite(rows, ws)) {  // NaN or inf somewhere: pair by pair
-            if (!kind.exact) {  // a finite tile: its scores as sweep 1 formed them
-              scores(p, rows, kt, kind.wide, ws);
-              masked_scores<Variant>(p, b, h, i0, rows, j0, seen, kind.wide, interior, ws);
-            }
-            tile_exact<Variant>(p, b, h, i0, rows, j0, seen, kt, ws, add, dq, dqt.rs, dq_add, !kind.exact, kind.wide);
-            add = true, dq_add = 1;
-            continue;
+          for (std::int64_t r = 0; r < t.rows && interior; ++r) interior = ws.range[r].lo <= j0 && j0 + BC <= ws.range[r].hi;
+          if (kind.exact) {  // NaN or inf in the tile: pair by pair
+            tile_exact<Variant>(p, t, kt, acc, ExactScores::recompute, ws);
+          } else if (!stats_finite(t.rows, ws)) {  // a finite tile, rows with NaN statistics: its scores as sweep 1's
+            scores(p, t.rows, kt, kind.wide, ws);
+            masked_scores<Variant>(p, t, kind.wide, interior, ws);
+            tile_exact<Variant>(p, t, kt, acc, kind.wide ? ExactScores::fp64 : ExactScores::fp32, ws);
+          } else {
+            tile_products<Variant>(p, t, kt, kind, interior, acc, ws);
           }
-          scores(p, rows, kt, kind.wide, ws);                                            // S = Q Kᵀ
-          masked_scores<Variant>(p, b, h, i0, rows, j0, seen, kind.wide, interior, ws);  // scale·S + mask
-          probabilities(rows, kind.wide, ws);                                            // P
-          dprobs(p, rows, kt, ws, ws.ds.data());                                         // dP = dO Vᵀ
-          const bool dropped = drop_tile<Variant>(p, b, h, i0, rows, j0, seen, ws);       // P ∘ z, dP ∘ z
-          dscores<Variant::kTransform>(ws.s.data(), rows, ws.d, p.scale, ws.dfac.data(), ws.ds.data());  // dS = scale·P ∘ (dP − D)
-          cols_times_rows(dropped ? ws.drop.data() : ws.s.data(), rows, seen, ws.dout, ws.ldo, dvp, dv, add);  // dV += Pᵀ dO
-          cols_times_rows(ws.ds.data(), rows, seen, ws.q, ws.ldq, dkp, dk, add);         // dK += dSᵀ Q
-          rows_times_rows(ws.ds.data(), rows, seen, kt.k, kt.ldk, dkp, dq, dqt.rs, dq_add);  // dQ += dS K
-          add = true, dq_add = 1;
+          kv_add = true, dq_add = 1;
         }
-      }
     }
-    if (!add) {  // no query sees these keys
-      std::fill(dk, dk + BC * dkp, 0.0f);
-      std::fill(dv, dv + BC * dvp, 0.0f);
+    float* dk = ws.dk.data();
+    float* dv = ws.dv.data();
+    if (!kv_add) {  // no query sees these keys
+      std::fill(dk, dk + BC * ws.dkp, 0.0f);
+      std::fill(dv, dv + BC * ws.dvp, 0.0f);
     } else if (seen < cols) {  // keys past the length
-      std::fill(dk + seen * dkp, dk + cols * dkp, 0.0f);
-      std::fill(dv + seen * dvp, dv + cols * dvp, 0.0f);
+      std::fill(dk + std::max<std::int64_t>(seen, 0) * ws.dkp, dk + cols * ws.dkp, 0.0f);
+      std::fill(dv + std::max<std::int64_t>(seen, 0) * ws.dvp, dv + cols * ws.dvp, 0.0f);
     }
-    store_rows<KVT>(bp.dk, b, hk, j0, cols, p.Dk, dk, dkp, 1.0f);
-    store_rows<KVT>(bp.dv, b, hk, j0, cols, p.Dv, dv, dvp, 1.0f);
+    store_rows<KVT>(bp.dk, b, hk, j0, cols, p.Dk, dk, ws.dkp);
+    store_rows<KVT>(bp.dv, b, hk, j0, cols, p.Dv, dv, ws.dvp);
   }
 }
 
-// A call's scratch: the team's workspaces, its dQ-block marks, the row statistics and the dQ partial sums, kept
-// between calls in the caller's attn::Workspace (under kScratchKey, one per instruction set) when it gives one.
+// A call's scratch, as Plan::bytes() counts it: the team's workspaces, the statistics and the dQ partial sums,
+// kept between calls in the caller's attn::Workspace (under kScratchKey, one per instruction set) when it gives
+// one. bytes() measures what it holds.
 struct Scratch {
-  std::int64_t dk = -1, dv = -1;
+  Workspace::Shape shape{-1, -1, -1};
   std::vector<Workspace> team;
-  std::vector<std::vector<char>> written;
-  RowStats stats;
-  std::vector<float> dq_part;
+  Statistics stats;
   std::int64_t bytes() const {
-    std::int64_t n = 0;
-    for (const Workspace& ws : team) n += ws.bytes();
-    for (const auto& w : written) n += static_cast<std::int64_t>(w.capacity());
-    n += static_cast<std::int64_t>(8 * (stats.m.capacity() + stats.d.capacity()) +
-                                   4 * (stats.inv_l.capacity() + stats.qnorm.capacity() + stats.donorm.capacity() +
-                                        stats.knorm.capacity() + stats.vnorm.capacity() + dq_part.capacity()));
+    std::int64_t n = static_cast<std::int64_t>(
+        8 * (stats.m.capacity() + stats.d.capacity()) +
+        4 * (stats.inv_l.capacity() + stats.qnorm.capacity() + stats.donorm.capacity() + stats.knorm.capacity() +
+             stats.vnorm.capacity() + stats.dq_part.capacity()));
+    for (const Workspace& w : team) n += held_bytes(w, shape);
     return n;
   }
 };
 inline constexpr char kScratchKey = 0;
 
+// Sweep 0 for key tile t (every KV head's tiles in order) and query block q_item: the largest row norms.
+template <class KVT>
+void key_tile_norms(const core::Problem& p, const Plan& plan, std::int64_t t, Workspace& ws, Statistics& stats) {
+  const std::int64_t kb = t % plan.kblocks, hk = (t / plan.kblocks) % p.Hkv, b = t / (plan.kblocks * p.Hkv);
+  const std::int64_t n = std::clamp<std::int64_t>(p.kv_len[static_cast<std::size_t>(b)] - kb * BC, 0, BC);
+  const auto at = static_cast<std::size_t>(t);
+  stats.knorm[at] = max_row_norm(key_rows<KVT>(p, b, hk).as_float_block(kb * BC, n, ws.dkp, ws.kbuf.data()), n, ws.dkp);
+  stats.vnorm[at] = max_row_norm(value_rows<KVT>(p, b, hk).as_float_block(kb * BC, n, ws.dvp, ws.vbuf.data()), n, ws.dvp);
+}
+template <class QT>
+void query_block_norms(const core::BackwardProblem& bp, const Plan& plan, std::int64_t it, Workspace& ws,
+                       Statistics& stats) {
+  const core::Problem& p = bp.fwd;
+  const std::int64_t qb = it % plan.qblocks, h = (it / plan.qblocks) % p.Hq, b = it / (plan.qblocks * p.Hq);
+  const std::int64_t n = std::min(BR, p.Sq - qb * BR);
+  const auto at = static_cast<std::size_t>(it);
+  stats.qnorm[at] = max_row_norm(head_rows<QT>(p, p.q, p.Dk, b, h).as_float_block(qb * BR, n, ws.dkp, ws.qbuf.data()), n, ws.dkp);
+  stats.donorm[at] =
+      max_row_norm(head_rows<QT>(p, bp.dout, p.Dv, b, h).as_float_block(qb * BR, n, ws.dvp, ws.doutbuf.data()), n, ws.dvp);
+}
+
+// ∂L/∂sink_h = −Σ_{b,i} P_sink · D_i with P_sink = e^(sink_h − m_i)·inv_l_i (the sink's weight in the row's
+// softmax; it has no value, so its dP is 0), summed over the rows in order: the same bits at any thread count.
+inline void sink_gradients(const core::BackwardProblem& bp, const Statistics& stats) {
+  const core::Problem& p = bp.fwd;
+  auto* out = static_cast<float*>(const_cast<void*>(bp.dsinks->data));
+  for (std::int64_t h = 0; h < p.Hq; ++h) {
+    const double sink = p.sink(h);
+    double acc = 0;
+    for (std::int64_t b = 0; b < p.B && sink != -std::numeric_limits<double>::infinity(); ++b)
+      for (std::int64_t i = 0; i < p.Sq; ++i) {
+        const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i);
+        if (stats.inv_l[row] != 0.0f) acc += RowState::weight(sink, stats.m[row], kC) * stats.inv_l[row] * stats.d[row];
+      }
+    out[h * bp.dsinks->stride[1]] = static_cast<float>(-acc);
+  }
+}
+
 template <class QT, class KVT, class Variant>
 void flash_backward(const core::BackwardProblem& bp, int threads) {
   const core::Problem& p = bp.fwd;
-  const std::int64_t dkp = padded(p.Dk);
-  const Plan plan(p);
-  const std::int64_t kblocks = (p.Skv + BC - 1) / BC, tiles = p.B * p.Hkv * kblocks;
-  const std::int64_t qblocks = (p.Sq + BR - 1) / BR, q_items = p.B * p.Hq * qblocks;
-  const auto nrows = static_cast<std::size_t>(p.B * p.Hq * p.Sq);
-  // The call's scratch, allocated before the work starts (the team's workspaces by their own threads; an
-  // allocation failure reaches the caller as std::bad_alloc, never an exception leaving a parallel region), kept in the caller's attn::Workspace when it gives one. Every buffer is reset here or
-  // written before it is read (dq_part), so nothing of an earlier call is read.
+  const Plan plan(bp);
+  // The call's scratch, allocated before the work starts (the team's workspaces by their own threads, in
+  // run_team), kept in the caller's attn::Workspace when it gives one. Every buffer is reset here or written before
+  // it is read (dq_part: every row of a chunk's partial is stored before it is added to, blocks that see none of
+  // the chunk's keys are zero-filled, so a reused workspace's partials are not cleared serially on every call).
   Scratch local;
   Scratch& sc = core::scratch(p.workspace, &kScratchKey, local);
-  if (sc.dk != p.Dk || sc.dv != p.Dv) sc.team.clear(), sc.dk = p.Dk, sc.dv = p.Dv;
-  RowStats& stats = sc.stats;
-  stats.m.assign(nrows, 0.0);
-  stats.d.assign(nrows, 0.0);
-  stats.inv_l.assign(nrows, 0.0f);
-  stats.qnorm.assign(static_cast<std::size_t>(q_items), 0.0f);
-  stats.donorm.assign(static_cast<std::size_t>(q_items), 0.0f);
-  stats.knorm.assign(static_cast<std::size_t>(tiles), 0.0f);
-  stats.vnorm.assign(static_cast<std::size_t>(tiles), 0.0f);
-  const int team = team_size(threads, std::max(tiles + q_items, plan.items));
-  grow_team(&sc.team, team, [&](int) { return Workspace(p.Dk, p.Dv); });
-  std::vector<Workspace>& wss = sc.team;
-  sc.written.resize(static_cast<std::size_t>(team));
-  for (auto& w : sc.written) w.assign(static_cast<std::size_t>(p.group * qblocks), 0);
-  std::vector<std::vector<char>>& writtens = sc.written;
-  // Sweep 0: the largest row norm of every query and dO block, and of every key and value tile (keys below the
-  // batch's key length only).
-#pragma omp parallel num_threads(team) if (team > 1)
-  {
-    Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];
-    const float* rows_at;
-    std::int64_t ld;
-#pragma omp for schedule(static) nowait
-    for (std::int64_t t = 0; t < tiles; ++t) {
-      const std::int64_t kb = t % kblocks, hk = (t / kblocks) % p.Hkv, b = t / (kblocks * p.Hkv);
-      const std::int64_t n = std::clamp<std::int64_t>(p.kv_len[static_cast<std::size_t>(b)] - kb * BC, 0, BC);
-      stats.knorm[static_cast<std::size_t>(t)] =
-          block_rows<KVT>(p.k, b, hk, kb * BC, n, BC, p.Dk, ws.dkp, ws.kbuf.data(), &rows_at, &ld, true);
-      stats.vnorm[static_cast<std::size_t>(t)] =
-          block_rows<KVT>(p.v, b, hk, kb * BC, n, BC, p.Dv, ws.dvp, ws.dv.data(), &rows_at, &ld, true);
-    }
-#pragma omp for schedule(static)
-    for (std::int64_t it = 0; it < q_items; ++it) {
-      const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
-      const std::int64_t n = std::min(BR, p.Sq - qb * BR);
-      stats.qnorm[static_cast<std::size_t>(it)] =
-          block_rows<QT>(p.q, b, h, qb * BR, n, BR, p.Dk, ws.dkp, ws.qbuf.data(), &rows_at, &ld, true);
-      stats.donorm[static_cast<std::size_t>(it)] =
-          block_rows<QT>(bp.dout, b, h, qb * BR, n, BR, p.Dv, ws.dvp, ws.doutbuf.data(), &rows_at, &ld, true);
-    }
-  }
-  // dQ: with one chunk per KV head and fp32 rows of whole vectors, summed in place in the caller's dQ (each
-  // item owns its heads' rows); else in fp32 partials [chunk][B][Hq][Sq][Dkp] that sweep 3 adds up.
-  const bool in_place = plan.chunks == 1 && std::is_same_v<QT, float> && bp.dq.stride[3] == 1 && p.Dk == dkp;
-  const std::int64_t part_len = in_place ? 0 : p.B * p.Hq * p.Sq * dkp;
-  std::vector<float>& dq_part = sc.dq_part;
-  // Not zeroed: every row of a chunk's partial is stored before it is added to (key_chunk's first term of a
-  // block stores; blocks that see none of the chunk's keys are zero-filled below), so a reused workspace's
-  // partials (up to chunks x the size of dQ) are not cleared serially on every call.
-  dq_part.resize(static_cast<std::size_t>(plan.chunks * part_len));
-#pragma omp parallel num_threads(team) if (team > 1)
-  {
-    Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];
-    std::vector<char>& written = writtens[static_cast<std::size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic)
-    for (std::int64_t it = 0; it < q_items; ++it) {
-      const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
-      const std::int64_t i0 = qb * BR;
-      row_statistics<QT, KVT, Variant>(bp, stats, b, h, i0, std::min(BR, p.Sq - i0), ws, stats);
-    }
-    // (implicit barrier: the statistics are complete before sweep 2 reads them)
-#pragma omp for schedule(dynamic)
-    for (std::int64_t it = 0; it < plan.items; ++it) {
-      const std::int64_t c = it % plan.chunks, hk = (it / plan.chunks) % p.Hkv, b = it / (plan.chunks * p.Hkv);
-      const std::int64_t h0 = hk * p.group;
-      // (no offset is formed from a null data pointer: dq_part is empty in place, and so may be dQ when Sq = 0)
-      const DqTarget dqt =
-          p.Sq == 0  ? DqTarget{nullptr, 0, 0}
-          : in_place ? DqTarget{static_cast<float*>(const_cast<void*>(bp.dq.data)) + bp.dq.offset(b, h0, 0, 0),
-                              bp.dq.stride[1], bp.dq.stride[2]}
-                   : DqTarget{dq_part.data() + c * part_len + (b * p.Hq + h0) * p.Sq * dkp, p.Sq * dkp, dkp};
-      std::fill(written.begin(), written.end(), 0);
-      key_chunk<QT, KVT, Variant>(bp, stats, b, hk, c * plan.chunk_len, std::min(p.Skv, (c + 1) * plan.chunk_len),
-                                    dqt, written, ws);
-      for (std::int64_t g = 0; g < p.group; ++g)  // query blocks that saw none of the chunk's keys
-        for (std::int64_t qb = 0; qb < qblocks; ++qb)
-          if (!written[static_cast<std::size_t>(g * qblocks + qb)])
-            for (std::int64_t i = qb * BR; i < std::min(p.Sq, (qb + 1) * BR); ++i)
-              std::fill_n(dqt.base + g * dqt.hs + i * dqt.rs, dkp, 0.0f);
-    }
-    // Sweep 3 (partials only): dQ = Σ_chunks partial, per query block, chunks in order.
-#pragma omp for schedule(static)
-    for (std::int64_t it = 0; it < (in_place ? 0 : q_items); ++it) {
-      const std::int64_t qb = it % qblocks, h = (it / qblocks) % p.Hq, b = it / (qblocks * p.Hq);
-      const std::int64_t i0 = qb * BR, rows = std::min(BR, p.Sq - i0);
-      float* sum = dq_part.data() + ((b * p.Hq + h) * p.Sq + i0) * dkp;
-      for (std::int64_t c = 1; c < plan.chunks; ++c)
-        for (std::int64_t e = 0; e < rows * dkp; ++e) sum[e] += sum[c * part_len + e];
-      store_rows<QT>(bp.dq, b, h, i0, rows, p.Dk, sum, dkp, 1.0f);
-    }
-  }
-  // ∂L/∂sink_h = −Σ_{b,i} P_sink · D_i with P_sink = e^(sink_h − m_i)·inv_l_i (the sink's weight in the row's
-  // softmax; it has no value, so its dP is 0), summed over the rows in order: the same bits at any thread count.
-  if (bp.dsinks) {
-    auto* out = static_cast<float*>(const_cast<void*>(bp.dsinks->data));
-    for (std::int64_t h = 0; h < p.Hq; ++h) {
-      const double sink = p.sink(h);
-      double acc = 0;
-      for (std::int64_t b = 0; b < p.B && sink != -std::numeric_limits<double>::infinity(); ++b)
-        for (std::int64_t i = 0; i < p.Sq; ++i) {
-          const auto row = static_cast<std::size_t>((b * p.Hq + h) * p.Sq + i);
-          if (stats.inv_l[row] != 0.0f) acc += std::exp(sink - stats.m[row]) * stats.inv_l[row] * stats.d[row];
-        }
-      out[h * bp.dsinks->stride[1]] = static_cast<float>(-acc);
-    }
-  }
+  if (!(sc.shape == plan.shape)) sc.team.clear(), sc.shape = plan.shape;
+  Statistics& stats = sc.stats;
+  const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
+  stats.m.assign(n(plan.rows), 0.0);
+  stats.d.assign(n(plan.rows), 0.0);
+  stats.inv_l.assign(n(plan.rows), 0.0f);
+  stats.qnorm.assign(n(plan.q_items), 0.0f);
+  stats.donorm.assign(n(plan.q_items), 0.0f);
+  stats.knorm.assign(n(plan.tiles), 0.0f);
+  stats.vnorm.assign(n(plan.tiles), 0.0f);
+  stats.dq_part.resize(n(plan.chunks * plan.dq_part_len()));
+  const std::int64_t dkp = plan.shape.dkp(), part_len = plan.dq_part_len();
+  // dQ of item it's heads: the caller's own fp32 rows (one chunk per KV head, rows of whole vectors; each item owns
+  // its heads' rows), else its chunk's partial [chunk][B][Hq][Sq][Dkp] that sweep 3 adds up.
+  const auto dq_target = [&](std::int64_t b, std::int64_t hk, std::int64_t chunk) -> DqTarget {
+    const std::int64_t h0 = hk * p.group;
+    if (p.Sq == 0) return {nullptr, 0, 0};  // (no offset is formed from a null data pointer)
+    if (plan.dq_in_place)
+      return {static_cast<float*>(const_cast<void*>(bp.dq.data)) + bp.dq.offset(b, h0, 0, 0), bp.dq.stride[1], bp.dq.stride[2]};
+    return {stats.dq_part.data() + chunk * part_len + (b * p.Hq + h0) * p.Sq * dkp, p.Sq * dkp, dkp};
+  };
+  run_team(&sc.team, threads, plan.most_items(), [&](int) { return Workspace(plan.shape); },
+           // Sweep 0: the largest row norm of every key and value tile (keys below the batch's key length only),
+           // and of every query and dO block.
+           loop(plan.tiles, [&](std::int64_t t, Workspace& ws) { key_tile_norms<KVT>(p, plan, t, ws, stats); },
+                Spread::even, /*wait=*/false),
+           loop(plan.q_items, [&](std::int64_t it, Workspace& ws) { query_block_norms<QT>(bp, plan, it, ws, stats); },
+                Spread::even),
+           // Sweep 1: every row's statistics (complete before sweep 2 reads them).
+           loop(plan.q_items, [&](std::int64_t it, Workspace& ws) {
+             const std::int64_t qb = it % plan.qblocks, h = (it / plan.qblocks) % p.Hq, b = it / (plan.qblocks * p.Hq);
+             row_statistics<QT, KVT, Variant>(bp, b, h, qb * BR, std::min(BR, p.Sq - qb * BR), ws, stats);
+           }),
+           // Sweep 2: dK and dV of each chunk of keys, dQ summed into the item's rows.
+           loop(plan.items, [&](std::int64_t it, Workspace& ws) {
+             const std::int64_t c = it % plan.chunks, hk = (it / plan.chunks) % p.Hkv, b = it / (plan.chunks * p.Hkv);
+             const DqTarget dqt = dq_target(b, hk, c);
+             std::fill(ws.written.begin(), ws.written.end(), 0);
+             key_chunk<QT, KVT, Variant>(bp, stats, b, hk, c * plan.chunk_len, std::min(p.Skv, (c + 1) * plan.chunk_len),
+                                         dqt, ws);
+             for (std::int64_t g = 0; g < p.group; ++g)  // query blocks that saw none of the chunk's keys
+               for (std::int64_t qb = 0; qb < plan.qblocks; ++qb)
+                 if (!ws.written[static_cast<std::size_t>(g * plan.qblocks + qb)])
+                   for (std::int64_t i = qb * BR; i < std::min(p.Sq, (qb + 1) * BR); ++i)
+                     std::fill_n(dqt.base + g * dqt.hs + i * dqt.rs, dkp, 0.0f);
+           }),
+           // Sweep 3 (partials only): dQ = Σ_chunks partial, per query block, chunks in order.
+           loop(plan.dq_in_place ? 0 : plan.q_items, [&](std::int64_t it, Workspace&) {
+             const std::int64_t qb = it % plan.qblocks, h = (it / plan.qblocks) % p.Hq, b = it / (plan.qblocks * p.Hq);
+             const std::int64_t i0 = qb * BR, rows = std::min(BR, p.Sq - i0);
+             float* sum = stats.dq_part.data() + ((b * p.Hq + h) * p.Sq + i0) * dkp;
+             for (std::int64_t c = 1; c < plan.chunks; ++c)
+               for (std::int64_t e = 0; e < rows * dkp; ++e) sum[e] += sum[c * part_len + e];
+             store_rows<QT>(bp.dq, b, h, i0, rows, p.Dk, sum, dkp);
+           }, Spread::even));
+  if (bp.dsinks) sink_gradients(bp, stats);
 }
 
-// The bytes a call allocates at `threads` threads: the team's scratch, the per-row statistics and norms, and
-// the dQ partial sums (flash_backward).
-inline std::int64_t workspace_bytes(const core::Problem& p, int threads) {
-  const Plan plan(p);
-  const std::int64_t dkp = padded(p.Dk), dvp = padded(p.Dv);
-  const std::int64_t kblocks = (p.Skv + BC - 1) / BC, tiles = p.B * p.Hkv * kblocks;
-  const std::int64_t qblocks = (p.Sq + BR - 1) / BR, q_items = p.B * p.Hq * qblocks;
-  const std::int64_t team = std::clamp<std::int64_t>(std::max(tiles + q_items, plan.items), 1, std::max(threads, 1));
-  const bool in_place = plan.chunks == 1 && p.q.dtype == DType::f32 && p.Dk == dkp;  // (the dq stride aside)
-  const std::int64_t rows = p.B * p.Hq * p.Sq;
-  const std::int64_t per_thread =
-      4 * (BR * dkp + BR * dvp + 3 * BR * BC + p.Dk * BC + p.Dv * BC + BC * dkp + BC * dkp + BC * dvp) +
-      8 * BR * BC + static_cast<std::int64_t>(sizeof(Workspace)) + p.group * qblocks;
-  return team * per_thread + rows * (8 + 8 + 4) + 4 * 2 * (q_items + tiles) +
-         (in_place ? 0 : 4 * plan.chunks * rows * dkp);
-}
+// The bytes a call allocates at `threads` threads (Plan::bytes).
+inline std::int64_t workspace_bytes(const core::BackwardProblem& bp, int threads) { return Plan(bp).bytes(threads); }
 
-// The backward kernel of this instruction set for the given dtypes and dense-mask kind, or null (cpu/pick.h).
+// The backward kernel of this instruction set for the given dtypes and variant, or null (cpu/pick.h).
 template <class QT, class KVT, class Variant>
 struct BackwardKernel {
   static constexpr BackwardFn fn = &flash_backward<QT, KVT, Variant>;

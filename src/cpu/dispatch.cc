@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/backward_problem.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
 
@@ -113,13 +114,14 @@ Choice select_flash(const core::Problem& p, int threads) {
   return c;
 }
 
-BackwardChoice select_backward(const core::Problem& p, int threads) {
+BackwardChoice select_backward(const core::BackwardProblem& bp, int threads) {
+  const core::Problem& p = bp.fwd;
   BackwardChoice c;
   c.isa = active_isa();
   if (c.isa == Isa::amx) c.isa = static_cast<Isa>(static_cast<int>(Isa::amx) - 1);  // no AMX backward
   const KernelSet& k = levels()[static_cast<int>(c.isa)].kernels;
   c.fn = k.backward(p.q.dtype, p.k.dtype, core::variant_kind(p));
-  c.workspace_bytes = c.fn ? k.backward_workspace(p, threads) : 0;
+  c.workspace_bytes = c.fn ? k.backward_workspace(bp, threads) : 0;
   return c;
 }
 

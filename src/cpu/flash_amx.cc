@@ -25,6 +25,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "core/convert.h"
@@ -52,6 +54,11 @@
 
 namespace attn::cpu::ATTN_AMX_NS {
 namespace {
+
+// The row sources every kernel reads K and V through (cpu/row_source.h, over cpu/vec.h's AVX-512 flavour).
+#define ATTN_VEC_AVX512
+#include "cpu/vec.h"
+#include "cpu/row_source.h"
 
 #if defined(ATTN_AMX_EMULATE)
 inline void tile_config() {}
@@ -101,28 +108,13 @@ inline void transpose16(const __m512i* r, __m512i* out) {
   }
 }
 
-// Pointers to rows j0 .. j0+BC-1 of K or V (bf16), each with dim_pad readable values: the caller's rows when
-// they have unit stride and dim = dim_pad, else copies in `stage` [BC][dim_pad] zero-padded; rows past `cols`
-// point at `zero` (dim_pad zeros).
-void tile_rows(const core::Problem& p, const core::Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j0,
-               std::int64_t cols, std::int64_t dim, std::int64_t dim_pad, std::uint16_t* stage,
-               const std::uint16_t* zero, const std::uint16_t** rows) {
-  const bool direct = t.stride[3] == 1 && dim == dim_pad;
-  for (std::int64_t c = 0; c < BC; ++c) {
-    if (c >= cols) {
-      rows[c] = zero;
-      continue;
-    }
-    const auto* src = static_cast<const std::uint16_t*>(t.data) + core::kv_row_offset(p, t, b, hk, j0 + c);
-    if (direct) {
-      rows[c] = src;
-      continue;
-    }
-    std::uint16_t* row = stage + c * dim_pad;
-    for (std::int64_t d = 0; d < dim; ++d) row[d] = src[d * t.stride[3]];
-    std::fill(row + dim, row + dim_pad, std::uint16_t{0});
-    rows[c] = row;
-  }
+// Pointers to rows j0 .. j0+BC-1 of K or V (bf16 bits), each with dim_pad readable values (the row source's
+// as_stored: the caller's rows when they have unit stride and dim = dim_pad, else copies in `stage` [BC][dim_pad]
+// zero-padded); rows past `cols` point at `zero` (dim_pad zeros).
+void tile_rows(const RowSource<std::uint16_t>& src, std::int64_t j0, std::int64_t cols, std::int64_t dim_pad,
+               std::uint16_t* stage, const std::uint16_t* zero, const std::uint16_t** rows) {
+  src.as_stored(j0, cols, dim_pad, stage, rows);
+  std::fill(rows + cols, rows + BC, zero);
 }
 
 // K rows (dkp values each) -> kp[dkp/2][BC] 32-bit words: word (pair q, key j) holds K[j][2q], K[j][2q+1].
@@ -186,6 +178,12 @@ constexpr float kLazy = 8.0f;  // the reference max moves only for a score above
 // Per-thread scratch. Rows of a work item: Q (bf16, padded to whole row blocks and 32 dims), the fp32
 // output accumulator and the online-softmax state of each row.
 struct Workspace {
+  struct Shape {
+    std::int64_t dk = 0, dv = 0, max_rows = 0;
+    bool operator==(const Shape&) const = default;
+    std::int64_t dkp() const { return round_up(dk, 32); }
+    std::int64_t dvp() const { return round_up(dv, 32); }
+  };
   std::int64_t dkp, dvp;
   AlignedVector<std::uint16_t> q, kr, kp, vr, vp, pb, zero;  // kr, vr: staging for strided or padded K/V rows
   const std::uint16_t* rows[BC];
@@ -197,31 +195,28 @@ struct Workspace {
     std::int64_t lo, hi, all_lo, all_hi;
   };
   std::vector<Block> blk;  // per row block of an item: the union and intersection of its rows' key ranges
-  Workspace(std::int64_t dk, std::int64_t dv, std::int64_t max_rows)
-      : dkp(round_up(dk, 32)),
-        dvp(round_up(dv, 32)),
-        q(max_rows * dkp),
-        kr(BC * dkp),
-        kp(BC * dkp),
-        vr(BC * dvp),
-        vp(BC * dvp),
-        pb(RB * BC),
-        zero(std::max(dkp, dvp)),
-        o(max_rows * dvp),
-        s(RB * BC),
-        state(max_rows),
-        head(max_rows),
-        row(max_rows),
-        range(max_rows),
-        blk(static_cast<std::size_t>(max_rows / RB + 1)) {}
-  static std::int64_t bytes(std::int64_t dk, std::int64_t dv, std::int64_t max_rows) {
-    const std::int64_t dkp = round_up(dk, 32), dvp = round_up(dv, 32);
-    return 2 * (max_rows * dkp + 2 * BC * dkp + 2 * BC * dvp + RB * BC + std::max(dkp, dvp)) +
-           4 * (max_rows * dvp + RB * BC) +
-           static_cast<std::int64_t>(max_rows * (sizeof(core::RowState) + 2 * sizeof(std::int64_t) +
-                                                 sizeof(core::KeyRange)) +
-                                     (max_rows / RB + 1) * sizeof(Block) + sizeof(Workspace));
+
+  // The buffers and their lengths (cpu/aligned.h: the one formula, allocated by the constructor, counted by
+  // bytes() before a call and by held() after it).
+  template <class F>
+  static void layout(const Shape& s, F f) {
+    f(&Workspace::q, s.max_rows * s.dkp());
+    f(&Workspace::kr, BC * s.dkp());
+    f(&Workspace::kp, BC * s.dkp());
+    f(&Workspace::vr, BC * s.dvp());
+    f(&Workspace::vp, BC * s.dvp());
+    f(&Workspace::pb, RB * BC);
+    f(&Workspace::zero, std::max(s.dkp(), s.dvp()));
+    f(&Workspace::o, s.max_rows * s.dvp());
+    f(&Workspace::s, RB * BC);
+    f(&Workspace::state, s.max_rows);
+    f(&Workspace::head, s.max_rows);
+    f(&Workspace::row, s.max_rows);
+    f(&Workspace::range, s.max_rows);
+    f(&Workspace::blk, s.max_rows / RB + 1);
   }
+  explicit Workspace(const Shape& s) : dkp(s.dkp()), dvp(s.dvp()) { allocate_layout(*this, s); }
+  static std::int64_t bytes(const Shape& s) { return layout_bytes<Workspace>(s); }
 };
 
 // A row of a variant with per-element scores (core/variant.h): s = logit(j, scale·s) (with a dense mask,
@@ -437,11 +432,12 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
   }
 
   const float c = core::score_log2_factor<Variant>(p);
+  const RowSource<std::uint16_t> keys = key_rows<std::uint16_t>(p, b, hk), values = value_rows<std::uint16_t>(p, b, hk);
   for (std::int64_t j0 = vis_lo; j0 < vis_hi; j0 += BC) {
     const std::int64_t cols = std::min(BC, vis_hi - j0);
-    tile_rows(p, p.k, b, hk, j0, cols, p.Dk, dkp, ws.kr.data(), ws.zero.data(), ws.rows);
+    tile_rows(keys, j0, cols, dkp, ws.kr.data(), ws.zero.data(), ws.rows);
     pack_k(ws.rows, dkp, ws.kp.data());  // K tile, VNNI
-    tile_rows(p, p.v, b, hk, j0, cols, p.Dv, dvp, ws.vr.data(), ws.zero.data(), ws.rows);
+    tile_rows(values, j0, cols, dvp, ws.vr.data(), ws.zero.data(), ws.rows);
     pack_v(ws.rows, dvp, ws.vp.data());  // V tile, VNNI (ws.rows keeps pointing at its rows)
     int v_finite = -1;                   // whether the V tile is all finite, once some block needs to know
     for (std::int64_t k = 0; k < blocks; ++k) {
@@ -463,9 +459,8 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
           mask_row(rg.lo - j0, std::min(rg.hi, vis_hi) - j0, k0, k1, s);
         const float* z = nullptr;  // dropout factors
         alignas(64) float zbuf[BC];
-        if constexpr (Variant::kDropout)
-          if (p.dropout.on())
-            p.dropout.factors(b, ws.head[r0 + r], ws.row[r0 + r], j0 + k0, k1 - k0, zbuf + k0, 1), z = zbuf;
+        if (Variant::dropout(p))
+          p.dropout.factors(b, ws.head[r0 + r], ws.row[r0 + r], j0 + k0, k1 - k0, zbuf + k0, 1), z = zbuf;
         softmax_row<ExpDegree>(s, k0, k1, c, dvp, ws.state[r0 + r], ws.o.data() + (r0 + r) * dvp,
                                ws.pb.data() + r * BC, z);
       }
@@ -502,41 +497,47 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
   }
 }
 
-// The team's workspaces, kept between calls in the caller's attn::Workspace (under kScratchKey).
+// The team's workspaces, kept between calls in the caller's attn::Workspace (under kScratchKey). bytes() measures
+// what it holds (flash_workspace counts it before a call).
 struct Scratch {
-  std::int64_t dk = -1, dv = -1, max_rows = -1;
+  Workspace::Shape shape{-1, -1, -1};
   std::vector<Workspace> team;
-  std::int64_t bytes() const { return static_cast<std::int64_t>(team.size()) * Workspace::bytes(dk, dv, max_rows); }
+  std::int64_t bytes() const {
+    std::int64_t n = 0;
+    for (const Workspace& w : team) n += held_bytes(w, shape);
+    return n;
+  }
 };
 constexpr char kScratchKey = 0;
+
+// A thread's setup for the run (cpu/schedule.h): the tile configuration, and flush-to-zero and
+// denormals-are-zero while the kernel runs: masked scores give exp2 results that underflow, and each underflowing
+// vector would otherwise take a microcode assist (measured 20x slower softmax rows on a causal diagonal tile).
+// Values that small carry no weight next to l >= 1.
+struct TileScope {
+  unsigned int mxcsr;
+  explicit TileScope(Workspace&) : mxcsr(_mm_getcsr()) {
+    _mm_setcsr(mxcsr | 0x8040);
+    tile_config();
+  }
+  ~TileScope() {
+    tile_release();
+    _mm_setcsr(mxcsr);
+  }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
 
 template <class Variant, int ExpDegree>
 void amx_forward(const core::Problem& p, int threads) {
   if (p.B == 0 || p.Sq == 0) return;  // nothing to write
   const Plan plan(p);
-  // Per-thread workspaces before the work starts (cpu/schedule.h: each built by its own thread), kept in the caller's attn::Workspace when
-  // it gives one.
   Scratch local;
   Scratch& sc = core::scratch(p.workspace, &kScratchKey, local);
-  if (sc.dk != p.Dk || sc.dv != p.Dv || sc.max_rows != plan.max_rows)
-    sc.team.clear(), sc.dk = p.Dk, sc.dv = p.Dv, sc.max_rows = plan.max_rows;
-  const int team = team_size(threads, plan.items);
-  grow_team(&sc.team, team, [&](int) { return Workspace(p.Dk, p.Dv, plan.max_rows); });
-  std::vector<Workspace>& wss = sc.team;
-#pragma omp parallel num_threads(team) if (team > 1)
-  {
-    // Flush-to-zero and denormals-are-zero while the kernel runs: masked scores give exp2 results that
-    // underflow, and each underflowing vector would otherwise take a microcode assist (measured 20x slower
-    // softmax rows on a causal diagonal tile). Values that small carry no weight next to l >= 1.
-    const unsigned int mxcsr = _mm_getcsr();
-    _mm_setcsr(mxcsr | 0x8040);
-    tile_config();
-    Workspace& ws = wss[static_cast<std::size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic)
-    for (std::int64_t it = 0; it < plan.items; ++it) run_item<Variant, ExpDegree>(p, plan, it, ws);
-    tile_release();
-    _mm_setcsr(mxcsr);
-  }
+  const Workspace::Shape shape{p.Dk, p.Dv, plan.max_rows};
+  if (!(sc.shape == shape)) sc.team.clear(), sc.shape = shape;
+  run_team<TileScope>(&sc.team, threads, plan.items, [&](int) { return Workspace(shape); },
+                      loop(plan.items, [&](std::int64_t it, Workspace& ws) { run_item<Variant, ExpDegree>(p, plan, it, ws); }));
 }
 
 // The instantiations cpu/pick.h chooses from (bf16 only): the exp2 polynomial is degree 5 when the call asks for
@@ -561,8 +562,7 @@ FlashFn flash_kernel(const core::Problem& p) {
 std::int64_t flash_workspace(const core::Problem& p, int threads) {
   if (p.B == 0 || p.Sq == 0) return 0;
   const Plan plan(p);
-  const std::int64_t team = std::clamp<std::int64_t>(plan.items, 1, std::max(threads, 1));
-  return team * Workspace::bytes(p.Dk, p.Dv, plan.max_rows);
+  return team_size(threads, plan.items) * Workspace::bytes({p.Dk, p.Dv, plan.max_rows});
 }
 
 }  // namespace attn::cpu::ATTN_AMX_NS

@@ -22,6 +22,7 @@ namespace attn::cpu::ATTN_ISA_NS {
 
 #include "cpu/vec.h"
 #include "cpu/microkernel.h"
+#include "cpu/row_source.h"
 
 using V = Vec::T;
 constexpr int W = Vec::W;
@@ -45,119 +46,55 @@ struct Lanes {
   std::int64_t h[BR], i[BR];
 };
 
-// Where row j of K or V for (batch b, KV head hk) starts: strided, or through the page table.
-template <class T>
-const T* kv_row(const core::Problem& p, const core::Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j) {
-  return static_cast<const T*>(t.data) + core::kv_row_offset(p, t, b, hk, j);
-}
-
-// Where rows j0 .. j0+cols-1 of K and V start (and, for i8 K/V, their scales): one walk over the keys, through
-// the page table without a division per key when the cache is paged.
-template <class KVT>
-struct TileRows {
-  const KVT* k[BC];
-  const KVT* v[BC];
-  const float* ks[BC];  // i8 only
-  const float* vs[BC];
-};
-
-template <class KVT>
-void tile_pointers(const core::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t cols,
-                   TileRows<KVT>& t) {
-  constexpr bool i8 = std::is_same_v<KVT, std::int8_t>;
-  const KVT* k = static_cast<const KVT*>(p.k.data);
-  const KVT* v = static_cast<const KVT*>(p.v.data);
-  const auto at = [&](std::int64_t c, std::int64_t a, std::int64_t row) {  // (batch or page, row within it)
-    t.k[c] = k + p.k.offset(a, hk, row, 0), t.v[c] = v + p.v.offset(a, hk, row, 0);
-    if constexpr (i8) {
-      t.ks[c] = static_cast<const float*>(p.k_scale->data) + p.k_scale->offset(a, hk, row, 0);
-      t.vs[c] = static_cast<const float*>(p.v_scale->data) + p.v_scale->offset(a, hk, row, 0);
-    }
-  };
-  if (!p.paged) {
-    for (std::int64_t c = 0; c < cols; ++c) at(c, b, j0 + c);
-    return;
-  }
-  const core::Paged& pg = *p.paged;
-  std::int64_t n = j0 / pg.page_size, slot = j0 % pg.page_size;
-  for (std::int64_t c = 0; c < cols; ++c) {
-    at(c, pg.table[b * pg.table_stride[0] + n * pg.table_stride[1]], slot);
-    if (++slot == pg.page_size) slot = 0, ++n;
-  }
-}
-
-// The scales of i8 rows j0 .. j0+cols-1 (Problem::k_scale or v_scale) into out[cols].
-inline void tile_scales(const core::Problem& p, const core::Strided& scale, std::int64_t b, std::int64_t hk,
-                        std::int64_t j0, std::int64_t cols, float* out) {
-  for (std::int64_t c = 0; c < cols; ++c) out[c] = core::kv_scale(p, scale, b, hk, j0 + c);
-}
-
-// Pointers to rows j0 .. j0+cols-1 of a K or V tile as fp32 with unit stride: the caller's memory when it
-// already is fp32 with unit stride, else rows converted into `buf` [BC][dim] (i8 rows times their scales: `scale`
-// is the tensor's Problem::k_scale or v_scale).
-template <class T>
-void tile_rows(const core::Problem& p, const core::Strided& t, const std::optional<core::Strided>& scale,
-               std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t cols, std::int64_t dim, float* buf,
-               const float** rows) {
-  const bool direct = std::is_same_v<T, float> && t.stride[3] == 1;
-  alignas(64) float sc[BC];
-  if constexpr (std::is_same_v<T, std::int8_t>) tile_scales(p, *scale, b, hk, j0, cols, sc);
-  for (std::int64_t c = 0; c < cols; ++c) {
-    const T* src = kv_row<T>(p, t, b, hk, j0 + c);
-    if (direct) {
-      rows[c] = reinterpret_cast<const float*>(src);
-      continue;
-    }
-    float* dst = buf + c * dim;
-    std::int64_t d = 0;
-    if constexpr (std::is_same_v<T, std::int8_t>) {
-      const V f = Vec::set1(sc[c]);
-      if (t.stride[3] == 1)
-        for (; d + W <= dim; d += W) Vec::store(dst + d, Vec::mul(load_as_float(src + d), f));
-      for (; d < dim; ++d) dst[d] = sc[c] * core::to_float(src[d * t.stride[3]]);
-    } else {
-      if constexpr (!std::is_same_v<T, float>)
-        if (t.stride[3] == 1)
-          for (; d + W <= dim; d += W) Vec::store(dst + d, load_as_float(src + d));
-      for (; d < dim; ++d) dst[d] = core::to_float(src[d * t.stride[3]]);
-    }
-    rows[c] = dst;
-  }
-}
-
-// Per-thread scratch, all fp32 (bytes(): what one costs): Q as Qᵀ [Dk][BR] (lane-major blocks) or rows [BR][Dk] (row-major blocks),
-// converted K and V tiles [BC][D], Sᵀ/Pᵀ [BC][BR], O as Oᵀ [Dv][BR] or rows [BR][Dv], the state of each
-// lane (m, l, and the last tile's rescale factor α), and the row pointers of the current K and V tiles.
-// With a head cache of `cache_rows` rows (head_cache_rows: prefill from bf16, f16 or i8 K/V), also one KV head's
-// K and V rows widened to fp32 [cache_rows][D], which rows of it hold their values (`have`), and which head
-// (`head` = b·Hkv + hk, -1 for none; reset at the start of every call).
+// Per-thread scratch, all fp32: Q as Qᵀ [Dk][BR] (lane-major blocks) or rows [BR][Dk] (row-major blocks),
+// widened K and V tiles [BC][D], Sᵀ/Pᵀ [BC][BR], O as Oᵀ [Dv][BR] or rows [BR][Dv], the state of each lane (m, l,
+// and the last tile's rescale factor α), and the row pointers of the current K and V tiles. With a head cache of
+// `cache_rows` rows (head_cache_rows: prefill from bf16, f16 or i8 K/V), also one KV head's K and V rows widened
+// to fp32 [cache_rows][D], which rows of it hold their values (`have`), and which head (`head` = b·Hkv + hk, -1
+// for none; reset at the start of every call).
 struct Workspace {
+  struct Shape {
+    std::int64_t dk = 0, dv = 0, cache_rows = 0;
+    bool operator==(const Shape&) const = default;
+  };
   AlignedVector<float> q, k, v, st, o, m, l, alpha, kh, vh;
   std::vector<unsigned char> have;
   std::int64_t head = -1;
   const float* krows[BC];
   const float* vrows[BC];
-  Workspace(std::int64_t dk, std::int64_t dv, std::int64_t cache_rows = 0)
-      : q(dk * BR), k(BC * dk), v(BC * dv), st(BC * BR), o(dv * BR), m(BR), l(BR), alpha(BR), kh(cache_rows * dk),
-        vh(cache_rows * dv), have(static_cast<std::size_t>(cache_rows)) {}
-  static std::int64_t bytes(std::int64_t dk, std::int64_t dv, std::int64_t cache_rows = 0) {
-    return static_cast<std::int64_t>(sizeof(float)) *
-               (dk * BR + BC * dk + BC * dv + BC * BR + dv * BR + 3 * BR + cache_rows * (dk + dv)) +
-           cache_rows + static_cast<std::int64_t>(sizeof(Workspace));
+
+  // The buffers and their lengths (cpu/aligned.h: the one formula, allocated by the constructor, counted by
+  // bytes() before a call and by held() after it).
+  template <class F>
+  static void layout(const Shape& s, F f) {
+    f(&Workspace::q, s.dk * BR);
+    f(&Workspace::k, BC * s.dk);
+    f(&Workspace::v, BC * s.dv);
+    f(&Workspace::st, BC * BR);
+    f(&Workspace::o, s.dv * BR);
+    f(&Workspace::m, BR);
+    f(&Workspace::l, BR);
+    f(&Workspace::alpha, BR);
+    f(&Workspace::kh, s.cache_rows * s.dk);
+    f(&Workspace::vh, s.cache_rows * s.dv);
+    f(&Workspace::have, s.cache_rows);
   }
+  explicit Workspace(const Shape& s) { allocate_layout(*this, s); }
+  static std::int64_t bytes(const Shape& s) { return layout_bytes<Workspace>(s); }
 };
 
-// The fp32 rows of a K and V tile for a lane-major (prefill) block: tile_rows, or with the thread's head cache
-// (ws.have non-empty), the cache's rows, widening on first use the rows no earlier block of this head (on this
-// thread) has used. Query blocks of one head then widen each key once per thread instead of once per block
-// (bf16 P2 at 2 threads: 15 % of the time went to widening tiles). Widening is the same conversion either way:
-// the same bits.
+// The fp32 rows of a K and V tile for a lane-major (prefill) block (the row source's as_float), or with the
+// thread's head cache (ws.have non-empty) the cache's rows, widening on first use the rows no earlier block of
+// this head (on this thread) has used. Query blocks of one head then widen each key once per thread instead of
+// once per block (bf16 P2 at 2 threads: 15 % of the time went to widening tiles). Widening is the same
+// conversion either way: the same bits.
 template <class KVT>
 void kv_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, Workspace& ws) {
   const std::int64_t dk = p.Dk, dv = p.Dv;
+  const RowSource<KVT> keys = key_rows<KVT>(p, lanes.b, lanes.hk), values = value_rows<KVT>(p, lanes.b, lanes.hk);
   if (ws.have.empty()) {
-    tile_rows<KVT>(p, p.k, p.k_scale, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);  // K tile
-    tile_rows<KVT>(p, p.v, p.v_scale, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);  // V tile
+    keys.as_float(j0, cols, dk, ws.k.data(), ws.krows);
+    values.as_float(j0, cols, dv, ws.v.data(), ws.vrows);
     return;
   }
   const std::int64_t head = lanes.b * p.Hkv + lanes.hk;
@@ -169,8 +106,8 @@ void kv_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::i
     }
     std::int64_t n = 1;
     while (c + n < cols && !ws.have[static_cast<std::size_t>(j0 + c + n)]) ++n;
-    tile_rows<KVT>(p, p.k, p.k_scale, lanes.b, lanes.hk, j0 + c, n, dk, ws.kh.data() + (j0 + c) * dk, ws.krows);
-    tile_rows<KVT>(p, p.v, p.v_scale, lanes.b, lanes.hk, j0 + c, n, dv, ws.vh.data() + (j0 + c) * dv, ws.vrows);
+    keys.as_float(j0 + c, n, dk, ws.kh.data() + (j0 + c) * dk, ws.krows);
+    values.as_float(j0 + c, n, dv, ws.vh.data() + (j0 + c) * dv, ws.vrows);
     std::fill_n(ws.have.begin() + j0 + c, n, 1);
     c += n;
   }
@@ -178,10 +115,11 @@ void kv_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::i
 }
 
 // Sᵀ[c][·] = mult · Σ_d K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and QV·W query lanes (mult: the call's score
-// units, applied as the accumulators are stored). The micro-kernel with A = K rows.
+// units, applied as the accumulators are stored). The micro-kernel with A = K rows, its sums over d in chunks of
+// kDotChunk (the error of a long dot product: see mma).
 template <int QV, int R>
 inline void scores_step(const float* qt, const float* const* k, std::int64_t dk, float* st, std::int64_t c0, V mult) {
-  mma<R, QV, mk::Init::zero, true>(mk::RowPtrs{k, c0}, qt, BR, dk, st + c0 * BR, BR, nullptr, mult);
+  mma<R, QV, mk::Init::zero, true, kDotChunk>(mk::RowPtrs{k, c0}, qt, BR, dk, st + c0 * BR, BR, nullptr, mult);
 }
 
 // Oᵀ[d][·] = α·Oᵀ[d][·] + Σ_c V[c][d] Pᵀ[c][·] for value dims d0 .. d0+R-1 (the online-softmax rescale of the
@@ -217,28 +155,55 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // Row-major forms for blocks of few lanes (decode): with NL <= 8 lanes, vectors run along the head
 // dimension instead of across lanes, so no lane of a vector is wasted. K and V rows are read in their
 // storage type (fp32, bf16, f16 or i8) and widened in registers: decode is bound by the bytes of K and V.
-// Sᵀ[c][r] = q_r · k_c for KG keys c at a time and lanes r < NL (q rows [NL][dk], st rows of BR): KG·NL
-// dot-product vectors (one widened key vector feeds NL FMAs), summed W at a time by one transposing add tree
-// whose inputs are ordered so that lane a of its result is accumulator a (key a / NL, lane a % NL).
-// `pf` (rows of pf_bytes bytes, or null) and `pk` (rows of dk values, or null; null entries skipped): rows
-// prefetched alongside, one of each per key (the tile's V rows and K rows further ahead, spread over the loop
-// rather than issued at once). Returns the first key not done (cols less the last cols % KG).
+
+// Prefetches, for a group of KG keys from c, their rows of pf (rows of pf_bytes bytes: the tile's V rows) and
+// of pk (rows of dk values further ahead: K rows; null entries skipped), either list null for none: one of each
+// per key, spread over the score loop rather than issued at once.
+template <int KG, class KVT>
+inline void prefetch_group(const KVT* const* pf, std::int64_t pf_bytes, const KVT* const* pk, std::int64_t pk_bytes,
+                           std::int64_t c) {
+  if (pf)
+    for (int g = 0; g < KG; ++g)
+      for (std::int64_t off = 0; off < pf_bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(pf[c + g]) + off, 0, 3);
+  if (pk)
+    for (int g = 0; g < KG; ++g)
+      if (pk[c + g])
+        for (std::int64_t off = 0; off < pk_bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(pk[c + g]) + off, 0, 3);
+}
+
+// The scores of accumulators a0 .. a0+W-1 of a key group (accumulator a: key c + a / NL, lane a % NL; acc[a] holds
+// the lane sums of its dot product over the first d_end dims): their lanes summed by one transposing add tree
+// whose inputs are ordered so that lane a of its result is accumulator a0 + a, the last dk % W dims added one by
+// one, times mult, stored NS lanes at a time into st rows of BR.
+template <int NL, int NA, class KVT>
+inline void store_group_scores(const V* acc, int a0, const float* q, const KVT* const* k, std::int64_t dk,
+                               std::int64_t d_end, std::int64_t c, float mult, float* st) {
+  constexpr int NS = NL < W ? NL : W;  // lanes per store
+  V in[W];
+  for (int a = 0; a < W; ++a) in[Vec::kSumOrder[a]] = a0 + a < NA ? acc[a0 + a] : Vec::zero();
+  alignas(64) float sums[W];
+  V sum = Vec::sum_each(in);
+  if (d_end < dk) {  // the last dk % W dimensions, one by one
+    Vec::store(sums, sum);
+    for (int a = a0; a < a0 + W && a < NA; ++a)
+      for (std::int64_t e = d_end; e < dk; ++e) sums[a - a0] += q[(a % NL) * dk + e] * core::to_float(k[c + a / NL][e]);
+    sum = Vec::load(sums);
+  }
+  Vec::store(sums, Vec::mul(sum, Vec::set1(mult)));
+  for (int a = a0; a < a0 + W && a < NA; a += NS) std::memcpy(st + (c + a / NL) * BR + a % NL, sums + (a - a0), NS * sizeof(float));
+}
+
+// Sᵀ[c][r] = q_r · k_c for KG keys c at a time and lanes r < NL (q rows [NL][dk], st rows of BR): per group, its
+// rows prefetched, then KG·NL dot-product vectors over whole vectors of d (one widened key vector feeds NL FMAs),
+// then their scores stored. Returns the first key not done (cols less the last cols % KG).
 template <int NL, int KG, class KVT>
 inline std::int64_t score_keys(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t c, std::int64_t cols,
                                float mult, float* st, const KVT* const* pf, std::int64_t pf_bytes,
                                const KVT* const* pk) {
-  constexpr int NA = KG * NL, NS = NL < W ? NL : W;  // NS: lanes per store
+  constexpr int NA = KG * NL;
   const std::int64_t d_end = dk / W * W;
   for (; c + KG <= cols; c += KG) {
-    if (pf)
-      for (int g = 0; g < KG; ++g)
-        for (std::int64_t off = 0; off < pf_bytes; off += 64)
-          __builtin_prefetch(reinterpret_cast<const char*>(pf[c + g]) + off, 0, 3);
-    if (pk)
-      for (int g = 0; g < KG; ++g)
-        if (pk[c + g])
-          for (std::int64_t off = 0; off < dk * static_cast<std::int64_t>(sizeof(KVT)); off += 64)
-            __builtin_prefetch(reinterpret_cast<const char*>(pk[c + g]) + off, 0, 3);
+    prefetch_group<KG>(pf, pf_bytes, pk, dk * static_cast<std::int64_t>(sizeof(KVT)), c);
     V acc[NA];  // (exactly NA: rounded up to whole vectors of W, GCC zeroed and spilled them to the stack)
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t d = 0; d < d_end; d += W)
@@ -246,21 +211,7 @@ inline std::int64_t score_keys(const float* q, const KVT* const* k, std::int64_t
         const V kv = load_as_float(k[c + g] + d);
         for (int r = 0; r < NL; ++r) acc[g * NL + r] = Vec::fmadd(Vec::load(q + r * dk + d), kv, acc[g * NL + r]);
       }
-    for (int a0 = 0; a0 < NA; a0 += W) {
-      V in[W];
-      for (int a = 0; a < W; ++a) in[Vec::kSumOrder[a]] = a0 + a < NA ? acc[a0 + a] : Vec::zero();
-      alignas(64) float sums[W];
-      V sum = Vec::sum_each(in);
-      if (d_end < dk) {  // the last dk % W dimensions, one by one
-        Vec::store(sums, sum);
-        for (int a = a0; a < a0 + W && a < NA; ++a)
-          for (std::int64_t e = d_end; e < dk; ++e) sums[a - a0] += q[(a % NL) * dk + e] * core::to_float(k[c + a / NL][e]);
-        sum = Vec::load(sums);
-      }
-      Vec::store(sums, Vec::mul(sum, Vec::set1(mult)));
-      for (int a = a0; a < a0 + W && a < NA; a += NS)
-        std::memcpy(st + (c + a / NL) * BR + a % NL, sums + (a - a0), NS * sizeof(float));
-    }
+    for (int a0 = 0; a0 < NA; a0 += W) store_group_scores<NL, NA>(acc, a0, q, k, dk, d_end, c, mult, st);
   }
   return c;
 }
@@ -370,96 +321,49 @@ Units units(const core::Problem& p) {
   return u;
 }
 
-// Softcap and ALiBi with no dense mask (core::ScoreMods), every lane at once: s = cap·tanh(scale·x / cap) −
-// slope·|diag − j| (each part only when on), -inf outside each lane's key range; what the lane-by-lane path
-// computes, up to the vector tanh's few ulp (tanhv). Lanes past lanes.n are transformed too and never stored.
-// Returns whether some (lane, key) pair is hidden.
-template <int QV>
-bool mods_scores(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool interior,
-                 float* st) {
-  alignas(64) float slope[BR], base[BR], lo[BR], hi[BR];
-  const auto rel = [&](std::int64_t x) {  // a key index relative to j0, exact in fp32 where it matters
-    return static_cast<float>(std::clamp<std::int64_t>(x - j0, -1, BC + 1));
-  };
-  for (std::int64_t r = 0; r < BR; ++r) {
-    slope[r] = 0, base[r] = 0, lo[r] = -1, hi[r] = BC + 1;
-    if (r >= lanes.n) continue;
-    const auto row = core::ScoreMods::row(p, lanes.b, lanes.h[r], lanes.i[r]);
-    const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
-    slope[r] = row.slope;
-    base[r] = static_cast<float>(row.diag - j0);  // |diag − j| = |base − c| for key j = j0 + c
-    lo[r] = rel(range.lo), hi[r] = rel(range.hi);
-  }
-  const bool cap = p.softcap > 0, alibi = p.alibi.has_value();
-  const V scale = Vec::set1(static_cast<float>(p.scale)), cap_v = Vec::set1(p.softcap),
-          inv_cap = Vec::set1(cap ? 1.0f / p.softcap : 0.0f), neg_inf = Vec::set1(core::kNegInf), zero = Vec::zero();
-  for (std::int64_t c = 0; c < cols; ++c) {
-    const V cf = Vec::set1(static_cast<float>(c));
-    for (int v = 0; v < QV; ++v) {
-      V x = Vec::mul(Vec::load(st + c * BR + v * W), scale);
-      if (cap) x = Vec::mul(cap_v, tanhv(Vec::mul(x, inv_cap)));
-      if (alibi) {
-        const V d = Vec::sub(Vec::load(base + v * W), cf);
-        x = Vec::sub(x, Vec::mul(Vec::load(slope + v * W), Vec::max(d, Vec::sub(zero, d))));
-      }
-      if (!interior) {
-        x = Vec::select_lt(cf, Vec::load(lo + v * W), neg_inf, x);
-        x = Vec::select_lt(cf, Vec::load(hi + v * W), x, neg_inf);
-      }
-      Vec::store(st + c * BR + v * W, x);
+// The key range of every lane (core::key_range: causal, window, key length) relative to a tile's first key j0, as
+// vectors: hide(v, c, x) is x where key j0 + c lies in the lane's range and -inf elsewhere. Lanes past lanes.n keep
+// every key. (Offsets are clamped to [-1, BC + 1]: exact in fp32.)
+struct KeyWindow {
+  alignas(64) float lo[BR], hi[BR];
+  KeyWindow(const core::Problem& p, const Lanes& lanes, std::int64_t j0) {
+    const auto rel = [&](std::int64_t x) { return static_cast<float>(std::clamp<std::int64_t>(x - j0, -1, BC + 1)); };
+    for (std::int64_t r = 0; r < BR; ++r) {
+      lo[r] = -1, hi[r] = BC + 1;
+      if (r >= lanes.n) continue;
+      const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
+      lo[r] = rel(range.lo), hi[r] = rel(range.hi);
     }
   }
-  return !interior;
-}
+  V hide(int v, std::int64_t c, V x) const {
+    const V cf = Vec::set1(static_cast<float>(c)), neg_inf = Vec::set1(core::kNegInf);
+    x = Vec::select_lt(cf, Vec::load(lo + v * W), neg_inf, x);
+    return Vec::select_lt(cf, Vec::load(hi + v * W), x, neg_inf);
+  }
+};
 
-// Turns dot products into scores (Units) and hides what a lane may not see (-inf). Without per-element work
-// (Variant::kPerElement) scores() already stored them in the call's units, so a tile every lane sees whole needs
-// nothing at all. With a dense mask, a tile every lane sees whole whose lanes share one bias row (a key-padding
-// mask, broadcast over rows and heads) takes the bias a key at a time across all lanes; otherwise lane by lane
-// through the variant's logit() (both round alike: scale·s, then + bias). Returns whether some (lane, key) pair
-// of the tile is hidden.
+// Turns a tile's dot products into scores (Units) and hides what a lane may not see (-inf), every lane at once.
+// Without per-element work (Variant::kPerElement) scores() already stored them in the call's units, so a tile every
+// lane sees whole needs nothing at all; with it, each score is the variant's logit of x = scale·s (the vector form
+// of core/variant.h's hooks: dense mask, softcap, ALiBi, whatever the variant is). Returns whether some (lane, key)
+// pair of the tile is hidden (by a key range or the dense mask).
 template <int QV, class Variant>
 bool finish_scores(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool interior,
                    float* st) {
   if (interior && !Variant::kPerElement) return false;
-  const float scale = static_cast<float>(p.scale);
-  if constexpr (Variant::kPerElement && Variant::kBiasOnly) {
-    if (interior) {
-      const auto row0 = Variant::row(p, lanes.b, lanes.h[0], lanes.i[0]);
-      bool shared = true;
-      for (std::int64_t r = 1; r < lanes.n && shared; ++r)
-        shared = Variant::row(p, lanes.b, lanes.h[r], lanes.i[r]).same_row(row0);
-      if (shared) {
-        const V sc = Vec::set1(scale);
-        bool hidden = false;
-        for (std::int64_t c = 0; c < cols; ++c) {
-          const float bias = row0.bias(j0 + c);
-          hidden |= bias == core::kNegInf;
-          const V bv = Vec::set1(bias);
-          for (int v = 0; v < QV; ++v)
-            Vec::store(st + c * BR + v * W, bias == core::kNegInf ? bv : Vec::add(Vec::mul(Vec::load(st + c * BR + v * W), sc), bv));
-        }
-        return hidden;
-      }
-    }
-  }
-  if constexpr (Variant::kTransform)
-    if (p.mask_kind == core::MaskKind::none) return mods_scores<QV>(p, lanes, j0, cols, interior, st);
   bool hidden = !interior;
-  for (std::int64_t r = 0; r < lanes.n; ++r) {
-    const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
-    const auto row = Variant::row(p, lanes.b, lanes.h[r], lanes.i[r]);
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const std::int64_t j = j0 + c;
-      float& s = st[c * BR + r];
-      if (j < range.lo || j >= range.hi) {
-        s = core::kNegInf;
-      } else if constexpr (Variant::kPerElement) {
-        s = row.logit(j, s * scale);
-        hidden |= s == core::kNegInf && row.hidden(j);
-      }
+  std::optional<KeyWindow> window;
+  if (!interior) window.emplace(p, lanes, j0);
+  std::optional<typename Variant::template Lanes<VecLanes, BR>> hooks;
+  if constexpr (Variant::kPerElement) hooks.emplace(p, lanes.b, lanes.h, lanes.i, lanes.n, j0);
+  const V scale = Vec::set1(static_cast<float>(p.scale));
+  for (std::int64_t c = 0; c < cols; ++c)
+    for (int v = 0; v < QV; ++v) {
+      V x = Vec::load(st + c * BR + v * W);
+      if constexpr (Variant::kPerElement) x = hooks->logit(v, c, Vec::mul(x, scale), hidden);
+      if (window) x = window->hide(v, c, x);
+      Vec::store(st + c * BR + v * W, x);
     }
-  }
   return hidden;
 }
 
@@ -471,9 +375,10 @@ inline void tile_max(const float* st, std::int64_t cols, V* mx) {
     for (int v = 0; v < QV; ++v) mx[v] = Vec::max(mx[v], Vec::load(st + k * BR + v * W));
 }
 
-// Whether some lane's largest score lies in the wide band (wide_lo, wide_hi) in magnitude.
+// Whether some lane r < n has its largest score in the wide band (wide_lo, wide_hi) in magnitude. (Lanes past n
+// hold no query: whatever they hold must not change how the block's lanes are computed.)
 template <int QV>
-inline bool needs_wide(const V* mx, const float* m, const Units& u) {
+inline bool needs_wide(const V* mx, const float* m, const Units& u, std::int64_t n) {
   const V lo = Vec::set1(u.wide_lo), hi = Vec::set1(u.wide_hi), far = Vec::set1(u.far), zero = Vec::zero();
   for (int v = 0; v < QV; ++v) {
     const V a = Vec::max(mx[v], Vec::sub(zero, mx[v]));  // |max| (NaN -> -max: not in the band)
@@ -481,7 +386,7 @@ inline bool needs_wide(const V* mx, const float* m, const Units& u) {
     Vec::store(in, Vec::select_lt(lo, a, Vec::select_lt(a, hi, Vec::set1(1.0f), zero), zero));
     // ... and not far below the running max m (m - far is -inf for a lane's first tile)
     Vec::store(in, Vec::select_lt(mx[v], Vec::sub(Vec::load(m + v * W), far), zero, Vec::load(in)));
-    for (int i = 0; i < W; ++i)
+    for (int i = 0; i < W && v * W + i < n; ++i)
       if (in[i] != 0.0f) return true;
   }
   return false;
@@ -578,7 +483,7 @@ inline void softmax_tile(const core::Problem& p, const Lanes& lanes, std::int64_
                          const KT* const* krows, const float* kscale, const Units& u, Workspace& ws) {
   V mx[QV];
   tile_max<QV>(ws.st.data(), cols, mx);
-  if (needs_wide<QV>(mx, ws.m.data(), u))
+  if (needs_wide<QV>(mx, ws.m.data(), u, lanes.n))
     softmax_step_wide<Variant>(p, lanes, j0, cols, ws.q.data(), q_rows, krows, kscale, u, ws.st.data(), ws.m.data(),
                                  ws.l.data(), ws.alpha.data());
   else if (u.c == 1.0f)
@@ -591,13 +496,11 @@ inline void softmax_tile(const core::Problem& p, const Lanes& lanes, std::int64_
 // softmax has summed them into l. Compiled into the `mods` variant only.
 template <class Variant>
 inline void drop_weights(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, float* pt) {
-  if constexpr (Variant::kDropout) {
-    if (!p.dropout.on()) return;
-    alignas(64) float z[BC];
-    for (std::int64_t r = 0; r < lanes.n; ++r) {
-      p.dropout.factors(lanes.b, lanes.h[r], lanes.i[r], j0, cols, z, 1);
-      for (std::int64_t c = 0; c < cols; ++c) pt[c * BR + r] *= z[c];
-    }
+  if (!Variant::dropout(p)) return;
+  alignas(64) float z[BC];
+  for (std::int64_t r = 0; r < lanes.n; ++r) {
+    p.dropout.factors(lanes.b, lanes.h[r], lanes.i[r], j0, cols, z, 1);
+    for (std::int64_t c = 0; c < cols; ++c) pt[c * BR + r] *= z[c];
   }
 }
 
@@ -659,97 +562,160 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows
     pv_rows<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data());                  // O = α·O + P V
 }
 
-// One block of lanes over keys [kv_lo, kv_hi) only (all keys, or one split of them): leaves the
-// unnormalised state of every lane in ws (m, l, and O: Oᵀ [Dv][BR] when NL = 0, else rows [BR][Dv]).
-// NL = 0: lanes across vectors (QV vectors of lanes). NL > 0: row-major for at most NL lanes.
-template <int QV, int NL, class QT, class KVT, class Variant>
-void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo, std::int64_t kv_hi, Workspace& ws) {
-  const std::int64_t dk = p.Dk, dv = p.Dv;
-  // Keys some lane may see (the union of the lanes' ranges) and keys every lane sees (the intersection).
-  std::int64_t visible_lo = kv_hi, visible_hi = kv_lo, shared_lo = 0, shared_hi = p.Skv;
-  for (std::int64_t r = 0; r < lanes.n; ++r) {
-    const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
-    if (range.lo < range.hi) visible_lo = std::min(visible_lo, range.lo), visible_hi = std::max(visible_hi, range.hi);
-    shared_lo = std::max(shared_lo, range.lo), shared_hi = std::min(shared_hi, range.hi);
-  }
-  visible_lo = std::max(visible_lo, kv_lo), visible_hi = std::min(visible_hi, kv_hi);
+// The stored K and V rows of a row-major (decode) block's tile, located one tile ahead of their use, so that the
+// tile before can prefetch them: its score loop prefetches the first K rows of this one (`ahead`: the K row
+// kAheadKeys keys after each of its keys; not for f32 rows, where it measured slower on D1 and D3), and i8 rows'
+// scales are prefetched as soon as they are located.
+template <class KVT>
+struct StoredTile {
+  static constexpr bool kScaled = std::is_same_v<KVT, std::int8_t>;
+  static constexpr bool kLookAhead = !std::is_same_v<KVT, float>;
+  static constexpr std::int64_t kAheadKeys = 16;
+  std::int64_t cols = 0;
+  const KVT* k[BC];
+  const KVT* v[BC];
+  const float* ks_at[BC];  // i8: where each row's scale is
+  const float* vs_at[BC];
+  alignas(64) float ks[BC], vs[BC];  // i8: the scales themselves
+  const KVT* ahead[BC];
 
-  // Q of every lane (lanes past n stay 0 and are never stored), as Qᵀ or as rows.
+  void locate(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n) {
+    cols = n;
+    keys.locate(j0, n, k, ks_at);
+    values.locate(j0, n, v, vs_at);
+    if constexpr (kScaled)
+      for (std::int64_t c = 0; c < n; ++c) __builtin_prefetch(ks_at[c], 0, 3), __builtin_prefetch(vs_at[c], 0, 3);
+  }
+  // Ready to be used, the next tile (cols = 0 when there is none) located already.
+  void prepare(const StoredTile& next) {
+    if constexpr (kScaled)
+      for (std::int64_t c = 0; c < cols; ++c) ks[c] = *ks_at[c], vs[c] = *vs_at[c];
+    if constexpr (kLookAhead)
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const std::int64_t a = c + kAheadKeys;
+        ahead[c] = a < cols ? k[a] : a - cols < next.cols ? next.k[a - cols] : nullptr;
+      }
+  }
+  const float* kscale() const { return kScaled ? ks : nullptr; }
+  const float* vscale() const { return kScaled ? vs : nullptr; }
+  const KVT* const* look_ahead() const { return kLookAhead ? ahead : nullptr; }
+};
+
+// The keys of a block over [kv_lo, kv_hi): those some lane may see (the union of the lanes' ranges, `visible`), and
+// those every lane sees (the intersection, `shared`: tiles inside it need no per-lane key range). Tiles lie on the
+// grid of BC from visible_lo; where the variant asks (core/variant.h: from_far_side, ALiBi) they are walked from
+// the last back, so a lane's largest scores, near its diagonal, come first and the far tiles' large negative
+// scores lie far below the running max (no wide path; see kFarBelow).
+struct BlockKeys {
+  std::int64_t visible_lo, visible_hi, shared_lo = 0, shared_hi, tiles;
+  bool backwards;
+  BlockKeys(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo, std::int64_t kv_hi, bool from_far_side)
+      : visible_lo(kv_hi), visible_hi(kv_lo), shared_hi(p.Skv), backwards(from_far_side) {
+    for (std::int64_t r = 0; r < lanes.n; ++r) {
+      const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
+      if (range.lo < range.hi) visible_lo = std::min(visible_lo, range.lo), visible_hi = std::max(visible_hi, range.hi);
+      shared_lo = std::max(shared_lo, range.lo), shared_hi = std::min(shared_hi, range.hi);
+    }
+    visible_lo = std::max(visible_lo, kv_lo), visible_hi = std::min(visible_hi, kv_hi);
+    tiles = visible_hi > visible_lo ? (visible_hi - visible_lo + BC - 1) / BC : 0;
+  }
+  std::int64_t j0(std::int64_t t) const { return visible_lo + (backwards ? tiles - 1 - t : t) * BC; }
+  std::int64_t cols(std::int64_t t) const { return std::min(BC, visible_hi - j0(t)); }
+  bool interior(std::int64_t t) const { return j0(t) >= shared_lo && j0(t) + cols(t) <= shared_hi; }
+};
+
+// Q of every lane (lanes past n stay 0 and are never stored) as Qᵀ [Dk][BR] (NL = 0) or rows [BR][Dk]; the
+// accumulator and every lane's state empty.
+template <int NL, class QT>
+void start_block(const core::Problem& p, const Lanes& lanes, Workspace& ws) {
   std::fill(ws.q.begin(), ws.q.end(), 0.0f);
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     const QT* q = static_cast<const QT*>(p.q.data) + p.q.offset(lanes.b, lanes.h[r], lanes.i[r], 0);
-    for (std::int64_t d = 0; d < dk; ++d)
-      ws.q[NL ? r * dk + d : d * BR + r] = core::to_float(q[d * p.q.stride[3]]);
+    for (std::int64_t d = 0; d < p.Dk; ++d) ws.q[NL ? r * p.Dk + d : d * BR + r] = core::to_float(q[d * p.q.stride[3]]);
   }
   std::fill(ws.o.begin(), ws.o.end(), 0.0f);
   std::fill(ws.m.begin(), ws.m.end(), core::kNegInf);
   std::fill(ws.l.begin(), ws.l.end(), 0.0f);
+}
 
+// One tile of a lane-major (prefill) block: both products are the micro-kernel over fp32 rows.
+template <int QV, class KVT, class Variant>
+void lanes_step(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool interior,
+                const Units& u, Workspace& ws) {
+  kv_tile<KVT>(p, lanes, j0, cols, ws);                                                         // K, V tiles
+  scores<QV>(ws.q.data(), ws.krows, p.Dk, cols, u.dot, ws.st.data());                          // Sᵀ = K Qᵀ
+  const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
+  softmax_tile<QV, Variant>(p, lanes, j0, cols, false, ws.krows, nullptr, u, ws);             // Pᵀ; m, l
+  drop_weights<Variant>(p, lanes, j0, cols, ws.st.data());                                     // dropout
+  if (hidden && !rows_finite(ws.vrows, cols, p.Dv))
+    pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), ws.vrows, ws.alpha.data(), ws.o.data(), BR, 1);
+  else
+    accumulate_pv<QV>(ws.st.data(), ws.vrows, p.Dv, cols, ws.alpha.data(), ws.o.data());        // Oᵀ = α·Oᵀ + Vᵀ Pᵀ
+}
+
+// One block of lanes over keys [kv_lo, kv_hi) only (all keys, or one split of them): leaves the
+// unnormalised state of every lane in ws (m, l, and O: Oᵀ [Dv][BR] when NL = 0, else rows [BR][Dv]).
+// NL = 0: lanes across vectors (QV vectors of lanes). NL > 0: row-major for at most NL lanes, K and V rows read as
+// stored and widened in registers (unit-stride rows), or widened into the workspace first (strided rows).
+template <int QV, int NL, class QT, class KVT, class Variant>
+void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo, std::int64_t kv_hi, Workspace& ws) {
+  const BlockKeys keys(p, lanes, kv_lo, kv_hi, Variant::from_far_side(p));
+  start_block<NL, QT>(p, lanes, ws);
   const Units u = units<Variant>(p);
-  // Tiles on the grid of BC from visible_lo; with ALiBi from the last back, towards the diagonal's far side: a
-  // lane's largest scores (near its diagonal) come first, so the far tiles' large negative scores lie far below
-  // the running max and need no wide path (see kFarBelow).
-  const std::int64_t tiles = visible_hi > visible_lo ? (visible_hi - visible_lo + BC - 1) / BC : 0;
-  const bool backwards = Variant::kTransform && p.alibi.has_value();
-  const auto tile_j0 = [&](std::int64_t t) { return visible_lo + (backwards ? tiles - 1 - t : t) * BC; };
-  constexpr std::int64_t kAheadKeys = 16;
-  TileRows<KVT> rows[NL > 0 ? 2 : 1];  // row-major blocks: this tile's rows and the next one's
-  for (std::int64_t t = 0; t < tiles; ++t) {
-    const std::int64_t j0 = tile_j0(t);
-    const std::int64_t cols = std::min(BC, visible_hi - j0);
-    const bool interior = j0 >= shared_lo && j0 + cols <= shared_hi;
-    if constexpr (NL == 0) {
-      kv_tile<KVT>(p, lanes, j0, cols, ws);                                                   // K, V tiles
-      scores<QV>(ws.q.data(), ws.krows, dk, cols, u.dot, ws.st.data());                      // Sᵀ = K Qᵀ
-      const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
-      softmax_tile<QV, Variant>(p, lanes, j0, cols, false, ws.krows, nullptr, u, ws);       // Pᵀ; m, l
-      drop_weights<Variant>(p, lanes, j0, cols, ws.st.data());                              // dropout
-      if (hidden && !rows_finite(ws.vrows, cols, dv))
-        pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), ws.vrows, ws.alpha.data(), ws.o.data(), BR, 1);
-      else
-        accumulate_pv<QV>(ws.st.data(), ws.vrows, dv, cols, ws.alpha.data(), ws.o.data());  // Oᵀ = α·Oᵀ + Vᵀ Pᵀ
-    } else if (p.k.stride[3] == 1 && p.v.stride[3] == 1) {  // rows as stored, widened in registers
-      // The next tile's row pointers are found a tile ahead: its first K rows are prefetched from this tile's
-      // score loop (k_ahead), its V rows from its own, its i8 scales now.
-      constexpr bool i8 = std::is_same_v<KVT, std::int8_t>;
-      TileRows<KVT>& cur = rows[t & 1];
-      TileRows<KVT>& next = rows[(t + 1) & 1];
-      if (t == 0) tile_pointers(p, lanes.b, lanes.hk, j0, cols, cur);
-      std::int64_t next_cols = 0;
-      if (t + 1 < tiles) {
-        next_cols = std::min(BC, visible_hi - tile_j0(t + 1));
-        tile_pointers(p, lanes.b, lanes.hk, tile_j0(t + 1), next_cols, next);
-        if constexpr (i8)
-          for (std::int64_t c = 0; c < next_cols; ++c) __builtin_prefetch(next.ks[c], 0, 3), __builtin_prefetch(next.vs[c], 0, 3);
-      }
-      alignas(64) float ks[BC], vs[BC];
-      if constexpr (i8)
-        for (std::int64_t c = 0; c < cols; ++c) ks[c] = *cur.ks[c], vs[c] = *cur.vs[c];
-      // The K row kAheadKeys keys after each of this tile's (null past the last; not for f32 rows, where it
-      // measured slower on D1 and D3).
-      const KVT* ahead[BC];
-      constexpr bool k_ahead = !std::is_same_v<KVT, float>;
-      if constexpr (k_ahead)
-        for (std::int64_t c = 0; c < cols; ++c) {
-          const std::int64_t a = c + kAheadKeys;
-          ahead[c] = a < cols ? cur.k[a] : a - cols < next_cols ? next.k[a - cols] : nullptr;
-        }
-      rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, i8 ? ks : nullptr, i8 ? vs : nullptr, j0, cols, interior, u,
-                                 ws, k_ahead ? ahead : nullptr);
-    } else {  // strided rows: converted to fp32 first (i8 rows times their scales)
-      tile_rows<KVT>(p, p.k, p.k_scale, lanes.b, lanes.hk, j0, cols, dk, ws.k.data(), ws.krows);
-      tile_rows<KVT>(p, p.v, p.v_scale, lanes.b, lanes.hk, j0, cols, dv, ws.v.data(), ws.vrows);
-      rows_step<QV, NL, Variant>(p, lanes, ws.krows, ws.vrows, nullptr, nullptr, j0, cols, interior, u, ws);
+  const RowSource<KVT> krows = key_rows<KVT>(p, lanes.b, lanes.hk), vrows = value_rows<KVT>(p, lanes.b, lanes.hk);
+  if constexpr (NL == 0) {
+    for (std::int64_t t = 0; t < keys.tiles; ++t)
+      lanes_step<QV, KVT, Variant>(p, lanes, keys.j0(t), keys.cols(t), keys.interior(t), u, ws);
+  } else if (krows.unit_stride() && vrows.unit_stride()) {
+    StoredTile<KVT> tile[2];  // this tile's rows and the next one's
+    if (keys.tiles > 0) tile[0].locate(krows, vrows, keys.j0(0), keys.cols(0));
+    for (std::int64_t t = 0; t < keys.tiles; ++t) {
+      StoredTile<KVT>& cur = tile[t & 1];
+      StoredTile<KVT>& next = tile[(t + 1) & 1];
+      next.cols = 0;
+      if (t + 1 < keys.tiles) next.locate(krows, vrows, keys.j0(t + 1), keys.cols(t + 1));
+      cur.prepare(next);
+      rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t), keys.cols(t),
+                                 keys.interior(t), u, ws, cur.look_ahead());
+    }
+  } else {
+    for (std::int64_t t = 0; t < keys.tiles; ++t) {
+      krows.as_float(keys.j0(t), keys.cols(t), p.Dk, ws.k.data(), ws.krows);
+      vrows.as_float(keys.j0(t), keys.cols(t), p.Dv, ws.v.data(), ws.vrows);
+      rows_step<QV, NL, Variant>(p, lanes, ws.krows, ws.vrows, nullptr, nullptr, keys.j0(t), keys.cols(t),
+                                 keys.interior(t), u, ws);
     }
   }
 }
 
-// How the work of one call is cut: blocks of lanes (one KV head each), and key splits per block.
+// K and V whose rows lie far apart (FlashAttention's and transformers' [B, S, H, D] memory viewed as [B, H, S, D]:
+// consecutive rows H·D elements apart, a new page every row or two at long sequences) cost every query block that
+// reads them a TLB miss per row; measured 18-26 % slower than the same values stored [B, H, S, D] (P1-like and
+// 512-token shapes, 2 threads). When several query blocks will read each key (prefill), the rows are first
+// gathered into contiguous [B, Hkv, Skv, D] copies, one pass, and the call runs on those (then 7-13 % slower than
+// contiguous inputs, the pass included). Values are moved, not changed: the result is the same bits. Not for paged
+// K/V (pages are contiguous already), 8-bit rows (read in place) or decode (each key read once), nor when the copy
+// would pass kGatherBudget bytes or cannot be allocated (the call then reads the rows where they are).
+inline constexpr std::int64_t kGatherBudget = std::int64_t{1} << 30;
+
+inline bool scattered_rows(const core::Strided& t, std::int64_t dim) {
+  return t.stride[3] != 1 || (t.stride[2] != 0 && (t.stride[2] >= 2 * dim || t.stride[2] <= -2 * dim));
+}
+
+// The rows of each thread's head cache (Workspace::kh, kv_tile): Skv for lane-major (prefill) blocks over bf16, f16
+// or i8 K/V when several blocks read each KV head and one head's rows fit kHeadCacheBytes as fp32; else 0 (tiles
+// widened per block). fp32 rows are read in place.
+inline constexpr std::int64_t kHeadCacheBytes = std::int64_t{16} << 20;
+
+// How the work of one call is cut (blocks of lanes, one KV head each, and key splits per block) and what it
+// allocates: Plan::bytes() is the one formula of a call's scratch (Scratch holds exactly that).
 struct Plan {
   std::int64_t heads_per_block = 1;  // > 1 when Sq is short: several heads of a GQA group share a block
   std::int64_t rows_per_block = BR;
   std::int64_t row_blocks = 1, head_blocks = 1, items = 0;
   std::int64_t splits = 1, split_len = 0;  // split-KV: keys [s·split_len, (s+1)·split_len)
+  Workspace::Shape shape;                  // each thread's workspace (with its head cache's rows)
+  std::int64_t gather_bytes = 0;           // K and V gathered into contiguous rows first (gather_kv), else 0
 
   explicit Plan(const core::Problem& p) {
     if (p.Sq >= BR || p.group == 1 || p.Sq == 0) {
@@ -768,6 +734,27 @@ struct Plan {
       splits = cut.pieces, split_len = cut.piece_len;
     }
     if (splits <= 1) splits = 1, split_len = p.Skv;
+    const bool several_blocks = row_blocks * head_blocks >= 2;  // per KV head
+    const bool lane_major = rows_per_block * heads_per_block > 8;  // run_block's NL = 0 blocks
+    const bool cache = p.k.dtype != DType::f32 && lane_major && several_blocks &&
+                       p.Skv * (p.Dk + p.Dv) * static_cast<std::int64_t>(sizeof(float)) <= kHeadCacheBytes;
+    shape = {p.Dk, p.Dv, cache ? p.Skv : 0};
+    if (!p.paged && !p.k_scale && several_blocks && (scattered_rows(p.k, p.Dk) || scattered_rows(p.v, p.Dv))) {
+      const std::int64_t bytes = p.B * p.Hkv * p.Skv * (p.Dk + p.Dv) * static_cast<std::int64_t>(dtype_size(p.k.dtype));
+      if (bytes > 0 && bytes <= kGatherBudget) gather_bytes = bytes;
+    }
+  }
+
+  std::int64_t tasks() const { return items * splits; }
+  // Split-KV's partial results: (m, l, o[Dv]) per (item, split, lane).
+  std::int64_t partial_stride(const core::Problem& p) const { return p.Dv + 2; }
+  std::int64_t partial_floats(const core::Problem& p) const {
+    return splits > 1 ? items * splits * BR * partial_stride(p) : 0;
+  }
+  // The bytes a call allocates at `threads` threads: the team's workspaces, split-KV's partials, the gathered rows.
+  std::int64_t bytes(const core::Problem& p, int threads) const {
+    return team_size(threads, tasks()) * Workspace::bytes(shape) +
+           static_cast<std::int64_t>(sizeof(float)) * partial_floats(p) + gather_bytes;
   }
 
   Lanes lanes(const core::Problem& p, std::int64_t item) const {
@@ -815,66 +802,38 @@ void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, st
   }
 }
 
-// All blocks of all heads, spread over threads; with split-KV, the partial states of a block's key
-// splits are merged in a fixed order with core::merge. Nothing depends on the thread count or the
-// schedule, so results are bitwise identical on any number of threads.
-// A call's scratch: the team's workspaces and the split-KV partial results, kept between calls in the caller's
-// attn::Workspace (under kScratchKey, one per instruction set) when it gives one.
+// A call's scratch, as Plan::bytes() counts it: the team's workspaces, the split-KV partial results and the
+// gathered K/V rows, kept between calls in the caller's attn::Workspace (under kScratchKey, one per instruction
+// set) when it gives one. bytes() measures what it holds.
 struct Scratch {
-  std::int64_t dk = -1, dv = -1, cache_rows = -1;
+  Workspace::Shape shape{-1, -1, -1};
   std::vector<Workspace> team;
   std::vector<float> partial;
   std::vector<unsigned char> kv_rows;  // gathered K and V rows (gather_kv)
   std::int64_t bytes() const {
-    return static_cast<std::int64_t>(team.size()) * Workspace::bytes(dk, dv, cache_rows) +
-           static_cast<std::int64_t>(partial.capacity() * sizeof(float) + kv_rows.capacity());
+    std::int64_t n = static_cast<std::int64_t>(partial.capacity() * sizeof(float) + kv_rows.capacity());
+    for (const Workspace& w : team) n += held_bytes(w, shape);
+    return n;
   }
 };
 inline constexpr char kScratchKey = 0;
 
-// K and V whose rows lie far apart (FlashAttention's and transformers' [B, S, H, D] memory viewed as [B, H, S, D]:
-// consecutive rows H·D elements apart, a new page every row or two at long sequences) cost every query block that
-// reads them a TLB miss per row; measured 18-26 % slower than the same values stored [B, H, S, D] (P1-like and
-// 512-token shapes, 2 threads). When several query blocks will read each key (prefill), the rows are first
-// gathered into contiguous [B, Hkv, Skv, D] copies, one pass, and the call runs on those (then 7-13 % slower than
-// contiguous inputs, the pass included). Values are moved, not changed: the result is the
-// same bits. Not for paged K/V (pages are contiguous already) or decode (each key read once), nor when the copy
-// would pass kGatherBudget bytes or cannot be allocated (the call then reads the rows where they are).
-inline constexpr std::int64_t kGatherBudget = std::int64_t{1} << 30;
-
-inline bool scattered_rows(const core::Strided& t, std::int64_t dim) {
-  return t.stride[3] != 1 || (t.stride[2] != 0 && (t.stride[2] >= 2 * dim || t.stride[2] <= -2 * dim));
-}
-
+// K and V gathered into contiguous [B, Hkv, Skv, D] rows (see kGatherBudget) in sc.kv_rows, *out the problem over
+// them; false when the copy cannot be allocated (the call then reads the rows where they are).
 template <class KVT>
 bool gather_kv(const core::Problem& p, const Plan& plan, int threads, Scratch& sc, core::Problem* out) {
-  if (p.paged || p.k_scale || plan.row_blocks * plan.head_blocks < 2) return false;  // (i8 rows: read in place)
-  if (!scattered_rows(p.k, p.Dk) && !scattered_rows(p.v, p.Dv)) return false;
-  const std::int64_t rows = p.B * p.Hkv * p.Skv, esize = static_cast<std::int64_t>(sizeof(KVT));
-  const std::int64_t bytes = rows * (p.Dk + p.Dv) * esize;
-  if (bytes <= 0 || bytes > kGatherBudget) return false;
   try {
-    sc.kv_rows.resize(static_cast<std::size_t>(bytes));
+    sc.kv_rows.resize(static_cast<std::size_t>(plan.gather_bytes));
   } catch (const std::bad_alloc&) {
     return false;
   }
   KVT* kd = reinterpret_cast<KVT*>(sc.kv_rows.data());
-  KVT* vd = kd + rows * p.Dk;
+  KVT* vd = kd + p.B * p.Hkv * p.Skv * p.Dk;
   const std::int64_t heads = p.B * p.Hkv;
-#pragma omp parallel for num_threads(std::max(threads, 1)) schedule(static) if (threads > 1)
-  for (std::int64_t bh = 0; bh < heads; ++bh) {
-    const std::int64_t b = bh / p.Hkv, hk = bh % p.Hkv;
-    for (std::int64_t j = 0; j < p.Skv; ++j) {
-      const KVT* k = static_cast<const KVT*>(p.k.data) + p.k.offset(b, hk, j, 0);
-      const KVT* v = static_cast<const KVT*>(p.v.data) + p.v.offset(b, hk, j, 0);
-      KVT* kr = kd + (bh * p.Skv + j) * p.Dk;
-      KVT* vr = vd + (bh * p.Skv + j) * p.Dv;
-      if (p.k.stride[3] == 1) std::memcpy(kr, k, static_cast<std::size_t>(p.Dk * esize));
-      else for (std::int64_t d = 0; d < p.Dk; ++d) kr[d] = k[d * p.k.stride[3]];
-      if (p.v.stride[3] == 1) std::memcpy(vr, v, static_cast<std::size_t>(p.Dv * esize));
-      else for (std::int64_t d = 0; d < p.Dv; ++d) vr[d] = v[d * p.v.stride[3]];
-    }
-  }
+  run_loops(threads, heads, loop(heads, [&](std::int64_t bh, NoWorkspace&) {
+    key_rows<KVT>(p, bh / p.Hkv, bh % p.Hkv).copy_stored(0, p.Skv, kd + bh * p.Skv * p.Dk);
+    value_rows<KVT>(p, bh / p.Hkv, bh % p.Hkv).copy_stored(0, p.Skv, vd + bh * p.Skv * p.Dv);
+  }, Spread::even));
   *out = p;
   out->k.data = kd, out->v.data = vd;
   const std::int64_t ks[4] = {p.Hkv * p.Skv * p.Dk, p.Skv * p.Dk, p.Dk, 1}, vs[4] = {p.Hkv * p.Skv * p.Dv, p.Skv * p.Dv, p.Dv, 1};
@@ -882,19 +841,67 @@ bool gather_kv(const core::Problem& p, const Plan& plan, int threads, Scratch& s
   return true;
 }
 
-// The rows of each thread's head cache (Workspace::kh, kv_tile): Skv for lane-major (prefill) blocks over bf16, f16
-// or i8 K/V when several blocks read each KV head and one head's rows fit kHeadCacheBytes as fp32; else 0 (tiles
-// widened per block). fp32 rows are read in place.
-inline constexpr std::int64_t kHeadCacheBytes = std::int64_t{16} << 20;
-
-inline std::int64_t head_cache_rows(const core::Problem& p, const Plan& plan) {
-  const bool lane_major = plan.rows_per_block * plan.heads_per_block > 8;  // run_block's NL = 0 blocks
-  if (p.k.dtype == DType::f32 || !lane_major || plan.row_blocks * plan.head_blocks < 2) return 0;
-  return p.Skv * (p.Dk + p.Dv) * static_cast<std::int64_t>(sizeof(float)) <= kHeadCacheBytes ? p.Skv : 0;
+// Split-KV: a block's state over one split of the keys, as (m, l, o[Dv]) per lane, into `dst`; then the partials
+// of every split merged with core::merge in split order and stored (merge_and_store).
+inline void store_partial(const core::Problem& p, const Lanes& lanes, const Workspace& ws, std::int64_t d_stride,
+                          std::int64_t r_stride, std::int64_t stride, float* dst) {
+  for (std::int64_t r = 0; r < lanes.n; ++r) {
+    dst[r * stride] = ws.m[r];
+    dst[r * stride + 1] = ws.l[r];
+    for (std::int64_t d = 0; d < p.Dv; ++d) dst[r * stride + 2 + d] = ws.o[d * d_stride + r * r_stride];
+  }
+}
+template <class QT, class Variant>
+void merge_and_store(const core::Problem& p, const Plan& plan, const Lanes& lanes, float* base) {
+  const std::int64_t stride = plan.partial_stride(p);
+  float m[BR], l[BR];
+  const Units u = units<Variant>(p);
+  for (std::int64_t r = 0; r < lanes.n; ++r) {
+    core::RowState acc;
+    acc.m = base[r * stride], acc.l = base[r * stride + 1];
+    float* o = base + r * stride + 2;
+    for (std::int64_t sp = 1; sp < plan.splits; ++sp) {
+      const float* part = base + sp * BR * stride + r * stride;
+      core::RowState other;
+      other.m = part[0], other.l = part[1];
+      core::merge(acc, o, other, part + 2, p.Dv, u.c);
+    }
+    m[r] = acc.m, l[r] = acc.l;
+  }
+  store_lanes<QT, Variant>(p, lanes, base + 2, 1, stride, m, l);  // merged rows sit in split 0's slots
 }
 
+// All blocks of all heads, spread over threads (cpu/schedule.h); with split-KV, the partial states of a block's
+// key splits are merged in a fixed order. Nothing depends on the thread count or the schedule, so results are
+// bitwise identical on any number of threads.
 template <class QT, class KVT, class Variant>
-void flash_forward_rows(const core::Problem& p, int threads, const Plan& plan, Scratch& sc);
+void run_plan(const core::Problem& p, int threads, const Plan& plan, Scratch& sc) {
+  if (!(sc.shape == plan.shape)) sc.team.clear(), sc.shape = plan.shape;
+  for (Workspace& w : sc.team) w.head = -1;  // a kept workspace's cached rows are another call's
+  const auto make = [&](int) { return Workspace(plan.shape); };
+  if (plan.splits == 1) {
+    run_team(&sc.team, threads, plan.items, make, loop(plan.items, [&](std::int64_t it, Workspace& ws) {
+      const Lanes lanes = plan.lanes(p, it);
+      const auto [d_stride, r_stride] = run_block<QT, KVT, Variant>(p, lanes, 0, p.Skv, ws);
+      store_lanes<QT, Variant>(p, lanes, ws.o.data(), d_stride, r_stride, ws.m.data(), ws.l.data());
+    }));
+    return;
+  }
+  const std::int64_t stride = plan.partial_stride(p), per_item = plan.splits * BR * stride;
+  sc.partial.resize(static_cast<std::size_t>(plan.partial_floats(p)));  // (every slot read is written first)
+  float* partial = sc.partial.data();
+  run_team(&sc.team, threads, plan.tasks(), make,
+           loop(plan.tasks(), [&](std::int64_t task, Workspace& ws) {  // each split of each block
+             const std::int64_t it = task / plan.splits, sp = task % plan.splits;
+             const Lanes lanes = plan.lanes(p, it);
+             const std::int64_t lo = sp * plan.split_len, hi = std::min(p.Skv, (sp + 1) * plan.split_len);
+             const auto [d_stride, r_stride] = run_block<QT, KVT, Variant>(p, lanes, lo, hi, ws);
+             store_partial(p, lanes, ws, d_stride, r_stride, stride, partial + it * per_item + sp * BR * stride);
+           }),
+           loop(plan.items, [&](std::int64_t it, Workspace&) {  // then each block's splits, merged
+             merge_and_store<QT, Variant>(p, plan, plan.lanes(p, it), partial + it * per_item);
+           }, Spread::even));
+}
 
 template <class QT, class KVT, class Variant>
 void flash_forward(const core::Problem& p, int threads) {
@@ -902,82 +909,13 @@ void flash_forward(const core::Problem& p, int threads) {
   Scratch local;
   Scratch& sc = core::scratch(p.workspace, &kScratchKey, local);
   core::Problem gathered;
-  if (gather_kv<KVT>(p, plan, threads, sc, &gathered)) return flash_forward_rows<QT, KVT, Variant>(gathered, threads, plan, sc);
-  flash_forward_rows<QT, KVT, Variant>(p, threads, plan, sc);
+  if (plan.gather_bytes > 0 && gather_kv<KVT>(p, plan, threads, sc, &gathered))
+    return run_plan<QT, KVT, Variant>(gathered, threads, plan, sc);
+  run_plan<QT, KVT, Variant>(p, threads, plan, sc);
 }
 
-template <class QT, class KVT, class Variant>
-void flash_forward_rows(const core::Problem& p, int threads, const Plan& plan, Scratch& sc) {
-  const std::int64_t cache_rows = head_cache_rows(p, plan);
-  if (sc.dk != p.Dk || sc.dv != p.Dv || sc.cache_rows != cache_rows)
-    sc.team.clear(), sc.dk = p.Dk, sc.dv = p.Dv, sc.cache_rows = cache_rows;
-  for (Workspace& w : sc.team) w.head = -1;  // a kept workspace's cached rows are another call's
-  const auto make = [&](int) { return Workspace(p.Dk, p.Dv, cache_rows); };
-  if (plan.splits == 1) {
-    const int team = team_size(threads, plan.items);
-    grow_team(&sc.team, team, make);
-    run_items(sc.team, team, plan.items, [&](std::int64_t it, Workspace& ws) {
-      const Lanes lanes = plan.lanes(p, it);
-      const auto [d_stride, r_stride] = run_block<QT, KVT, Variant>(p, lanes, 0, p.Skv, ws);
-      store_lanes<QT, Variant>(p, lanes, ws.o.data(), d_stride, r_stride, ws.m.data(), ws.l.data());
-    });
-    return;
-  }
-  // Split-KV: partial (m, l, o[Dv]) per (item, split, lane), then one merge per item.
-  const std::int64_t stride = p.Dv + 2, per_item = plan.splits * BR * stride;
-  sc.partial.resize(static_cast<std::size_t>(plan.items * per_item));  // (every slot read is written first)
-  float* partial = sc.partial.data();
-  const int team = team_size(threads, plan.items * plan.splits);
-  grow_team(&sc.team, team, make);
-#pragma omp parallel num_threads(team) if (team > 1)
-  {
-    Workspace& ws = sc.team[static_cast<std::size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic)
-    for (std::int64_t task = 0; task < plan.items * plan.splits; ++task) {
-      const std::int64_t it = task / plan.splits, sp = task % plan.splits;
-      const Lanes lanes = plan.lanes(p, it);
-      const auto [d_stride, r_stride] =
-          run_block<QT, KVT, Variant>(p, lanes, sp * plan.split_len, std::min(p.Skv, (sp + 1) * plan.split_len), ws);
-      float* dst = partial + it * per_item + sp * BR * stride;
-      for (std::int64_t r = 0; r < lanes.n; ++r) {
-        dst[r * stride] = ws.m[r];
-        dst[r * stride + 1] = ws.l[r];
-        for (std::int64_t d = 0; d < p.Dv; ++d) dst[r * stride + 2 + d] = ws.o[d * d_stride + r * r_stride];
-      }
-    }
-#pragma omp for schedule(static)
-    for (std::int64_t it = 0; it < plan.items; ++it) {
-      const Lanes lanes = plan.lanes(p, it);
-      float* base = partial + it * per_item;
-      float m[BR], l[BR];
-      const Units u = units<Variant>(p);
-      for (std::int64_t r = 0; r < lanes.n; ++r) {
-        core::RowState acc;
-        acc.m = base[r * stride], acc.l = base[r * stride + 1];
-        float* o = base + r * stride + 2;
-        for (std::int64_t sp = 1; sp < plan.splits; ++sp) {
-          const float* part = base + sp * BR * stride + r * stride;
-          core::RowState other;
-          other.m = part[0], other.l = part[1];
-          core::merge(acc, o, other, part + 2, p.Dv, u.c);
-        }
-        m[r] = acc.m, l[r] = acc.l;
-      }
-      store_lanes<QT, Variant>(p, lanes, base + 2, 1, stride, m, l);  // merged rows sit in split 0's slots
-    }
-  }
-}
-
-
-// The bytes a call allocates at `threads` threads (with no workspace to reuse): the team's scratch and, with
-// split-KV, the partial results.
-inline std::int64_t flash_workspace_bytes(const core::Problem& p, int threads) {
-  const Plan plan(p);
-  const std::int64_t tasks = plan.items * plan.splits;
-  const std::int64_t team = std::clamp<std::int64_t>(tasks, 1, std::max(threads, 1));
-  const std::int64_t partial = plan.splits > 1 ? plan.items * plan.splits * BR * (p.Dv + 2) : 0;
-  return team * Workspace::bytes(p.Dk, p.Dv, head_cache_rows(p, plan)) + static_cast<std::int64_t>(sizeof(float)) * partial;
-}
+// The bytes a call allocates at `threads` threads (with no workspace to reuse).
+inline std::int64_t flash_workspace_bytes(const core::Problem& p, int threads) { return Plan(p).bytes(p, threads); }
 
 // The kernel of this instruction set for the given dtypes and dense-mask kind, or null (cpu/pick.h).
 template <class QT, class KVT, class Variant>

@@ -37,7 +37,7 @@ struct KernelSet {
   FlashFn (*flash)(DType q, DType kv, core::VariantKind variant);
   BackwardFn (*backward)(DType q, DType kv, core::VariantKind variant);
   std::int64_t (*flash_workspace)(const core::Problem& problem, int threads);
-  std::int64_t (*backward_workspace)(const core::Problem& problem, int threads);
+  std::int64_t (*backward_workspace)(const core::BackwardProblem& problem, int threads);
 };
 #define ATTN_ISA_DECLARE(name, target, vec, usable) \
   namespace name {                                  \
@@ -71,7 +71,7 @@ struct BackwardChoice {
   Isa isa = Isa::sse2;
   std::int64_t workspace_bytes = 0;
 };
-BackwardChoice select_backward(const core::Problem& problem, int threads);
+BackwardChoice select_backward(const core::BackwardProblem& problem, int threads);
 
 // The thread count a call will use: params.threads, else ATTN_NUM_THREADS (read once; an invalid value is
 // reported once on stderr and ignored), else OpenMP's default.

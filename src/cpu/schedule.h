@@ -1,12 +1,15 @@
-// How every CPU kernel cuts and runs its work (one scheduler for the forward, the AMX forward and the backward).
-//   cut_length   how many pieces to cut a length into so that there are enough work items for many cores; the
-//                cut depends on the shape only (never on the thread count), so results are bitwise identical
-//                on any machine size
-//   team_size,   one workspace per thread, each built by its own thread before the work starts: an allocation
-//   grow_team    failure becomes a std::bad_alloc on the calling thread, which the entry point turns into a
-//                Status, never an exception leaving a parallel region (which ends the process); the team is no
-//                larger than the work; workspaces a caller's attn::Workspace kept from an earlier call are reused
-//   run_items    items [0, n) over the team, dynamically scheduled, each thread with its own workspace
+// How every CPU kernel cuts and runs its work: the one parallel entry point (the vector forward and its split-KV
+// merge, the K/V gather, the AMX forward, the backward's sweeps, additive attention).
+//   cut_length   how many pieces to cut keys or queries into so that there are enough work items for many
+//                cores; the cut depends on the shape only (never on the thread count), so results are bitwise
+//                identical on any machine size
+//   team_size    the threads a run uses: at most the caller's count, no more than the work
+//   run_team     one parallel region: each thread takes its own workspace (built by that thread, in its
+//                allocator arena and first touched there; kept from an earlier call when the caller's
+//                attn::Workspace holds one), then runs the loops in order, each loop's items spread over the team
+//                and finished before the next loop starts. An allocation failure anywhere in the region (a
+//                workspace, or inside an item) comes back as std::bad_alloc on the calling thread, which the
+//                entry point turns into a Status; no exception ever leaves the region (that ends the process).
 #pragma once
 
 #include <omp.h>
@@ -43,13 +46,71 @@ inline int team_size(int threads, std::int64_t tasks) {
   return static_cast<int>(std::clamp<std::int64_t>(tasks, 1, std::max(threads, 1)));
 }
 
+// How a loop's items are shared out: `dynamic`, one at a time to whichever thread is free (items of uneven
+// cost); `even`, in contiguous equal shares (items of equal cost, or a fixed order of merges).
+enum class Spread : bool { dynamic, even };
+
+// One loop of a run: fn(item, workspace) for items [0, items). With `wait` false the team does not wait for the
+// loop to finish before the next one starts (the next must not read what this one writes).
+template <class Fn>
+struct Loop {
+  std::int64_t items;
+  Fn fn;
+  Spread spread = Spread::dynamic;
+  bool wait = true;
+};
+template <class Fn>
+Loop<Fn> loop(std::int64_t items, Fn fn, Spread spread = Spread::dynamic, bool wait = true) {
+  return {items, fn, spread, wait};
+}
+
+// A thread's setup for a run, made on entry to the region and destroyed on exit (the AMX kernel's tile
+// configuration and floating-point mode): constructed from the thread's workspace. NoScope does nothing.
+struct NoScope {
+  template <class WS>
+  explicit NoScope(WS&) {}
+};
+
+// The workspace of a run whose threads need none (the K/V gather).
+struct NoWorkspace {};
+
+namespace detail {
+
+template <class WS, class Fn>
+void run_loop(const Loop<Fn>& l, WS& ws, int& failed) {
+  const auto body = [&](std::int64_t it) {
+    try {
+      l.fn(it, ws);
+    } catch (...) {
+#pragma omp atomic write
+      failed = 1;
+    }
+  };
+  if (l.spread == Spread::dynamic) {
+    if (l.wait) {
+#pragma omp for schedule(dynamic)
+      for (std::int64_t it = 0; it < l.items; ++it) body(it);
+    } else {
+#pragma omp for schedule(dynamic) nowait
+      for (std::int64_t it = 0; it < l.items; ++it) body(it);
+    }
+  } else {
+    if (l.wait) {
+#pragma omp for schedule(static)
+      for (std::int64_t it = 0; it < l.items; ++it) body(it);
+    } else {
+#pragma omp for schedule(static) nowait
+      for (std::int64_t it = 0; it < l.items; ++it) body(it);
+    }
+  }
+}
+
+}  // namespace detail
+
 // Grows `team` to at least `n` workspaces (make(t) builds thread t's), keeping those it has (a workspace kept
 // from an earlier call of the same dims is reused as it is). Each new workspace is built by the thread that
-// will use it (in a parallel region of n threads, as run_items numbers them): its memory comes from that
-// thread's allocator arena and is first touched there, as when each thread allocated its own (built by one
-// thread, the team's buffers measured up to 10% slower at two threads). An allocation failure is caught inside
-// the region and rethrown here, on the calling thread, as std::bad_alloc (an exception must not leave a
-// parallel region: that ends the process).
+// will use it (in a parallel region of n threads, numbered as run_team numbers them): built by one thread, the
+// team's buffers measured up to 10% slower at two threads.
 template <class WS, class Make>
 void grow_team(std::vector<WS>* team, int n, Make make) {
   const int have = static_cast<int>(team->size());
@@ -78,15 +139,30 @@ void grow_team(std::vector<WS>* team, int n, Make make) {
   }
 }
 
-// fn(item, workspace) for items [0, items), dynamically scheduled over the first n workspaces of the team.
-template <class WS, class Fn>
-void run_items(std::vector<WS>& team, int n, std::int64_t items, Fn fn) {
+// The one parallel entry point: a team of team_size(threads, most_items) threads, thread t with workspace
+// (*team)[t] (grown with make as grow_team does), each running Scope(workspace) and then the loops in order.
+// Returns the team size. Every exception inside the region becomes std::bad_alloc on the calling thread, after
+// the region (the kernels throw nothing else: their sizes are checked before they run).
+template <class Scope = NoScope, class WS, class Make, class... Fns>
+int run_team(std::vector<WS>* team, int threads, std::int64_t most_items, Make make, const Loop<Fns>&... loops) {
+  const int n = team_size(threads, most_items);
+  grow_team(team, n, make);
+  int failed = 0;
 #pragma omp parallel num_threads(n) if (n > 1)
   {
-    WS& ws = team[static_cast<std::size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic)
-    for (std::int64_t it = 0; it < items; ++it) fn(it, ws);
+    WS& ws = (*team)[static_cast<std::size_t>(omp_get_thread_num())];
+    Scope scope(ws);
+    (detail::run_loop(loops, ws, failed), ...);
   }
+  if (failed) throw std::bad_alloc();
+  return n;
+}
+
+// The same for loops whose threads need no workspace (their functions take a NoWorkspace&).
+template <class... Fns>
+void run_loops(int threads, std::int64_t most_items, const Loop<Fns>&... loops) {
+  std::vector<NoWorkspace> team;
+  run_team(&team, threads, most_items, [](int) { return NoWorkspace{}; }, loops...);
 }
 
 }  // namespace attn::cpu

@@ -201,7 +201,9 @@ inline Vec::T tanhv(Vec::T y) {
 // The lane arithmetic core::OnlineSoftmax needs, over this instruction set's vectors (one query row per lane).
 struct VecLanes {
   using T = Vec::T;
+  static constexpr int W = Vec::W;
   static T set1(float x) { return Vec::set1(x); }
+  static T load(const float* p) { return Vec::load(p); }
   static T add(T a, T b) { return Vec::add(a, b); }
   static T sub(T a, T b) { return Vec::sub(a, b); }
   static T mul(T a, T b) { return Vec::mul(a, b); }
@@ -209,6 +211,9 @@ struct VecLanes {
   static T exp2(T x) { return exp2v(x); }
   // x == -inf ? a : b (x < -FLT_MAX holds for -inf alone; false for NaN)
   static T if_neg_inf(T x, T a, T b) { return Vec::select_lt(x, Vec::set1(-3.4028234663852886e38f), a, b); }
+  static bool any_neg_inf(T x) { return Vec::any_lt(x, Vec::set1(-3.4028234663852886e38f)); }
+  static T abs(T x) { return Vec::max(x, Vec::sub(Vec::zero(), x)); }
+  static T tanh(T x) { return tanhv(x); }
 };
 
 // Whether every value of `cols` rows of `dim` values (fp32, bf16 or f16, unit stride) is finite: x·0 is 0 for a

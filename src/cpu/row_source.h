@@ -1,0 +1,163 @@
+// The one way a kernel reads K or V rows (and the backward its Q and dO rows): whatever their storage (fp32, bf16,
+// f16, or 8-bit with a scale per row), their layout (contiguous [B, H, S, D], strided such as FlashAttention's
+// [B, S, H, D], or a page pool through a page table), every kernel (the vector forward, prefill and decode, the
+// backward's sweeps, the AMX forward's staging) asks this source for them in one of these forms:
+//   locate     where each stored row starts (and, 8-bit rows, its scale): one walk over the keys, through the page
+//              table without a division per key; for kernels that widen rows in registers (decode)
+//   as_float   the rows as fp32, each readable to `pitch` values (zeros past the row's `dim`): the caller's own
+//              memory when it already is that (fp32, unit stride, pitch = dim), else widened copies (8-bit values
+//              times their row's scale) in the kernel's buffer
+//   as_float_block   the same at one row stride (row c at base + c·ld), for kernels whose products read rows at a
+//              stride (the backward): in place when fp32, unit stride, pitch = dim and not paged, else copies
+//   as_stored  the rows in their storage type, each readable to `pitch` values: in place when unit-stride and
+//              pitch = dim, else copies (the AMX kernel packs bf16 rows as they are)
+// and copy_stored for a gather. Widening is exact (a bf16/f16 value, or an 8-bit value times an fp32 scale, rounded
+// once), so every form holds the same values.
+//
+// A kernel body (compiled per instruction set inside its namespace, after cpu/vec.h); includes nothing itself.
+
+// Rows at one stride: row c at base + c·ld.
+struct RowBlock {
+  const float* base;
+  std::int64_t ld;
+};
+
+// The rows of head hk of batch b of one tensor of a validated problem (K or V, through the page table when the cache
+// is paged; or Q, dO: never paged). T: the storage type.
+template <class T>
+struct RowSource {
+  const core::Problem* p = nullptr;
+  const core::Strided* t = nullptr;      // p.k, p.v (or p.q, the backward's dO)
+  const core::Strided* scale = nullptr;  // 8-bit rows: p.k_scale or p.v_scale
+  std::int64_t dim = 0, b = 0, hk = 0;
+  bool paged = false;                    // K and V of a paged problem
+
+  static constexpr bool kScaled = std::is_same_v<T, std::int8_t>;
+  bool unit_stride() const { return t->stride[3] == 1; }
+
+  // Where row j starts: strided, or through the page table.
+  const T* row(std::int64_t j) const {
+    return static_cast<const T*>(t->data) + (paged ? core::kv_row_offset(*p, *t, b, hk, j) : t->offset(b, hk, j, 0));
+  }
+
+  // rows[c] = where row j0 + c starts, and (8-bit rows, when scales is given) scales[c] = where its scale is.
+  void locate(std::int64_t j0, std::int64_t n, const T** rows, const float** scales = nullptr) const {
+    const auto at = [&](std::int64_t c, std::int64_t a, std::int64_t r) {  // (batch or page, row within it)
+      rows[c] = static_cast<const T*>(t->data) + t->offset(a, hk, r, 0);
+      if constexpr (kScaled)
+        if (scales) scales[c] = static_cast<const float*>(scale->data) + scale->offset(a, hk, r, 0);
+    };
+    if (!paged) {
+      for (std::int64_t c = 0; c < n; ++c) at(c, b, j0 + c);
+      return;
+    }
+    const core::Paged& pg = *p->paged;
+    std::int64_t page = j0 / pg.page_size, slot = j0 % pg.page_size;
+    for (std::int64_t c = 0; c < n; ++c) {
+      at(c, pg.table[b * pg.table_stride[0] + page * pg.table_stride[1]], slot);
+      if (++slot == pg.page_size) slot = 0, ++page;
+    }
+  }
+
+  // The scale of 8-bit row j (1 for rows of values).
+  float row_scale(std::int64_t j) const {
+    if constexpr (kScaled) return core::kv_scale(*p, *scale, b, hk, j);
+    return 1.0f;
+  }
+
+  // Rows j0 .. j0+n-1 as fp32, out[c] readable to `pitch` values (pitch >= dim; zeros past dim): in place when
+  // they are fp32 with unit stride and pitch = dim, else widened into buf [n][pitch].
+  void as_float(std::int64_t j0, std::int64_t n, std::int64_t pitch, float* buf, const float** out) const {
+    if constexpr (std::is_same_v<T, float>)
+      if (unit_stride() && pitch == dim) return locate(j0, n, out);
+    for (std::int64_t c0 = 0; c0 < n; c0 += kMaxRows)
+      widen_into(j0 + c0, std::min(kMaxRows, n - c0), pitch, buf + c0 * pitch, out + c0);
+  }
+
+  // Rows j0 .. j0+n-1 as fp32 at one stride, readable to `pitch` values (zeros past dim): in place when fp32,
+  // unit-stride, pitch = dim and not paged, else widened into buf [n][pitch].
+  RowBlock as_float_block(std::int64_t j0, std::int64_t n, std::int64_t pitch, float* buf) const {
+    if constexpr (std::is_same_v<T, float>)
+      if (unit_stride() && pitch == dim && !paged) return {row(j0), t->stride[2]};
+    const float* rows[kMaxRows];
+    for (std::int64_t c0 = 0; c0 < n; c0 += kMaxRows)
+      widen_into(j0 + c0, std::min(kMaxRows, n - c0), pitch, buf + c0 * pitch, rows);
+    return {buf, pitch};
+  }
+
+  // Rows j0 .. j0+n-1 in their storage type, out[c] readable to `pitch` values (zeros past dim): in place when
+  // unit-stride and pitch = dim, else copied into buf [n][pitch].
+  void as_stored(std::int64_t j0, std::int64_t n, std::int64_t pitch, T* buf, const T** out) const {
+    locate(j0, n, out);
+    if (unit_stride() && pitch == dim) return;
+    for (std::int64_t c = 0; c < n; ++c) {
+      T* dst = buf + c * pitch;
+      copy_row(out[c], dst);
+      std::fill(dst + dim, dst + pitch, T{});
+      out[c] = dst;
+    }
+  }
+
+  // Rows j0 .. j0+n-1 copied as stored into dst [n][dim] (a gather into contiguous rows).
+  void copy_stored(std::int64_t j0, std::int64_t n, T* dst) const {
+    const T* src[kMaxRows];
+    for (std::int64_t c0 = 0; c0 < n; c0 += kMaxRows) {
+      const std::int64_t m = std::min(kMaxRows, n - c0);
+      locate(j0 + c0, m, src);
+      for (std::int64_t c = 0; c < m; ++c) copy_row(src[c], dst + (c0 + c) * dim);
+    }
+  }
+
+ private:
+  static constexpr std::int64_t kMaxRows = 64;  // rows located at a time by as_float and copy_stored
+
+  // Rows j0 .. j0+n-1 (n <= kMaxRows) widened into dst [n][pitch], out[c] = dst + c·pitch.
+  void widen_into(std::int64_t j0, std::int64_t n, std::int64_t pitch, float* dst, const float** out) const {
+    const T* src[kMaxRows];
+    locate(j0, n, src);
+    for (std::int64_t c = 0; c < n; ++c) {
+      float* d = dst + c * pitch;
+      widen(src[c], row_scale(j0 + c), d);
+      std::fill(d + dim, d + pitch, 0.0f);
+      out[c] = d;
+    }
+  }
+
+  void copy_row(const T* src, T* dst) const {
+    if (unit_stride()) std::memcpy(dst, src, static_cast<std::size_t>(dim) * sizeof(T));
+    else for (std::int64_t d = 0; d < dim; ++d) dst[d] = src[d * t->stride[3]];
+  }
+
+  // One stored row as fp32 (8-bit values times the row's scale f).
+  void widen(const T* src, float f, float* dst) const {
+    std::int64_t d = 0;
+    const std::int64_t step = t->stride[3];
+    if constexpr (kScaled) {
+      const Vec::T fv = Vec::set1(f);
+      if (step == 1)
+        for (; d + Vec::W <= dim; d += Vec::W) Vec::store(dst + d, Vec::mul(load_as_float(src + d), fv));
+      for (; d < dim; ++d) dst[d] = f * core::to_float(src[d * step]);
+    } else {
+      if constexpr (!std::is_same_v<T, float>)
+        if (step == 1)
+          for (; d + Vec::W <= dim; d += Vec::W) Vec::store(dst + d, load_as_float(src + d));
+      for (; d < dim; ++d) dst[d] = core::to_float(src[d * step]);
+    }
+  }
+};
+
+// The K and V rows of (batch b, KV head hk); the rows of head h of another [B, H, S, dim] tensor t of the problem
+// (Q, the backward's dO and gradients: never paged, never scaled).
+template <class T>
+RowSource<T> key_rows(const core::Problem& p, std::int64_t b, std::int64_t hk) {
+  return {&p, &p.k, p.k_scale ? &*p.k_scale : nullptr, p.Dk, b, hk, p.paged.has_value()};
+}
+template <class T>
+RowSource<T> value_rows(const core::Problem& p, std::int64_t b, std::int64_t hk) {
+  return {&p, &p.v, p.v_scale ? &*p.v_scale : nullptr, p.Dv, b, hk, p.paged.has_value()};
+}
+template <class T>
+RowSource<T> head_rows(const core::Problem& p, const core::Strided& t, std::int64_t dim, std::int64_t b,
+                       std::int64_t h) {
+  return {&p, &t, nullptr, dim, b, h, false};
+}
