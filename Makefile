@@ -11,6 +11,7 @@ all: build
 
 deps:
 	@scripts/install-deps.sh
+	@scripts/install-cuda-tools.sh
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
@@ -91,5 +92,20 @@ FUZZ_CPU_SECONDS ?= 3600
 fuzz-campaign:
 	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_CPU_SECONDS=$(FUZZ_CPU_SECONDS) FUZZ_TARGETS="$(FUZZ_TARGETS)" scripts/fuzz_campaign.sh
 
+# On a machine with an NVIDIA GPU (sm_80 or later), driver and CUDA toolkit: configures $(GPU_BUILD) with the CUDA
+# backend required (ATTN_CUDA=ON; the tests, tools and MPI parts off, so that it needs nothing of the network or
+# of Debian's packages beyond a compiler, CMake, OpenMP and a BLAS), builds the GPU programs, runs the layout
+# self-test (tests/cuda/gpu_selftest.cc: the real mma.sync / ldmatrix against src/cuda/fragment.h, and the host
+# model's per-warp code against the device), writes JSON under $(GPU_RESULTS) and prints a short table last.
+# Without a GPU it stops with one line, "no CUDA device (...)", and a non-zero exit.
+GPU_BUILD ?= $(BUILD)-gpu
+GPU_RESULTS ?= $(GPU_BUILD)/gpu-results
+.PHONY: test-gpu
+test-gpu:
+	cmake -S . -B $(GPU_BUILD) -DCMAKE_BUILD_TYPE=Release -DATTN_CUDA=ON -DATTN_BUILD_TESTS=OFF \
+	  -DATTN_BUILD_TOOLS=OFF -DATTN_BUILD_DIST=OFF $(CMAKE_FLAGS)
+	cmake --build $(GPU_BUILD) -j $(JOBS) --target attn_gpu_selftest
+	$(GPU_BUILD)/tests/cuda/attn_gpu_selftest --out $(GPU_RESULTS)
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-sanitize $(FUZZ_BUILD) $(VENV)
+	rm -rf $(BUILD) $(BUILD)-sanitize $(BUILD)-gpu $(FUZZ_BUILD) $(VENV)

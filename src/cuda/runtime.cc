@@ -1,0 +1,85 @@
+// The CUDA runtime probe (cuda/runtime.h). Compiled in every build; without ATTN_HAVE_CUDA it reports no device.
+#include "cuda/runtime.h"
+
+#include <mutex>
+
+#if ATTN_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace attn::cuda {
+
+bool built_with_cuda() {
+#if ATTN_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+RuntimeProbe run_probe() {
+  RuntimeProbe p;
+#if ATTN_HAVE_CUDA
+  // The static runtime loads the driver (libcuda.so.1) on first use; without one the call fails with
+  // cudaErrorInsufficientDriver, without a GPU with cudaErrorNoDevice: both are answers, not faults.
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n <= 0) {
+    p.device_count = 0;
+    p.error = e != cudaSuccess ? std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e)
+                               : std::string("the runtime reports 0 devices");
+    (void)cudaGetLastError();  // leave no error behind for later runtime calls
+  } else {
+    p.device_count = n;
+  }
+  if (cudaDriverGetVersion(&p.driver_version) != cudaSuccess) p.driver_version = 0;
+  if (cudaRuntimeGetVersion(&p.runtime_version) != cudaSuccess) p.runtime_version = 0;
+  (void)cudaGetLastError();
+#else
+  p.error = "attn was built without CUDA (configure with -DATTN_CUDA=ON where nvcc is installed)";
+#endif
+  return p;
+}
+
+}  // namespace
+
+const RuntimeProbe& probe() {
+  static std::once_flag once;
+  static RuntimeProbe result;
+  std::call_once(once, [] { result = run_probe(); });
+  return result;
+}
+
+int device_count() { return probe().device_count; }
+
+Status require_device() {
+  const RuntimeProbe& p = probe();
+  if (p.device_count > 0) return Status::Ok();
+  return Status::Unsupported("device", "no CUDA device (" + p.error + ")");
+}
+
+std::optional<DeviceInfo> device_info(int index) {
+  if (index < 0 || index >= device_count()) return std::nullopt;
+#if ATTN_HAVE_CUDA
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+  DeviceInfo d;
+  d.index = index;
+  d.name = prop.name;
+  d.sm_major = prop.major;
+  d.sm_minor = prop.minor;
+  d.multiprocessors = prop.multiProcessorCount;
+  d.global_memory = prop.totalGlobalMem;
+  d.shared_memory_per_block_optin = prop.sharedMemPerBlockOptin;
+  return d;
+#else
+  return std::nullopt;
+#endif
+}
+
+}  // namespace attn::cuda
