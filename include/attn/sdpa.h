@@ -45,9 +45,11 @@ enum class BackwardStatistics : std::uint8_t {
 };
 
 enum class Backend : std::uint8_t {
-  automatic,  // the fastest available implementation (today: flash)
-  reference,  // materialises the scores, accumulates in fp64: the oracle, slow
-  flash,      // tiled, online softmax, never materialises Sq x Skv
+  automatic,  // the fastest available implementation: flash on the CPU; on CUDA, cuDNN where it takes the call,
+              // else attn's own kernels
+  reference,  // materialises the scores, accumulates in fp64: the oracle, slow (CPU tensors only)
+  flash,      // attn's own tiled kernels (online softmax, never materialises Sq x Skv), on the CPU or on CUDA
+  cudnn,      // CUDA tensors only: cuDNN's fused attention, Unsupported (naming the reason) where cuDNN refuses
 };
 
 struct Params {
@@ -76,6 +78,10 @@ struct Params {
   // Scratch kept between calls (attn/workspace.h): repeated calls of a shape it fits allocate nothing. null:
   // every call allocates and frees its own.
   Workspace* workspace = nullptr;
+  // CUDA tensors (TensorView::device): the cudaStream_t the call is queued on, as an opaque handle (null: the
+  // device's default stream). The call returns once its work is queued; outputs are ready when the stream has
+  // run it. Ignored for host tensors.
+  void* stream = nullptr;
   // ---- score variants (FlashAttention's names and meanings; README "Score variants") ----
   // With x = scale·q·k, the score of key j for query i of head h is
   //   s_ij = T(x) − slope_h·|i + Skv_b − Sq − j| + mask_ij,   T(x) = softcap·tanh(x / softcap)  (x when softcap = 0)

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
 namespace attn {
 
@@ -16,6 +17,21 @@ enum class DType : std::uint8_t { f32, bf16, f16, boolean, i32, i64, i8 };
 const char* dtype_name(DType dtype);   // "f32", "bf16", ...
 std::size_t dtype_size(DType dtype);   // bytes per element
 
+// Where a view's memory lives: the host (the default), or CUDA device `index`. Every tensor of one call lives on
+// one device; a call on CUDA tensors runs on that device, queued on Params::stream.
+struct Device {
+  enum class Kind : std::uint8_t { cpu, cuda };
+  Kind kind = Kind::cpu;
+  int index = 0;  // the CUDA device ordinal (0 for the host)
+  static constexpr Device cpu() { return {}; }
+  static constexpr Device cuda(int index = 0) { return {Kind::cuda, index}; }
+  bool is_cuda() const { return kind == Kind::cuda; }
+  bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+};
+// "cpu" or "cuda:<index>".
+std::string device_name(Device device);
+
 // A view of up to 4 dimensions over memory the caller owns. Strides are counted in elements,
 // not bytes; any sign is allowed and 0 broadcasts a dimension (inputs only). Attention tensors
 // use the logical order [batch, heads, seq, dim]; both BHSD (PyTorch) and BSHD (FlashAttention)
@@ -23,6 +39,7 @@ std::size_t dtype_size(DType dtype);   // bytes per element
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::f32;
+  Device device;  // where data points (host memory by default)
   int rank = 0;
   std::array<std::int64_t, 4> shape{};
   std::array<std::int64_t, 4> strides{};
@@ -36,6 +53,12 @@ struct TensorView {
                          std::int64_t heads, std::int64_t dim);
 
   std::int64_t numel() const;
+  // The same view on another device (its data pointer must point into that device's memory).
+  TensorView on(Device d) const {
+    TensorView t = *this;
+    t.device = d;
+    return t;
+  }
 };
 
 }  // namespace attn

@@ -21,9 +21,11 @@
 #include <array>
 #include <cstdint>
 
+#include "core/hd.h"
+
 namespace attn::core {
 
-inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> ctr, std::array<std::uint32_t, 2> key) {
+ATTN_HD std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> ctr, std::array<std::uint32_t, 2> key) {
   constexpr std::uint64_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;  // the round multipliers
   constexpr std::uint32_t kBump0 = 0x9E3779B9u, kBump1 = 0xBB67AE85u;  // the key schedule's Weyl increments
   for (int round = 0; round < 10; ++round) {
@@ -41,11 +43,11 @@ struct Dropout {
   std::uint64_t seed = 0;
   std::uint64_t threshold = 0;  // drop when the draw is below it (<= 2^32)
   float keep_scale = 1.0f;      // 1 / (1 - dropout_p), rounded to fp32
-  bool on() const { return threshold != 0; }
+  ATTN_HD bool on() const { return threshold != 0; }
 
   // z for keys [j0, j0 + n) of row (b, h, i): z[c·stride] = keep_scale for a kept weight, 0 for a dropped one.
-  void factors(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j0, std::int64_t n, float* z,
-               std::int64_t stride) const {
+  ATTN_HD void factors(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j0, std::int64_t n, float* z,
+                       std::int64_t stride) const {
     const std::array<std::uint32_t, 2> key = {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)};
     std::int64_t c = 0;
     while (c < n) {

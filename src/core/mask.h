@@ -21,14 +21,15 @@ struct KeyRange {
   std::int64_t lo = 0, hi = 0;  // allowed keys j: lo <= j < hi (empty when hi <= lo)
 };
 
-inline KeyRange key_range(const Problem& p, std::int64_t b, std::int64_t i) {
-  const std::int64_t len = p.kv_len[static_cast<std::size_t>(b)];
+template <class P>
+ATTN_HD KeyRange key_range(const P& p, std::int64_t b, std::int64_t i) {
+  const std::int64_t len = p.key_len(b);
   KeyRange r{0, len};
   if (p.causal != Causal::none) {
     const std::int64_t diag = i + (p.causal == Causal::bottom_right ? len - p.Sq : 0);
     r.hi = std::min(r.hi, diag + 1);
   }
-  if (p.window.enabled()) {
+  if (p.window.left >= 0 || p.window.right >= 0) {  // (Window::enabled(), readable in device code)
     const std::int64_t diag = i + (p.window.align == Align::bottom_right ? len - p.Sq : 0);
     if (p.window.left >= 0) r.lo = std::max(r.lo, diag - p.window.left);
     if (p.window.right >= 0) r.hi = std::min(r.hi, diag + p.window.right + 1);

@@ -23,16 +23,7 @@
 #include <cstdint>
 #include <limits>
 
-// Host and device code alike; always inlined, so that the vector kernels, compiled per instruction set inside
-// a `#pragma GCC target` region, get the state's arithmetic compiled for their own target (a function defined
-// outside the region would be compiled for the baseline and called, not inlined).
-#if defined(__CUDACC__)
-#define ATTN_HD __host__ __device__ __forceinline__
-#elif defined(__GNUC__)
-#define ATTN_HD inline __attribute__((always_inline))
-#else
-#define ATTN_HD inline
-#endif
+#include "core/hd.h"  // ATTN_HD: host and device alike, always inlined
 
 namespace attn::core {
 

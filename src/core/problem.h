@@ -9,6 +9,7 @@
 
 #include "attn/sdpa.h"
 #include "core/dropout.h"
+#include "core/hd.h"
 
 namespace attn::core {
 
@@ -25,7 +26,7 @@ struct Strided {
   const void* data = nullptr;
   DType dtype = DType::f32;
   std::int64_t stride[4] = {0, 0, 0, 0};
-  std::int64_t offset(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) const {
+  ATTN_HD std::int64_t offset(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) const {
     return a * stride[0] + b * stride[1] + c * stride[2] + d * stride[3];
   }
 };
@@ -62,6 +63,10 @@ struct Problem {
   std::optional<Strided> sinks;
   Dropout dropout;  // attn::Params::dropout_p (core/dropout.h); applied by the `mods` variant
   bool stats_from_forward = false;  // the backward's row statistics (Params::backward_statistics == from_forward)
+  // The batch's key length (kv_len[b]). Problem's accessors here (key_len, alibi_slope, sink) are what the shared
+  // hooks (core/mask.h key_range, core/variant.h) read, so that a device kernel's plain-pointer copy of a problem
+  // offering the same names runs the same hooks.
+  std::int64_t key_len(std::int64_t b) const { return kv_len[static_cast<std::size_t>(b)]; }
   float alibi_slope(std::int64_t b, std::int64_t h) const {
     return alibi ? static_cast<const float*>(alibi->data)[b * alibi->stride[0] + h * alibi->stride[1]] : 0.0f;
   }
@@ -73,6 +78,11 @@ struct Problem {
   int threads = 0;
   Backend backend = Backend::automatic;
   Workspace* workspace = nullptr;  // the caller's, to keep scratch in between calls (or null)
+  // Where every tensor lives (validate checks they agree) and, on CUDA, the caller's stream (Params::stream).
+  // On CUDA the data pointers (q, k, v, mask, out, lse, scales, variants, paged.table) are device pointers;
+  // kv_len is always a host copy.
+  Device device;
+  void* stream = nullptr;
 };
 
 inline VariantKind variant_kind(const Problem& p) {

@@ -26,6 +26,10 @@ const char* dtype_name(DType dtype) {
   return "unknown";
 }
 
+std::string device_name(Device device) {
+  return device.is_cuda() ? "cuda:" + std::to_string(device.index) : "cpu";
+}
+
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::f32: return 4;

@@ -51,9 +51,10 @@ namespace attn::core {
 struct NoDenseMask {
   static constexpr bool kActive = false;
   struct Row {
-    float bias(std::int64_t) const { return 0.0f; }
+    ATTN_HD float bias(std::int64_t) const { return 0.0f; }
   };
-  static Row row(const Problem&, std::int64_t, std::int64_t, std::int64_t) { return {}; }
+  template <class P>
+  ATTN_HD static Row row(const P&, std::int64_t, std::int64_t, std::int64_t) { return {}; }
   template <class L, int N>
   struct Lanes {
     Lanes(const Problem&, std::int64_t, const std::int64_t*, const std::int64_t*, std::int64_t, std::int64_t) {}
@@ -67,7 +68,7 @@ template <class E, float (*Bias)(E)>
 struct DenseRow {
   const E* base;
   std::int64_t stride;
-  float bias(std::int64_t j) const { return Bias(base[j * stride]); }
+  ATTN_HD float bias(std::int64_t j) const { return Bias(base[j * stride]); }
 };
 
 // The rows of up to N lanes of a dense mask (lanes past n read lane 0's row), from key j0 on.
@@ -94,13 +95,14 @@ struct DenseLanes {
   }
 };
 
-inline float additive_bias(float x) { return x; }
-inline float keep_bias(unsigned char x) { return x ? 0.0f : -std::numeric_limits<float>::infinity(); }
+ATTN_HD float additive_bias(float x) { return x; }
+ATTN_HD float keep_bias(unsigned char x) { return x ? 0.0f : -std::numeric_limits<float>::infinity(); }
 
 struct AdditiveMask {
   static constexpr bool kActive = true;
   using Row = DenseRow<float, additive_bias>;
-  static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
+  template <class P>
+  ATTN_HD static Row row(const P& p, std::int64_t b, std::int64_t h, std::int64_t i) {
     return {static_cast<const float*>(p.mask.data) + p.mask.offset(b, h, i, 0), p.mask.stride[3]};
   }
   template <class L, int N>
@@ -110,7 +112,8 @@ struct AdditiveMask {
 struct KeepMask {
   static constexpr bool kActive = true;
   using Row = DenseRow<unsigned char, keep_bias>;
-  static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
+  template <class P>
+  ATTN_HD static Row row(const P& p, std::int64_t b, std::int64_t h, std::int64_t i) {
     return {static_cast<const unsigned char*>(p.mask.data) + p.mask.offset(b, h, i, 0), p.mask.stride[3]};
   }
   template <class L, int N>
@@ -125,7 +128,7 @@ struct AnyMask {
     MaskKind kind = MaskKind::none;
     AdditiveMask::Row add{nullptr, 0};
     KeepMask::Row keep{nullptr, 0};
-    float bias(std::int64_t j) const {
+    ATTN_HD float bias(std::int64_t j) const {
       switch (kind) {
         case MaskKind::additive: return add.bias(j);
         case MaskKind::keep: return keep.bias(j);
@@ -133,7 +136,8 @@ struct AnyMask {
       }
     }
   };
-  static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
+  template <class P>
+  ATTN_HD static Row row(const P& p, std::int64_t b, std::int64_t h, std::int64_t i) {
     Row r;
     r.kind = p.mask_kind;
     if (r.kind == MaskKind::additive) r.add = AdditiveMask::row(p, b, h, i);
@@ -171,12 +175,13 @@ struct Identity {
   static constexpr bool kActive = false;
   static constexpr bool kDropout = false;
   struct Row {
-    float apply(std::int64_t, float x) const { return x; }
-    double apply(std::int64_t, double x) const { return x; }
-    float dx(float) const { return 1.0f; }
-    double dx(double) const { return 1.0; }
+    ATTN_HD float apply(std::int64_t, float x) const { return x; }
+    ATTN_HD double apply(std::int64_t, double x) const { return x; }
+    ATTN_HD float dx(float) const { return 1.0f; }
+    ATTN_HD double dx(double) const { return 1.0; }
   };
-  static Row row(const Problem&, std::int64_t, std::int64_t, std::int64_t) { return {}; }
+  template <class P>
+  ATTN_HD static Row row(const P&, std::int64_t, std::int64_t, std::int64_t) { return {}; }
   static bool from_far_side(const Problem&) { return false; }
   template <class L, int N>
   struct Lanes {
@@ -193,27 +198,28 @@ struct ScoreMods {
   struct Row {
     float cap = 0, slope = 0;
     std::int64_t diag = 0;
-    float apply(std::int64_t j, float x) const {
+    ATTN_HD float apply(std::int64_t j, float x) const {
       const float y = cap > 0 ? cap * std::tanh(x / cap) : x;
       return slope != 0 ? y - slope * static_cast<float>(diag > j ? diag - j : j - diag) : y;
     }
-    double apply(std::int64_t j, double x) const {
+    ATTN_HD double apply(std::int64_t j, double x) const {
       const double y = cap > 0 ? cap * std::tanh(x / cap) : x;
       return slope != 0 ? y - static_cast<double>(slope) * static_cast<double>(diag > j ? diag - j : j - diag) : y;
     }
-    float dx(float x) const {
+    ATTN_HD float dx(float x) const {
       if (!(cap > 0)) return 1.0f;
       const float t = std::tanh(x / cap);
       return 1.0f - t * t;
     }
-    double dx(double x) const {
+    ATTN_HD double dx(double x) const {
       if (!(cap > 0)) return 1.0;
       const double t = std::tanh(x / cap);
       return 1.0 - t * t;
     }
   };
-  static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
-    return {p.softcap, p.alibi_slope(b, h), i + p.kv_len[static_cast<std::size_t>(b)] - p.Sq};
+  template <class P>
+  ATTN_HD static Row row(const P& p, std::int64_t b, std::int64_t h, std::int64_t i) {
+    return {p.softcap, p.alibi_slope(b, h), i + p.key_len(b) - p.Sq};
   }
   // ALiBi makes the scores of far keys large and negative: walking a row's tiles from its diagonal back finds the
   // running max first, so the far tiles' scores lie far below it (cpu/flash_kernel.h: kFarBelow).
@@ -260,21 +266,22 @@ struct Variant {
   struct Row {
     typename Mask::Row mask;
     typename Transform::Row transform;
-    bool hidden(std::int64_t j) const { return mask.bias(j) == -std::numeric_limits<float>::infinity(); }
-    float logit(std::int64_t j, float x) const {
+    ATTN_HD bool hidden(std::int64_t j) const { return mask.bias(j) == -std::numeric_limits<float>::infinity(); }
+    ATTN_HD float logit(std::int64_t j, float x) const {
       const float b = mask.bias(j);
       return b == -std::numeric_limits<float>::infinity() ? b : transform.apply(j, x) + b;
     }
-    double logit(std::int64_t j, double x) const {
+    ATTN_HD double logit(std::int64_t j, double x) const {
       const float b = mask.bias(j);
       return b == -std::numeric_limits<float>::infinity() ? -std::numeric_limits<double>::infinity()
                                                           : transform.apply(j, x) + b;
     }
     // d logit / dx at x (1 without a transform)
-    float dx(float x) const { return transform.dx(x); }
-    double dx(double x) const { return transform.dx(x); }
+    ATTN_HD float dx(float x) const { return transform.dx(x); }
+    ATTN_HD double dx(double x) const { return transform.dx(x); }
   };
-  static Row row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
+  template <class P>
+  ATTN_HD static Row row(const P& p, std::int64_t b, std::int64_t h, std::int64_t i) {
     return {Mask::row(p, b, h, i), Transform::row(p, b, h, i)};
   }
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cuda/hd.h"
+#include "core/hd.h"
 
 namespace attn::cuda {
 

@@ -23,7 +23,7 @@
 // (attn_gpu_selftest) checks them against the hardware with one-hot matrices.
 #pragma once
 
-#include "cuda/hd.h"
+#include "core/hd.h"
 
 namespace attn::cuda::frag {
 

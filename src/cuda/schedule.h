@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "cuda/hd.h"
+#include "core/hd.h"
 
 namespace attn::cuda::sched {
 

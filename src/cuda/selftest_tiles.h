@@ -20,7 +20,7 @@
 
 #include "cuda/elem.h"
 #include "cuda/fragment.h"
-#include "cuda/hd.h"
+#include "core/hd.h"
 #include "cuda/warp.h"
 
 namespace attn::cuda::selftest {

@@ -33,7 +33,7 @@
 
 #include "cuda/elem.h"
 #include "cuda/fragment.h"
-#include "cuda/hd.h"
+#include "core/hd.h"
 
 namespace attn::cuda {
 

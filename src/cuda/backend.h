@@ -1,0 +1,46 @@
+// The CUDA backend as the entry points see it (src/core/sdpa.cc, backward.cc, info.cc): validated problems whose
+// tensors all live on one CUDA device (core::Problem::device, the caller's stream in Problem::stream). Plain C++:
+// no CUDA type appears here, so the core includes it whether or not the build has CUDA.
+//
+// Two implementations, one decision (select_forward / select_backward, like cpu::select_flash):
+//   cudnn   cuDNN's fused attention through the cuDNN frontend (src/cuda/cudnn_*): bf16/f16 Q, K, V of the
+//           configurations the installed cuDNN takes; graphs built once per shape and kept (plan / run).
+//   flash   attn's own kernels (src/cuda/flash_*): every configuration the CPU engine accepts (FlashAttention-2
+//           style on tensor cores for bf16/f16, exact fp32 otherwise; split-KV decode over contiguous and paged
+//           caches; the deterministic backward).
+// Params::backend picks: automatic = cuDNN where it takes the problem, else attn's own; cudnn = cuDNN only (a
+// clear Unsupported where it refuses); flash = attn's own only. Without a device, or in a build without CUDA,
+// every call answers "no CUDA device" (cuda/runtime.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "attn/status.h"
+
+namespace attn::core {
+struct Problem;
+struct BackwardProblem;
+}  // namespace attn::core
+
+namespace attn::cuda {
+
+enum class Path : std::uint8_t { none, cudnn, flash };
+
+// The decision for one call: which path, which kernel (for describe_attention), the scratch it allocates on the
+// device, or why none takes it (status).
+struct Choice {
+  Path path = Path::none;
+  std::string kernel;               // e.g. "cudnn sdpa", "flash forward (tensor cores, bf16, d128)", "split-kv decode"
+  std::string arch;                 // the device's compute capability, e.g. "sm_90"
+  std::int64_t workspace_bytes = 0;  // device memory the call allocates (or takes from a kept workspace)
+  Status status;                    // ok when path != none
+};
+
+Choice select_forward(const core::Problem& p);
+Status run_forward(const core::Problem& p, const Choice& c);
+
+Choice select_backward(const core::BackwardProblem& bp);
+Status run_backward(const core::BackwardProblem& bp, const Choice& c);
+
+}  // namespace attn::cuda
