@@ -544,8 +544,9 @@ _PAGED_NAMES = {"q": "query", "mask": "attn_mask"}
 
 class _Call:
     """One attention call after its checks (_check_call): its kind, whether K/V are int8, whether the LSE is wanted,
-    a paged call's page table and sequence lengths, and its options under their binding names (_OPTION_NAMES). Arrays are of the call's kind, and torch tensors stay in autograd's graph (sinks may require
-    grad); options() makes the binding's view of them."""
+    a paged call's page table and sequence lengths, and its options under their binding names (_OPTION_NAMES).
+    Arrays are of the call's kind (index arguments given as lists are NumPy arrays), and torch tensors stay in
+    autograd's graph (sinks may require grad); options() makes the binding's view of them."""
 
     __slots__ = ("kind", "int8_kv", "return_lse", "page_table", "seq_lens") + _OPTION_NAMES
 
@@ -566,7 +567,9 @@ def _options(mask=None, kv_lens=None, scale=None, causal="none", window_left=-1,
              k_scale=None, v_scale=None, bf16_bits=False):
     """The binding's Options object: the one place where one is made, for every entry point (the functions here,
     and attn.torch_ops' operators from their flat arguments, which are these by name). Arrays go as the binding
-    reads them (_for_binding); seed is an int, None (0) or the operators' int64 [2] tensor of 32-bit halves."""
+    reads them (_for_binding); seed is an int, None (0) or the operators' int64 [2] tensor of 32-bit halves.
+    Options.threads and Options.backend keep their defaults here (the process's thread count, the automatic
+    backend): no Python function takes them per call."""
     return _attn.Options(_bound(mask), _bound(kv_lens), scale, causal, window_left, window_right, window_align,
                          softcap, _bound(alibi_slopes), _bound(sinks), dropout_p, _seed_int(seed), _bound(k_scale),
                          _bound(v_scale), bf16_bits)
