@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <string>
 
+#include "attn/info.h"
 #include "cases.h"
 
 namespace attn::test {
@@ -214,6 +216,30 @@ TEST(BadInputList, BaselineIsValid) {
   s.p.kv_lens = s.lens.view;
   const Status st = attention(s.qv, s.kv, s.vv, s.ov, s.p, s.lsev);
   EXPECT_TRUE(st.ok()) << st.message();
+}
+
+// attn::set_num_threads: the process's default thread count, read by every call after it; 0 gives the default
+// back; a count outside 0..4096 is refused with a Status naming n and changes nothing.
+TEST(SetNumThreads, SetsTheDefaultAndRefusesBadCounts) {
+  const int before = resolve_threads(0);
+  ASSERT_TRUE(set_num_threads(3).ok());
+  EXPECT_EQ(resolve_threads(0), 3);
+  EXPECT_EQ(resolve_threads(5), 5);  // a call's own Params::threads still wins
+  Env s;
+  KernelInfo info;
+  ASSERT_TRUE(describe_attention(s.qv, s.kv, s.vv, s.ov, s.p, s.lsev, &info).ok());
+  EXPECT_EQ(info.threads, 3);
+  for (int bad : {-1, 4097}) {
+    const Status st = set_num_threads(bad);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), StatusCode::invalid_argument);
+    EXPECT_EQ(st.param(), "n") << st.message();
+    EXPECT_NE(st.message().find(std::to_string(bad)), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("expected"), std::string::npos) << st.message();
+    EXPECT_EQ(resolve_threads(0), 3);
+  }
+  ASSERT_TRUE(set_num_threads(0).ok());
+  EXPECT_EQ(resolve_threads(0), before);
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ struct AdditiveParams {
   Causal causal = Causal::none;
   std::optional<TensorView> kv_lens;  // [B] i32 or i64, 0 <= len <= Skv
   std::optional<TensorView> mask;     // [Sq, Skv] or [B, Sq, Skv], f32 (finite or -inf) or boolean
-  int threads = 0;                    // 0 = the default (ATTN_NUM_THREADS, else OpenMP's)
+  int threads = 0;                    // 0 = the default (set_num_threads(), ATTN_NUM_THREADS, else OpenMP's)
 };
 
 // out [B, Sq, Dv]; lse (optional) [B, Sq] f32: log Σ_j e^(e_ij), natural log.

@@ -23,8 +23,12 @@ std::string active_isa();
 // Lowers the level calls use in this process ("" goes back to the default). An unknown level, or one this
 // machine does not support, is an error that changes nothing.
 Status set_isa(const std::string& level);
-// The thread count a call with Params::threads = requested uses (0: ATTN_NUM_THREADS, else OpenMP's default).
+// The thread count a call with Params::threads = requested uses (0: the default, which is set_num_threads()'s
+// count, else ATTN_NUM_THREADS, else OpenMP's default).
 int resolve_threads(int requested = 0);
+// Sets the default thread count of calls in this process (those with Params::threads = 0) to n; 0 goes back to
+// ATTN_NUM_THREADS, else OpenMP's default. n outside 0..4096 is an error that changes nothing.
+Status set_num_threads(int n);
 
 // What a call would run.
 struct KernelInfo {

@@ -72,7 +72,7 @@ struct Params {
   // for i8 K/V. Scale values are not checked: a NaN or ±inf scale gives NaN in the rows that attend its key.
   std::optional<TensorView> k_scale;
   std::optional<TensorView> v_scale;
-  // Threads for this call: 0 = the default (ATTN_NUM_THREADS, else OpenMP's default).
+  // Threads for this call: 0 = the default (attn::set_num_threads(), else ATTN_NUM_THREADS, else OpenMP's default).
   int threads = 0;
   Backend backend = Backend::automatic;
   // Scratch kept between calls (attn/workspace.h): repeated calls of a shape it fits allocate nothing. null:

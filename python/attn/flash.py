@@ -24,8 +24,7 @@ FlashAttention's S_dmask from flash_attn_func and the packed forms (the softmax 
 dropped them, so that FlashAttention's tests can read the dropout mask), None from the varlen form.
 """
 
-from .functional import _torch, scaled_dot_product_attention
-from .modules import attention_paged
+from .functional import _torch, attention_paged, scaled_dot_product_attention
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
            "flash_attn_with_kvcache"]

@@ -1,8 +1,11 @@
-"""attn's functions with PyTorch-compatible signatures, over NumPy arrays and PyTorch CPU tensors.
+"""attn's functions with PyTorch-compatible signatures, over NumPy arrays and PyTorch CPU tensors:
+scaled_dot_product_attention, attention_paged, describe_attention and merge_attention.
 
 Each function checks what only Python knows (which kind of array came in, PyTorch's rules that the C++
 library does not have), allocates the outputs as that same kind, and hands every array to the C++
-library by pointer and strides (attn._attn). The library checks everything else; its errors arrive as
+library by pointer and strides (attn._attn). The attention functions check their arguments in one place
+(_check_call) and hand the library one options object (_options -> attn._attn.Options), as the PyTorch
+operators of attn.torch_ops do. The library checks everything else; its errors arrive as
 ValueError (bad values or shapes), TypeError (bad types) or MemoryError (an allocation failed), with the
 C++ message, in which the library's short names q, k, v and mask are replaced by this function's
 parameter names.
@@ -181,8 +184,8 @@ def _for_binding(x):
     """What the C++ binding reads: the same memory. NumPy bfloat16 (ml_dtypes) goes as its uint16 bits
     (NumPy can export neither bfloat16 nor its buffer format; the binding gets bf16_bits=True); torch
     tensors with autograd, conjugate or negative bits are resolved by torch (no copy in the common case)."""
-    if isinstance(x, np.ndarray):
-        return x.view(np.uint16) if x.dtype.name == "bfloat16" else x
+    if isinstance(x, np.ndarray):  # (dtype.kind first: dtype.name costs a microsecond, and this runs per array)
+        return x.view(np.uint16) if x.dtype.kind == "V" and x.dtype.name == "bfloat16" else x
     return x.detach().resolve_conj().resolve_neg()
 
 
@@ -222,7 +225,7 @@ def _call(fn, *args, names=None):
 
 
 def _mask(attn_mask, kind, like, max_rank):
-    """attn_mask as the binding reads it: bool as is, float32 as is, other float dtypes as a float32 copy."""
+    """attn_mask as the library takes it: bool as is, float32 as is, other float dtypes as a float32 copy."""
     if attn_mask is None:
         return None
     _array("attn_mask", attn_mask, kind, like)
@@ -242,7 +245,7 @@ def _mask(attn_mask, kind, like, max_rank):
     if mask.ndim < 1 or mask.ndim > max_rank:
         raise ValueError(f"attn_mask: rank {mask.ndim} (shape {list(mask.shape)}); "
                          f"expected 1 to {max_rank} (the rank of {like} at most)")
-    return _for_binding(mask)
+    return mask
 
 
 # The integer dtypes index-like arguments are converted to, with their ranges.
@@ -449,70 +452,219 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     could not allocate its scratch), each message starting with the parameter's name; nothing is
     computed or returned then.
     """
-    kind = _array("query", query)
-    _array("key", key, kind, "query")
-    _array("value", value, kind, "query")
-    qdtype = _float_dtype("query", query)
-    int8_kv = _kv_int8(kind, key, value, k_scale, v_scale, ("key", "value"))
-    if not int8_kv:
-        _float_dtype("key", key, "query", qdtype)
-        _float_dtype("value", value, "query", qdtype)
-    _rank("query", query, (3, 4), "4 ([B, H, S, D]) or 3 ([H, S, D])")
-    for name, x in (("key", key), ("value", value)):
-        _rank(name, x, (query.ndim,), f"rank {query.ndim} like query")
-    is_causal = _flag("is_causal", is_causal)
-    enable_gqa = _flag("enable_gqa", enable_gqa)
-    return_lse = _flag("return_lse", return_lse)
-    drop = _dropout(dropout_p, seed, kind)
-    hq, hkv = query.shape[-3], key.shape[-3]
-    if hq != hkv and not enable_gqa:
-        raise ValueError(f"key: {hkv} heads but query has {hq}; expected the same number of heads "
-                         "(or enable_gqa=True for grouped-query attention)")
-
-    mask = _mask(attn_mask, kind, "query", query.ndim)
-    lens = _lengths("kv_lens", kv_lens, kind, "query")
-    causal, left, right, align = _diagonals(is_causal, causal_alignment, window)
-    scale = _scale(scale)
-    softcap = _softcap(softcap)
-    slopes = _per_head("alibi_slopes", alibi_slopes, kind, grad_ok=False)
-    sinks_in = _per_head("sinks", sinks, kind, grad_ok=True)
-
+    c = _check_call(query, key, value, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
+                    scale=scale, window=window, return_lse=return_lse, softcap=softcap, alibi_slopes=alibi_slopes,
+                    sinks=sinks, k_scale=k_scale, v_scale=v_scale, lens=kv_lens, dropout_p=dropout_p, seed=seed,
+                    enable_gqa=enable_gqa)
     batched = query.ndim == 4
     q, k, v = (x if batched else _lead1(x) for x in (query, key, value))
-    options = (mask, lens, scale, causal, left, right, align, softcap, slopes)
-    if int8_kv:  # the library's forward, eagerly, for either kind (the torch operators take float K/V)
-        scales = tuple(None if s is None else (s if batched or s.ndim != 2 else _lead1(s)) for s in (k_scale, v_scale))
-        if kind == "torch":  # the binding's seed is an int: the operators' (low, high) seed tensor joined
-            drop = (drop[0], 0 if drop[1] is None else int(drop[1][0]) | int(drop[1][1]) << 32)
-        out, lse = _forward(kind, q, k, v, options, return_lse, qdtype == "bfloat16", sinks_in, drop, scales)
-    elif kind == "torch":
-        # torch.ops.attn.sdpa: one operator for eager, autograd, torch.compile and torch.export. sinks that
-        # require grad go as given (float32, or cast within the graph), so that their gradient reaches them.
-        if sinks is not None and _wants_grad(sinks):
-            sinks_in = sinks if _dtype_name(sinks) == "float32" else sinks.float()
+    if c.kind == "torch" and not c.int8_kv and not _ops().direct(q, k, v, c.sinks):
+        # torch.ops.attn.sdpa: one operator for autograd, torch.compile and torch.export (plain eager inference
+        # calls the library directly below: the same code without the dispatcher's cost). int8 K/V always runs
+        # eagerly: the operators take float K/V.
         ops = _ops()
-        args = (q, k, v, mask, _as_tensor(lens), scale, causal, left, right, align, softcap, slopes, sinks_in, *drop)
-        if ops.direct(q, k, v, sinks_in):
-            out, lse = _call(ops.sdpa_eager, *args, return_lse)
-        else:
-            out, lse = _call(ops.sdpa, *args)
+        out, lse = _call(ops.sdpa, q, k, v, *c.op_args(ops.OPTIONS))
     else:
-        out, lse = _forward(kind, q, k, v, options, return_lse, qdtype == "bfloat16", sinks_in, drop)
+        out, lse = _forward(c.kind, q, k, v, c.options(), c.return_lse)
     if not batched:
         out = out[0]
         lse = None if lse is None else lse[0]
-    return (out, lse) if return_lse else out
+    return (out, lse) if c.return_lse else out
 
 
-def _forward(kind, q, k, v, options, return_lse, bf16_bits=False, sinks=None, drop=(0.0, 0), scales=(None, None)):
-    """out (and lse when asked, else None) of 4-D q, k, v, allocated as q's kind. options: the binding's
-    (mask, kv_lens, scale, causal, window_left, window_right, window_align, softcap, alibi_slopes); drop:
-    (dropout_p, seed); scales: (k_scale, v_scale) of int8 k and v."""
+def describe_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                       enable_gqa=False, *, causal_alignment=None, kv_lens=None, window=None, return_lse=False,
+                       softcap=0.0, alibi_slopes=None, sinks=None, seed=None, k_scale=None, v_scale=None):
+    """What scaled_dot_product_attention would run for these arguments (the same signature), without running it:
+    a dict with 'backend' ('flash' or 'reference'), 'isa' (the instruction-set level whose kernel runs: 'sse2',
+    'avx2', 'avx512', 'avx512bf16' or 'amx'; '' for the reference), 'kernel' ('vector', 'amx' or 'reference'),
+    'threads' and 'workspace_bytes' (the scratch the call allocates beyond its inputs and outputs). The arguments
+    are checked as scaled_dot_product_attention checks them (the same errors); nothing is computed (an output of
+    the result's size is allocated, unwritten, for the library's checks; with dropout and seed=None no seed is
+    drawn, as the seed changes nothing of the answer)."""
+    c = _check_call(query, key, value, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
+                    scale=scale, window=window, return_lse=return_lse, softcap=softcap, alibi_slopes=alibi_slopes,
+                    sinks=sinks, k_scale=k_scale, v_scale=v_scale, lens=kv_lens, dropout_p=dropout_p,
+                    seed=0 if seed is None else seed, enable_gqa=enable_gqa)
+    batched = query.ndim == 4
+    q, k, v = (x if batched else _lead1(x) for x in (query, key, value))
+    b, hq, sq, _ = q.shape
+    out = _empty(c.kind, q, (b, hq, sq, v.shape[-1]))
+    lse = _empty(c.kind, q, (b, hq, sq), "float32") if c.return_lse else None
+    return _call(_attn.describe_attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse,
+                 c.options())
+
+
+def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=None, is_causal=False,
+                    causal_alignment=None, scale=None, window=None, return_lse=False, softcap=0.0, alibi_slopes=None,
+                    sinks=None, k_scale=None, v_scale=None):
+    """attn.scaled_dot_product_attention over a paged KV cache (vLLM's and FlashInfer's layout):
+    query [B, Hq, Sq, Dk], k_pages [P, Hkv, page_size, Dk], v_pages [P, Hkv, page_size, Dv],
+    page_table [B, max_pages] (page n of sequence b), seq_lens [B] (keys j >= seq_lens[b] are ignored).
+    Returns out [B, Hq, Sq, Dv] of query's kind and dtype (and the float32 lse [B, Hq, Sq] with
+    return_lse=True).
+
+    query, k_pages and v_pages are float32, bfloat16 (NumPy: ml_dtypes.bfloat16) or float16; k_pages
+    and v_pages share a dtype. Kinds: every array argument is of query's kind, all NumPy arrays or all
+    dense CPU torch tensors; page_table and seq_lens may also be (nested) lists or tuples of ints.
+    page_table: any integer dtype, converted to int32 when every value fits (else a ValueError naming the
+    element); seq_lens: any integer dtype (int32 and int64 as they are, the others converted to int64
+    after a range check). bool and float dtypes are TypeErrors. attn_mask, is_causal, causal_alignment,
+    scale, window, softcap, alibi_slopes and sinks mean what they mean for scaled_dot_product_attention,
+    with Skv = max_pages · page_size. No autograd: the result does not require grad.
+
+    k_pages and v_pages may instead be int8 with k_scale and v_scale, float32 [P, Hkv, page_size]: an 8-bit
+    paged cache (attn.PagedKVCache(dtype="int8")), row s of page p being k_scale[p, h, s] · k_pages[p, h, s, :];
+    the rows are widened in registers, and the call runs eagerly for torch tensors.
+    """
+    c = _check_call(query, k_pages, v_pages, paged=True, attn_mask=attn_mask, is_causal=is_causal,
+                    causal_alignment=causal_alignment, scale=scale, window=window, return_lse=return_lse,
+                    softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+                    lens=seq_lens, page_table=page_table)
+    if c.kind == "torch" and not c.int8_kv and not _ops().direct(query, k_pages, v_pages):
+        # torch.ops.attn.sdpa_paged, traceable by torch.compile and torch.export
+        ops = _ops()
+        out, lse = _call(ops.sdpa_paged, query, k_pages, v_pages, *c.op_args(("page_table", "seq_lens")),
+                         *c.op_args(ops.PAGED_OPTIONS), names=_PAGED_NAMES)
+    else:
+        out, lse = _forward_paged(c.kind, query, k_pages, v_pages, c.page_table, c.seq_lens, c.options(),
+                                  c.return_lse)
+    return (out, lse) if c.return_lse else out
+
+
+# ---- one call's arguments: checked once, handed to the library as one Options object -------------------------
+
+# The options of a call, in the order of the binding's Options(...) and of _options's parameters. The torch.ops.attn
+# operators take those of them that their schemas name (attn.torch_ops.OPTIONS), under the same names.
+_OPTION_NAMES = ("mask", "kv_lens", "scale", "causal", "window_left", "window_right", "window_align", "softcap",
+                 "alibi_slopes", "sinks", "dropout_p", "seed", "k_scale", "v_scale", "bf16_bits")
+# The C++ names -> the Python ones, for attention_paged.
+_PAGED_NAMES = {"q": "query", "mask": "attn_mask"}
+
+
+class _Call:
+    """One attention call after its checks (_check_call): its kind, whether K/V are int8, whether the LSE is wanted,
+    a paged call's page table and sequence lengths, and its options under their binding names (_OPTION_NAMES).
+    Arrays are of the call's kind (index arguments given as lists are NumPy arrays), and torch tensors stay in
+    autograd's graph (sinks may require grad); options() makes the binding's view of them."""
+
+    __slots__ = ("kind", "int8_kv", "return_lse", "page_table", "seq_lens") + _OPTION_NAMES
+
+    def options(self):
+        """The binding's Options for this call (its fields spelled out: this runs on every call)."""
+        return _options(self.mask, self.kv_lens, self.scale, self.causal, self.window_left, self.window_right,
+                        self.window_align, self.softcap, self.alibi_slopes, self.sinks, self.dropout_p, self.seed,
+                        self.k_scale, self.v_scale, self.bf16_bits)
+
+    def op_args(self, names):
+        """The arguments a torch.ops.attn operator takes (names: its schema's, in order), all tensors (an index
+        argument given as a list was converted to a NumPy array)."""
+        return tuple(_as_tensor(getattr(self, name)) for name in names)
+
+
+def _options(mask=None, kv_lens=None, scale=None, causal="none", window_left=-1, window_right=-1,
+             window_align="top_left", softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0, seed=None,
+             k_scale=None, v_scale=None, bf16_bits=False):
+    """The binding's Options object: the one place where one is made, for every entry point (the functions here,
+    and attn.torch_ops' operators from their flat arguments, which are these by name). Arrays go as the binding
+    reads them (_for_binding); seed is an int, None (0) or the operators' int64 [2] tensor of 32-bit halves.
+    Options.threads and Options.backend keep their defaults here (the process's thread count, the automatic
+    backend): no Python function takes them per call."""
+    return _attn.Options(_bound(mask), _bound(kv_lens), scale, causal, window_left, window_right, window_align,
+                         softcap, _bound(alibi_slopes), _bound(sinks), dropout_p, _seed_int(seed), _bound(k_scale),
+                         _bound(v_scale), bf16_bits)
+
+
+def _bound(x):
+    return None if x is None else _for_binding(x)
+
+
+def _seed_int(seed):
+    """A dropout seed as the binding's int: an int as it is, None as 0, the operators' [2] tensor joined."""
+    if seed is None:
+        return 0
+    if isinstance(seed, int):
+        return seed
+    lo, hi = seed.tolist()
+    return lo | hi << 32
+
+
+def _check_call(query, key, value, *, paged=False, attn_mask, is_causal, causal_alignment, scale, window, return_lse,
+                softcap, alibi_slopes, sinks, k_scale, v_scale, lens, page_table=None, dropout_p=0.0, seed=None,
+                enable_gqa=False):
+    """Every check and conversion of scaled_dot_product_attention's arguments (paged=False; key, value and lens are
+    key, value and kv_lens) or attention_paged's (paged=True: k_pages, v_pages, seq_lens and page_table), in the
+    order their errors are reported: kinds, dtypes, ranks, flags, dropout, heads, then each option. Returns a
+    _Call."""
+    kn, vn = ("k_pages", "v_pages") if paged else ("key", "value")
+    kind = _array("query", query)
+    _array(kn, key, kind, "query")
+    _array(vn, value, kind, "query")
+    qdtype = _float_dtype("query", query)
+    int8_kv = _kv_int8(kind, key, value, k_scale, v_scale, (kn, vn))
+    if int8_kv:
+        kdtype = "int8"
+    elif paged:  # the pages may be of another float dtype than the query
+        kdtype = _float_dtype(kn, key)
+        _float_dtype(vn, value, kn, kdtype)
+    else:
+        kdtype = _float_dtype(kn, key, "query", qdtype)
+        _float_dtype(vn, value, "query", qdtype)
+    if paged:
+        _rank("query", query, (4,), "4 ([B, Hq, Sq, Dk])")
+        _rank(kn, key, (4,), "4 ([P, Hkv, page_size, Dk])")
+        _rank(vn, value, (4,), "4 ([P, Hkv, page_size, Dv])")
+    else:
+        _rank("query", query, (3, 4), "4 ([B, H, S, D]) or 3 ([H, S, D])")
+        for name, x in ((kn, key), (vn, value)):
+            _rank(name, x, (query.ndim,), f"rank {query.ndim} like query")
+    c = _Call()
+    c.kind, c.int8_kv = kind, int8_kv
+    is_causal = _flag("is_causal", is_causal)
+    if not paged:
+        enable_gqa = _flag("enable_gqa", enable_gqa)
+    c.return_lse = _flag("return_lse", return_lse)
+    c.dropout_p, c.seed = _dropout(dropout_p, seed, kind) if not paged else (0.0, None)
+    hq, hkv = query.shape[-3], key.shape[-3]
+    if not paged and hq != hkv and not enable_gqa:
+        raise ValueError(f"key: {hkv} heads but query has {hq}; expected the same number of heads "
+                         "(or enable_gqa=True for grouped-query attention)")
+    c.mask = _mask(attn_mask, kind, "query", query.ndim)
+    c.page_table = c.seq_lens = c.kv_lens = None
+    if paged:
+        c.page_table = _ints("page_table", page_table, kind, "query", "int32", 2, "[B, max_pages]",
+                             "a page index that fits in int32 (-2**31 <= index < 2**31)")
+        c.seq_lens = _lengths("seq_lens", lens, kind, "query")
+    else:
+        c.kv_lens = _lengths("kv_lens", lens, kind, "query")
+    c.causal, c.window_left, c.window_right, c.window_align = _diagonals(is_causal, causal_alignment, window)
+    c.scale = _scale(scale)
+    c.softcap = _softcap(softcap)
+    c.alibi_slopes = _per_head("alibi_slopes", alibi_slopes, kind, grad_ok=False)
+    c.sinks = _per_head("sinks", sinks, kind, grad_ok=not paged)
+    batched = query.ndim == 4  # unbatched [Hkv, Skv] scales go with the unbatched K/V, given a batch of 1
+    c.k_scale, c.v_scale = (s if s is None or batched or s.ndim != 2 else _lead1(s) for s in (k_scale, v_scale))
+    c.bf16_bits = kind == "numpy" and "bfloat16" in (qdtype, kdtype)
+    return c
+
+
+def _forward(kind, q, k, v, options, want_lse, names=None):
+    """out (and lse when wanted, else None) of 4-D q, k, v with the binding's Options, allocated as q's kind."""
     b, hq, sq, _ = q.shape
     out = _empty(kind, q, (b, hq, sq, v.shape[-1]))
-    lse = _empty(kind, q, (b, hq, sq), "float32") if return_lse else None
-    _call(_attn.attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse, *options[:7],
-          bf16_bits, *options[7:], sinks, *drop, *(None if s is None else _for_binding(s) for s in scales))
+    lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
+    _call(_attn.attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse, options,
+          names=names)
+    return out, lse
+
+
+def _forward_paged(kind, q, k_pages, v_pages, page_table, seq_lens, options, want_lse, names=_PAGED_NAMES):
+    """attention_paged's out (and lse when wanted, else None) with the binding's Options, allocated as q's kind."""
+    b, hq, sq, _ = q.shape
+    out = _empty(kind, q, (b, hq, sq, v_pages.shape[-1]))
+    lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
+    _call(_attn.attention_paged, _for_binding(q), _for_binding(k_pages), _for_binding(v_pages),
+          _for_binding(page_table), _for_binding(seq_lens), _for_binding(out), lse, options, names=names)
     return out, lse
 
 
@@ -523,7 +675,7 @@ def _ops():
 
 
 def _as_tensor(x):
-    """An index-like argument converted from a list (a NumPy array) as a torch tensor; tensors as they are."""
+    """An index-like argument converted from a list (a NumPy array) as a torch tensor; the rest as they are."""
     return _torch().from_numpy(x) if isinstance(x, np.ndarray) else x
 
 
@@ -558,8 +710,9 @@ def _softcap(softcap):
 
 
 def _per_head(name, x, kind, grad_ok):
-    """alibi_slopes / sinks as the binding reads them: float32 (other float dtypes as a float32 copy), of
-    query's kind; shapes and values are checked by the library."""
+    """alibi_slopes / sinks as the library takes them: float32 (other float dtypes as a float32 copy), of
+    query's kind (a torch tensor that requires grad stays in the graph); shapes and values are checked by the
+    library."""
     if x is None:
         return None
     _array(name, x, kind, "query")
@@ -570,7 +723,7 @@ def _per_head(name, x, kind, grad_ok):
         raise TypeError(f"{name}: dtype {dtype}; expected a float dtype (used as float32)")
     if isinstance(x, np.ndarray) and not x.dtype.isnative:
         return x.astype(np.float32)
-    return _for_binding(x if dtype == "float32" else _as_float32(kind, x))
+    return x if dtype == "float32" else _as_float32(kind, x)
 
 
 def _diagonals(is_causal, causal_alignment, window):

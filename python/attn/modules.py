@@ -1,4 +1,5 @@
-"""The multi-head attention module, KV caches, paged attention and the cost model, over attn's C++ library.
+"""The multi-head attention module, the KV caches and the cost model, over attn's C++ library (attention over a
+paged KV cache as a function is attn.functional.attention_paged).
 
 Arrays are NumPy arrays or dense CPU torch tensors, every array argument of one call of the same kind as
 the first (x, q, k or query); results come back as that kind. Index-like arguments (seq_lens, page_table,
@@ -12,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import _attn
-from .functional import (_array, _as_tensor, _call, _diagonals, _dtype_name, _empty, _flag, _float_dtype, _for_binding,
-                         _int, _ints, _is_tensor, _kv_int8, _lengths, _mask, _ops, _per_head, _rank, _scale, _softcap)
+from .functional import (_array, _bound, _call, _diagonals, _dtype_name, _empty, _flag, _for_binding, _int, _ints,
+                         _is_tensor, _lengths, _mask, _rank)
 
 _WEIGHTS = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
 # C++ parameter names -> the Python ones, per function family.
@@ -21,7 +22,6 @@ _MHA_NAMES = {"x_q": "x", "mask": "attn_mask"}
 _CACHE_NAMES = {}
 _PAGED_CACHE_NAMES = {"sequence": "seq_id"}
 _PAGED_ATTEND_NAMES = {"sequence": "ids"}
-_PAGED_NAMES = {"q": "query", "mask": "attn_mask"}
 
 
 def _f32(name, x):
@@ -150,8 +150,8 @@ class MultiHeadAttention:
         causal = _diagonals(is_causal, causal_alignment, None)[0]
         out = _empty(kind, x, (x.shape[0], x.shape[1], self.d_model))
         xb = _for_binding(x)
-        _call(self._m.forward, xb, xb if x_kv is None else _for_binding(x_kv), _for_binding(out), mask, lens, causal,
-              x_kv is not None, names=_MHA_NAMES)
+        _call(self._m.forward, xb, xb if x_kv is None else _for_binding(x_kv), _for_binding(out), _bound(mask),
+              _bound(lens), causal, x_kv is not None, names=_MHA_NAMES)
         return out
 
     forward = __call__
@@ -278,66 +278,6 @@ class PagedKVCache:
         lse = _empty(kind, q, (b, hq, t), "float32") if return_lse else None
         _call(self._c.attend, ids, _for_binding(q), _for_binding(out), lse, names=_PAGED_ATTEND_NAMES)
         return (out, lse) if return_lse else out
-
-
-def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=None, is_causal=False,
-                    causal_alignment=None, scale=None, window=None, return_lse=False, softcap=0.0, alibi_slopes=None,
-                    sinks=None, k_scale=None, v_scale=None):
-    """attn.scaled_dot_product_attention over a paged KV cache (vLLM's and FlashInfer's layout):
-    query [B, Hq, Sq, Dk], k_pages [P, Hkv, page_size, Dk], v_pages [P, Hkv, page_size, Dv],
-    page_table [B, max_pages] (page n of sequence b), seq_lens [B] (keys j >= seq_lens[b] are ignored).
-    Returns out [B, Hq, Sq, Dv] of query's kind and dtype (and the float32 lse [B, Hq, Sq] with
-    return_lse=True).
-
-    query, k_pages and v_pages are float32, bfloat16 (NumPy: ml_dtypes.bfloat16) or float16; k_pages
-    and v_pages share a dtype. Kinds: every array argument is of query's kind, all NumPy arrays or all
-    dense CPU torch tensors; page_table and seq_lens may also be (nested) lists or tuples of ints.
-    page_table: any integer dtype, converted to int32 when every value fits (else a ValueError naming the
-    element); seq_lens: any integer dtype (int32 and int64 as they are, the others converted to int64
-    after a range check). bool and float dtypes are TypeErrors. attn_mask, is_causal, causal_alignment,
-    scale, window, softcap, alibi_slopes and sinks mean what they mean for scaled_dot_product_attention,
-    with Skv = max_pages · page_size. No autograd: the result does not require grad.
-
-    k_pages and v_pages may instead be int8 with k_scale and v_scale, float32 [P, Hkv, page_size]: an 8-bit
-    paged cache (attn.PagedKVCache(dtype="int8")), row s of page p being k_scale[p, h, s] · k_pages[p, h, s, :];
-    the rows are widened in registers, and the call runs eagerly for torch tensors.
-    """
-    kind = _array("query", query)
-    _array("k_pages", k_pages, kind, "query")
-    _array("v_pages", v_pages, kind, "query")
-    qdtype = _float_dtype("query", query)
-    int8_kv = _kv_int8(kind, k_pages, v_pages, k_scale, v_scale, ("k_pages", "v_pages"))
-    kdtype = "int8" if int8_kv else _float_dtype("k_pages", k_pages)
-    if not int8_kv:
-        _float_dtype("v_pages", v_pages, "k_pages", kdtype)
-    _rank("query", query, (4,), "4 ([B, Hq, Sq, Dk])")
-    _rank("k_pages", k_pages, (4,), "4 ([P, Hkv, page_size, Dk])")
-    _rank("v_pages", v_pages, (4,), "4 ([P, Hkv, page_size, Dv])")
-    is_causal = _flag("is_causal", is_causal)
-    return_lse = _flag("return_lse", return_lse)
-    mask = _mask(attn_mask, kind, "query", 4)
-    table = _ints("page_table", page_table, kind, "query", "int32", 2, "[B, max_pages]",
-                  "a page index that fits in int32 (-2**31 <= index < 2**31)")
-    lens = _lengths("seq_lens", seq_lens, kind, "query")
-    causal, left, right, align = _diagonals(is_causal, causal_alignment, window)
-    scale = _scale(scale)
-    softcap = _softcap(softcap)
-    slopes = _per_head("alibi_slopes", alibi_slopes, kind, grad_ok=False)
-    sinks = _per_head("sinks", sinks, kind, grad_ok=False)
-    if kind == "torch" and not int8_kv:  # torch.ops.attn.sdpa_paged, traceable by torch.compile and torch.export
-        ops = _ops()
-        op = ops.sdpa_paged_eager if ops.direct(query, k_pages, v_pages) else ops.sdpa_paged
-        out, lse = _call(op, query, k_pages, v_pages, _as_tensor(table), _as_tensor(lens), mask, scale,
-                         causal, left, right, align, softcap, slopes, sinks, names=_PAGED_NAMES)
-        return (out, lse) if return_lse else out
-    b, hq, sq, _ = query.shape
-    out = _empty(kind, query, (b, hq, sq, v_pages.shape[-1]))
-    lse = _empty(kind, query, (b, hq, sq), "float32") if return_lse else None
-    bf16_bits = kind == "numpy" and "bfloat16" in (qdtype, kdtype)
-    _call(_attn.attention_paged, _for_binding(query), _for_binding(k_pages), _for_binding(v_pages), table, lens,
-          _for_binding(out), lse, mask, scale, causal, left, right, align, bf16_bits, softcap, slopes, sinks,
-          *(None if s is None else _for_binding(s) for s in (k_scale, v_scale)), names=_PAGED_NAMES)
-    return (out, lse) if return_lse else out
 
 
 def attention_cost(seq, d_model, heads, kv_heads=None, head_dim=None, v_head_dim=None, causal=False, batch=1,

@@ -3,8 +3,9 @@
 // failed attn::Status into an exception carrying the same message. Allocation, dtype and shape
 // policy, and the PyTorch-compatible signature live in python/attn/functional.py.
 //
-// One function per C++ entry point. New entry points (attention_paged, the backward, ...) go here
-// the same way: convert, release the GIL, call, check.
+// One function per C++ entry point, each taking the call's options as one Options object (attn::Params's fields;
+// built in one place on the Python side, attn.functional._options). New entry points go here the same way:
+// convert, release the GIL, call, check.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -16,10 +17,12 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "attn/attn.h"
 #include "attn/backward.h"
 #include "attn/cost.h"
+#include "attn/info.h"
 #include "attn/kv_cache.h"
 #include "attn/mha.h"
 
@@ -129,59 +132,91 @@ attn::Align to_align(const std::string& s) {
   throw nb::value_error(("window_align: '" + s + "'; expected 'top_left' or 'bottom_right'").c_str());
 }
 
-// Score variants (attn::Params::softcap, alibi_slopes, sinks, dropout_p, dropout_seed), passed together.
-struct Variants {
+attn::Backend to_backend(const std::string& s) {
+  if (s == "auto") return attn::Backend::automatic;
+  if (s == "flash") return attn::Backend::flash;
+  if (s == "reference") return attn::Backend::reference;
+  throw nb::value_error(("backend: '" + s + "'; expected 'auto', 'flash' or 'reference'").c_str());
+}
+
+// Everything of one call that is not q, k, v or an output: attn::Params field by field (strings for the enums), and
+// the binding's bf16_bits flag. The Python package builds one per call, in one place (attn.functional._options),
+// whichever entry point the call came through; this is the one structure that crosses the binding, so that no
+// function here spells out the options again. Arrays are held as the caller's arrays (no copy); the strings are
+// checked when a call converts them (to_params).
+struct Options {
+  std::optional<In> mask, kv_lens;
+  std::optional<double> scale;
+  std::string causal = "none";
+  std::int64_t window_left = -1, window_right = -1;
+  std::string window_align = "top_left";
   double softcap = 0;
   std::optional<In> alibi_slopes, sinks;
   double dropout_p = 0;
   std::uint64_t seed = 0;
+  std::optional<In> k_scale, v_scale;
+  bool bf16_bits = false;  // q, k, v and out of dtype uint16 are bfloat16 bit patterns (NumPy + ml_dtypes)
+  int threads = 0;
+  std::string backend = "auto";
 };
 
-attn::Params to_params(const std::optional<In>& mask, const std::optional<In>& kv_lens, std::optional<double> scale,
-                       const std::string& causal, std::int64_t window_left, std::int64_t window_right,
-                       const std::string& window_align, const Variants& variants = {}) {
+attn::Params to_params(const Options& o) {
   attn::Params p;
-  p.scale = scale;
-  p.causal = to_causal(causal);
-  p.window = attn::Window{window_left, window_right, to_align(window_align)};
-  p.mask = to_view("mask", mask);
-  p.kv_lens = to_view("kv_lens", kv_lens);
-  p.softcap = variants.softcap;
-  p.alibi_slopes = to_view("alibi_slopes", variants.alibi_slopes);
-  p.sinks = to_view("sinks", variants.sinks);
-  p.dropout_p = variants.dropout_p;
-  p.dropout_seed = variants.seed;
+  p.scale = o.scale;
+  p.causal = to_causal(o.causal);
+  p.window = attn::Window{o.window_left, o.window_right, to_align(o.window_align)};
+  p.mask = to_view("mask", o.mask);
+  p.kv_lens = to_view("kv_lens", o.kv_lens);
+  p.softcap = o.softcap;
+  p.alibi_slopes = to_view("alibi_slopes", o.alibi_slopes);
+  p.sinks = to_view("sinks", o.sinks);
+  p.dropout_p = o.dropout_p;
+  p.dropout_seed = o.seed;
+  p.k_scale = to_view("k_scale", o.k_scale);
+  p.v_scale = to_view("v_scale", o.v_scale);
+  p.threads = o.threads;
+  p.backend = to_backend(o.backend);
   return p;
 }
 
+// q, k, v and out of attention() / describe_attention(), bf16 bit patterns read as bf16 when the options say so.
+struct Operands {
+  attn::TensorView q, k, v, out;
+  std::optional<attn::TensorView> lse;
+  Operands(const In& q_, const In& k_, const In& v_, const Out& out_, const std::optional<Out>& lse_, bool bf16)
+      : q(to_view("q", q_, bf16)), k(to_view("k", k_, bf16)), v(to_view("v", v_, bf16)),
+        out(to_view("out", out_, bf16)), lse(to_view("lse", lse_)) {}
+};
+
 void attention(const In& q, const In& k, const In& v, const Out& out, const std::optional<Out>& lse,
-               const std::optional<In>& mask, const std::optional<In>& kv_lens, std::optional<double> scale,
-               const std::string& causal, std::int64_t window_left, std::int64_t window_right,
-               const std::string& window_align, bool bf16_bits, double softcap, const std::optional<In>& alibi_slopes,
-               const std::optional<In>& sinks, double dropout_p, std::uint64_t seed, const std::optional<In>& k_scale,
-               const std::optional<In>& v_scale) {
-  attn::Params p = to_params(mask, kv_lens, scale, causal, window_left, window_right, window_align,
-                             {softcap, alibi_slopes, sinks, dropout_p, seed});
-  p.k_scale = to_view("k_scale", k_scale), p.v_scale = to_view("v_scale", v_scale);
-  const attn::TensorView qv = to_view("q", q, bf16_bits), kv = to_view("k", k, bf16_bits),
-                         vv = to_view("v", v, bf16_bits), ov = to_view("out", out, bf16_bits);
-  const std::optional<attn::TensorView> lv = to_view("lse", lse);
+               const Options& options) {
+  const attn::Params p = to_params(options);
+  const Operands a(q, k, v, out, lse, options.bf16_bits);
   attn::Status s;
   {
     nb::gil_scoped_release unlocked;
-    s = attn::attention(qv, kv, vv, ov, p, lv);
+    s = attn::attention(a.q, a.k, a.v, a.out, p, a.lse);
   }
   check(s);
 }
 
+// What attention() would run with these arguments (attn::describe_attention): the same checks, nothing written.
+nb::dict describe_attention(const In& q, const In& k, const In& v, const Out& out, const std::optional<Out>& lse,
+                            const Options& options) {
+  const attn::Params p = to_params(options);
+  const Operands a(q, k, v, out, lse, options.bf16_bits);
+  attn::KernelInfo info;
+  check(attn::describe_attention(a.q, a.k, a.v, a.out, p, a.lse, &info));
+  nb::dict d;
+  d["backend"] = info.backend, d["isa"] = info.isa, d["kernel"] = info.kernel, d["threads"] = info.threads;
+  d["workspace_bytes"] = info.workspace_bytes;
+  return d;
+}
+
 void attention_backward(const In& q, const In& k, const In& v, const In& out, const In& lse, const In& grad_out,
-                        const Out& grad_q, const Out& grad_k, const Out& grad_v, const std::optional<In>& mask,
-                        const std::optional<In>& kv_lens, std::optional<double> scale, const std::string& causal,
-                        std::int64_t window_left, std::int64_t window_right, const std::string& window_align,
-                        double softcap, const std::optional<In>& alibi_slopes, const std::optional<In>& sinks,
-                        const std::optional<Out>& grad_sinks, double dropout_p, std::uint64_t seed) {
-  const attn::Params p = to_params(mask, kv_lens, scale, causal, window_left, window_right, window_align,
-                                   {softcap, alibi_slopes, sinks, dropout_p, seed});
+                        const Out& grad_q, const Out& grad_k, const Out& grad_v, const std::optional<Out>& grad_sinks,
+                        const Options& options) {
+  const attn::Params p = to_params(options);
   const attn::TensorView qv = to_view("q", q), kv = to_view("k", k), vv = to_view("v", v), ov = to_view("out", out),
                          lv = to_view("lse", lse), gov = to_view("grad_out", grad_out), gq = to_view("grad_q", grad_q),
                          gk = to_view("grad_k", grad_k), gv = to_view("grad_v", grad_v);
@@ -207,17 +242,12 @@ void merge_attention(const In& out_a, const In& lse_a, const In& out_b, const In
 }
 
 void attention_paged(const In& q, const In& k_pages, const In& v_pages, const In& page_table, const In& seq_lens,
-                     const Out& out, const std::optional<Out>& lse, const std::optional<In>& mask,
-                     std::optional<double> scale, const std::string& causal, std::int64_t window_left,
-                     std::int64_t window_right, const std::string& window_align, bool bf16_bits, double softcap,
-                     const std::optional<In>& alibi_slopes, const std::optional<In>& sinks,
-                     const std::optional<In>& k_scale, const std::optional<In>& v_scale) {
-  attn::Params p = to_params(mask, std::nullopt, scale, causal, window_left, window_right, window_align,
-                             {softcap, alibi_slopes, sinks});
-  p.k_scale = to_view("k_scale", k_scale), p.v_scale = to_view("v_scale", v_scale);
-  const attn::TensorView qv = to_view("q", q, bf16_bits), kv = to_view("k_pages", k_pages, bf16_bits),
-                         vv = to_view("v_pages", v_pages, bf16_bits), tv = to_view("page_table", page_table),
-                         sv = to_view("seq_lens", seq_lens), ov = to_view("out", out, bf16_bits);
+                     const Out& out, const std::optional<Out>& lse, const Options& options) {
+  const attn::Params p = to_params(options);
+  const bool bf16 = options.bf16_bits;
+  const attn::TensorView qv = to_view("q", q, bf16), kv = to_view("k_pages", k_pages, bf16),
+                         vv = to_view("v_pages", v_pages, bf16), tv = to_view("page_table", page_table),
+                         sv = to_view("seq_lens", seq_lens), ov = to_view("out", out, bf16);
   const std::optional<attn::TensorView> lv = to_view("lse", lse);
   attn::Status s;
   {
@@ -225,6 +255,43 @@ void attention_paged(const In& q, const In& k_pages, const In& v_pages, const In
     s = attn::attention_paged(qv, kv, vv, tv, sv, ov, p, lv);
   }
   check(s);
+}
+
+// ---- the process's settings and the CPU (attn/info.h) ----------------------------------------------------
+
+// Both setters report a bad value as ValueError, a level this CPU lacks included (the library calls that one
+// unsupported, which check() would raise as TypeError): to a Python caller it is a value this machine refuses.
+void set_num_threads(int n) {
+  if (attn::Status s = attn::set_num_threads(n); !s) throw nb::value_error(s.message().c_str());
+}
+
+void set_isa(const std::string& level) {
+  if (attn::Status s = attn::set_isa(level); !s) throw nb::value_error(s.message().c_str());
+}
+
+// `attn info --json`'s fields, under the same names, plus the levels and the version.
+nb::dict info() {
+  const attn::CpuInfo f = attn::cpu_info();
+  nb::dict d;
+  d["version"] = ATTN_VERSION;
+  d["vendor"] = f.vendor, d["brand"] = f.brand;
+  nb::dict flags;
+  for (const auto& [name, has] : f.cpuid) flags[name.c_str()] = has;
+  d["cpuid"] = flags;
+  d["osxsave"] = f.osxsave, d["xcr0"] = f.xcr0;
+  d["os_avx"] = f.os_avx, d["os_avx512"] = f.os_avx512, d["os_amx"] = f.os_amx;
+  d["amx_kernel_supports"] = f.amx_offered, d["amx_permitted_before_request"] = f.amx_permitted_before;
+  d["amx_request_ok"] = f.amx_granted ? nb::cast(*f.amx_granted) : nb::none();
+  d["l1d_bytes"] = f.l1d_bytes, d["l2_bytes"] = f.l2_bytes, d["l3_bytes"] = f.l3_bytes;
+  nb::list levels, supported;
+  for (const std::string& l : attn::isa_levels()) {
+    levels.append(l);
+    if (attn::isa_supported(l)) supported.append(l);
+  }
+  d["isa_levels"] = levels, d["supported_isa"] = supported;
+  d["best_isa"] = attn::best_isa(), d["active_isa"] = attn::active_isa();
+  d["threads"] = attn::resolve_threads(0);
+  return d;
 }
 
 // ---- the cost model: plain numbers in, a dict out ------------------------------------------------------
@@ -291,27 +358,60 @@ void unlocked(Fn&& fn) {
 NB_MODULE(_attn, m) {
   m.doc() = "attn's C++ entry points over strided arrays (use the attn package, not this module)";
   m.attr("__version__") = ATTN_VERSION;
+  nb::class_<Options>(m, "Options", "The options of one call (attn::Params and bf16_bits); see attn.functional.")
+      .def("__init__",
+           [](Options* self, std::optional<In> mask, std::optional<In> kv_lens, std::optional<double> scale,
+              std::string causal, std::int64_t window_left, std::int64_t window_right, std::string window_align,
+              double softcap, std::optional<In> alibi_slopes, std::optional<In> sinks, double dropout_p,
+              std::uint64_t seed, std::optional<In> k_scale, std::optional<In> v_scale, bool bf16_bits, int threads,
+              std::string backend) {
+             new (self) Options{std::move(mask),  std::move(kv_lens),      scale,
+                                std::move(causal), window_left,            window_right,
+                                std::move(window_align), softcap,          std::move(alibi_slopes),
+                                std::move(sinks),  dropout_p,              seed,
+                                std::move(k_scale), std::move(v_scale),    bf16_bits,
+                                threads,           std::move(backend)};
+           },
+           nb::arg("mask").none() = nb::none(), nb::arg("kv_lens").none() = nb::none(),
+           nb::arg("scale").none() = nb::none(), nb::arg("causal") = "none", nb::arg("window_left") = -1,
+           nb::arg("window_right") = -1, nb::arg("window_align") = "top_left", nb::arg("softcap") = 0.0,
+           nb::arg("alibi_slopes").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
+           nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0, nb::arg("k_scale").none() = nb::none(),
+           nb::arg("v_scale").none() = nb::none(), nb::arg("bf16_bits") = false, nb::arg("threads") = 0,
+           nb::arg("backend") = "auto")
+      .def_rw("mask", &Options::mask, nb::for_setter(nb::arg("value").none()))
+      .def_rw("kv_lens", &Options::kv_lens, nb::for_setter(nb::arg("value").none()))
+      .def_rw("scale", &Options::scale, nb::for_setter(nb::arg("value").none()))
+      .def_rw("causal", &Options::causal)
+      .def_rw("window_left", &Options::window_left)
+      .def_rw("window_right", &Options::window_right)
+      .def_rw("window_align", &Options::window_align)
+      .def_rw("softcap", &Options::softcap)
+      .def_rw("alibi_slopes", &Options::alibi_slopes, nb::for_setter(nb::arg("value").none()))
+      .def_rw("sinks", &Options::sinks, nb::for_setter(nb::arg("value").none()))
+      .def_rw("dropout_p", &Options::dropout_p)
+      .def_rw("seed", &Options::seed)
+      .def_rw("k_scale", &Options::k_scale, nb::for_setter(nb::arg("value").none()))
+      .def_rw("v_scale", &Options::v_scale, nb::for_setter(nb::arg("value").none()))
+      .def_rw("bf16_bits", &Options::bf16_bits)
+      .def_rw("threads", &Options::threads)
+      .def_rw("backend", &Options::backend);
+
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
-        nb::arg("mask").none(), nb::arg("kv_lens").none(), nb::arg("scale").none(), nb::arg("causal"),
-        nb::arg("window_left"), nb::arg("window_right"), nb::arg("window_align"), nb::arg("bf16_bits") = false,
-        nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
-        nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0, nb::arg("k_scale").none() = nb::none(),
-        nb::arg("v_scale").none() = nb::none(),
-        "attn::attention(q, k, v, out, params, lse): writes out (and lse) in place.");
+        nb::arg("options"), "attn::attention(q, k, v, out, params, lse): writes out (and lse) in place.");
+  m.def("describe_attention", &describe_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("options"),
+        "attn::describe_attention: what attention() would run (a dict of KernelInfo's fields); nothing written.");
   m.def("attention_backward", &attention_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("grad_out"), nb::arg("grad_q"), nb::arg("grad_k"), nb::arg("grad_v"),
-        nb::arg("mask").none(), nb::arg("kv_lens").none(), nb::arg("scale").none(), nb::arg("causal"),
-        nb::arg("window_left"), nb::arg("window_right"), nb::arg("window_align"), nb::arg("softcap") = 0.0,
-        nb::arg("alibi_slopes").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
-        nb::arg("grad_sinks").none() = nb::none(), nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0,
+        nb::arg("grad_sinks").none(), nb::arg("options"),
         "attn::attention_backward: writes grad_q, grad_k and grad_v (and grad_sinks) in place.");
   m.def("attention_paged", &attention_paged, nb::arg("q"), nb::arg("k_pages"), nb::arg("v_pages"),
-        nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("out"), nb::arg("lse").none(), nb::arg("mask").none(),
-        nb::arg("scale").none(), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
-        nb::arg("window_align"), nb::arg("bf16_bits") = false, nb::arg("softcap") = 0.0,
-        nb::arg("alibi_slopes").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
-        nb::arg("k_scale").none() = nb::none(), nb::arg("v_scale").none() = nb::none(),
+        nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("out"), nb::arg("lse").none(), nb::arg("options"),
         "attn::attention_paged: writes out (and lse) in place.");
+  m.def("set_num_threads", &set_num_threads, nb::arg("n"));
+  m.def("set_isa", &set_isa, nb::arg("level"));
+  m.def("info", &info);
   m.def("attention_cost", &attention_cost, nb::arg("seq"), nb::arg("d_model"), nb::arg("heads"), nb::arg("kv_heads"),
         nb::arg("head_dim"), nb::arg("v_head_dim"), nb::arg("causal"), nb::arg("batch"), nb::arg("bytes_per_element"));
   m.def("parameter_count", &parameter_count, nb::arg("d_model"), nb::arg("heads"), nb::arg("kv_heads"),
@@ -366,7 +466,9 @@ NB_MODULE(_attn, m) {
       .def("forward", [](const attn::MultiHeadAttention& a, const In& x, const In& x_kv, const Out& out,
                          const std::optional<In>& mask, const std::optional<In>& kv_lens, const std::string& causal,
                          bool cross) {
-        const attn::Params p = to_params(mask, kv_lens, std::nullopt, causal, -1, -1, "bottom_right");
+        Options o;
+        o.mask = mask, o.kv_lens = kv_lens, o.causal = causal, o.window_align = "bottom_right";
+        const attn::Params p = to_params(o);
         const attn::TensorView xv = to_view("x", x), kvv = to_view("x_kv", x_kv), ov = to_view("out", out);
         unlocked([&] { return cross ? a.forward_cross(xv, kvv, ov, p) : a.forward(xv, ov, p); });
       })

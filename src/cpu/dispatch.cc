@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "attn/info.h"
 #include "core/backward_problem.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
@@ -125,8 +126,14 @@ BackwardChoice select_backward(const core::BackwardProblem& bp, int threads) {
   return c;
 }
 
+namespace {
+// set_num_threads()'s count; 0 = none set. Read on every call, so a change applies to the next call.
+std::atomic<int> threads_override{0};
+}  // namespace
+
 int resolve_threads(int requested) {
   if (requested > 0) return requested;
+  if (const int forced = threads_override.load(std::memory_order_relaxed); forced > 0) return forced;
   static const int env = [] {
     const char* s = std::getenv("ATTN_NUM_THREADS");
     if (!s || !*s) return 0;
@@ -140,3 +147,16 @@ int resolve_threads(int requested) {
 }
 
 }  // namespace attn::cpu
+
+namespace attn {
+
+// attn/info.h's setter lives here, beside the override it sets (the getter, resolve_threads, is in core/info.cc).
+Status set_num_threads(int n) {
+  if (n < 0 || n > 4096)
+    return Status::Invalid("n", std::to_string(n) + " is not a thread count; expected 1..4096, or 0 for the "
+                                                     "default (ATTN_NUM_THREADS, else OpenMP's)");
+  cpu::threads_override.store(n, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+}  // namespace attn

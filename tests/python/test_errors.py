@@ -78,22 +78,22 @@ def test_binding_errors_name_the_library_parameter():
     # Straight from the binding the C++ names stand (q, k, v, out); the attn functions translate them.
     out = np.full((2, 4, 7, 5), np.nan, np.float32)
     with raises(ValueError, "k: head dim 7; expected Dk = 8"):
-        _attn.attention(Q, K[..., :7], V, out, None, None, None, None, "none", -1, -1, "top_left")
+        _attn.attention(Q, K[..., :7], V, out, None, _attn.Options())
     assert np.isnan(out).all()  # nothing written
     with raises(TypeError, "q: dtype float64 is not one attn handles"):
-        _attn.attention(Q.astype(np.float64), K, V, out, None, None, None, None, "none", -1, -1, "top_left")
+        _attn.attention(Q.astype(np.float64), K, V, out, None, _attn.Options())
     with raises(ValueError, "out: stride of dimension 0 is 0"):
         zero_stride = np.lib.stride_tricks.as_strided(out, out.shape, (0,) + out.strides[1:], writeable=True)
-        _attn.attention(Q, K, V, zero_stride, None, None, None, None, "none", -1, -1, "top_left")
+        _attn.attention(Q, K, V, zero_stride, None, _attn.Options())
     with raises(ValueError, "causal: 'diagonal'; expected 'none'"):
-        _attn.attention(Q, K, V, out, None, None, None, None, "diagonal", -1, -1, "top_left")
+        _attn.attention(Q, K, V, out, None, _attn.Options(causal="diagonal"))
     assert np.isnan(out).all()
 
 
 def test_poisoned_strided_outputs_are_written_everywhere():
     out = np.full((2, 7, 4, 5 + 3), np.nan, np.float32).transpose(0, 2, 1, 3)[..., :5]  # BSHD, padded rows
     lse = np.full((2, 4, 7 * 2), np.nan, np.float32)[..., ::2]
-    _attn.attention(Q, K, V, out, lse, None, None, None, "top_left", -1, -1, "top_left")
+    _attn.attention(Q, K, V, out, lse, _attn.Options(causal="top_left"))
     assert np.isfinite(out).all() and np.isfinite(lse).all()
     np.testing.assert_array_equal(out, sdpa(Q, K, V, is_causal=True))
 
@@ -306,15 +306,15 @@ def test_attention_paged_binding_takes_bf16_bits_and_writes_nothing_on_error():
     ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes (NumPy bfloat16) is not installed")
     bits = lambda x: x.astype(ml_dtypes.bfloat16).view(np.uint16)  # noqa: E731
     out = np.full((PB, PHQ, PSQ, PDV), 0x7FC0, np.uint16)  # bf16 NaN
-    args = (bits(PQ), bits(KP), bits(VP), TABLE, LENS, out, None, None, None, "none", -1, -1, "top_left")
+    args = (bits(PQ), bits(KP), bits(VP), TABLE, LENS, out, None)
     with raises(TypeError, "q: dtype uint16 is not one attn handles"):
-        _attn.attention_paged(*args)  # without the flag uint16 is not bf16
+        _attn.attention_paged(*args, _attn.Options())  # without the flag uint16 is not bf16
     bad = TABLE.copy()
     bad[0, 0] = 99
     with raises(ValueError, "page_table: page_table[0][0] = 99"):
-        _attn.attention_paged(*args[:3], bad, *args[4:], True)
+        _attn.attention_paged(*args[:3], bad, *args[4:], _attn.Options(bf16_bits=True))
     assert (out == 0x7FC0).all()  # nothing written
-    _attn.attention_paged(*args, True)
+    _attn.attention_paged(*args, _attn.Options(bf16_bits=True))
     expected = paged_reference(PQ.astype(ml_dtypes.bfloat16), KP.astype(ml_dtypes.bfloat16),
                                VP.astype(ml_dtypes.bfloat16), TABLE, LENS)
     np.testing.assert_array_equal(out.view(ml_dtypes.bfloat16).astype(np.float32), expected.astype(np.float32))

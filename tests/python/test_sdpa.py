@@ -157,7 +157,7 @@ def test_arrays_reach_the_library_without_copies(layout):
     q, out = _overlapping(layout)
     k = uniform(rng_for("k"), (1, 2, 5, 8))
     with pytest.raises(ValueError, match="^out: memory overlaps input q"):
-        _attn.attention(q, k, k, out, None, None, None, None, "none", -1, -1, "top_left")
+        _attn.attention(q, k, k, out, None, _attn.Options())
 
 
 def test_bfloat16_through_ml_dtypes():

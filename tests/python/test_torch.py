@@ -220,7 +220,7 @@ def test_tensors_reach_the_library_without_copies(layout):
     q = buf.transpose(1, 2) if layout == "bshd" else buf[:, :1].transpose(1, 2).expand(1, 2, 4, 8)
     k = torch.randn(1, 2, 5, 8)
     with pytest.raises(ValueError, match="^out: memory overlaps input q"):
-        attn._attn.attention(q, k, k, buf.view(1, 2, 4, 8), None, None, None, None, "none", -1, -1, "top_left")
+        attn._attn.attention(q, k, k, buf.view(1, 2, 4, 8), None, attn._attn.Options())
 
 
 # ---- hardening: layouts, one kind per call, integer dtypes, paged attention and the modules on tensors --------

@@ -49,11 +49,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     window = None
     if causal and sliding_window is not None:
         window = (int(sliding_window) - 1, 0)  # transformers: key j seen by query i when i - j < sliding_window
-    # transformers hands over [B, S, H, D] projections viewed as [B, H, S, D]; attn reads any strides, but its
-    # kernels read a contiguous [B, H, S, D] faster (a 512-token MiniLM layer: 43 -> 31 ms at 2 threads, the
-    # copy included), so the adapter makes the copy the library itself never makes. (A KV cache's keys and
-    # values are contiguous already: no copy in decode.)
-    query, key, value = (x if x.is_contiguous() else x.contiguous() for x in (query, key, value))
+    # transformers hands over [B, S, H, D] projections viewed as [B, H, S, D]. They go to attn as they are: the
+    # library gathers scattered K/V rows into contiguous ones itself where several query blocks read them
+    # (prefill), and reads them in place where each is read once (decode); measured against copying all three
+    # here first by bench/hf_qkv_layout.py (README, "Hugging Face transformers").
     sinks = None
     if s_aux is not None:
         sinks = s_aux if s_aux.dtype == torch.float32 else s_aux.float()
