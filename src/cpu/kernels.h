@@ -73,8 +73,8 @@ struct BackwardChoice {
 };
 BackwardChoice select_backward(const core::BackwardProblem& problem, int threads);
 
-// The thread count a call will use: params.threads, else ATTN_NUM_THREADS (read once; an invalid value is
-// reported once on stderr and ignored), else OpenMP's default.
+// The thread count a call will use: params.threads, else the process's default (attn::set_num_threads), else
+// ATTN_NUM_THREADS (read once; an invalid value is reported once on stderr and ignored), else OpenMP's default.
 int resolve_threads(int requested);
 
 }  // namespace attn::cpu
