@@ -32,11 +32,13 @@ Status set_num_threads(int n);
 
 // What a call would run.
 struct KernelInfo {
-  std::string backend;            // "flash" or "reference"
-  std::string isa;                // the level whose kernel runs ("amx" only for the tile kernel); "" for reference
-  std::string kernel;             // "vector", "amx" (bf16 prefill on the tile unit) or "reference"
-  int threads = 0;
-  std::int64_t workspace_bytes = 0;  // what the call allocates beyond its inputs and outputs
+  std::string backend;            // "flash", "reference" or, on CUDA tensors, "cudnn"
+  std::string isa;                // the CPU level whose kernel runs ("amx" only for the tile kernel); on CUDA the
+                                  // device's compute capability ("sm_90"); "" for reference
+  std::string kernel;             // "vector", "amx" (bf16 prefill on the tile unit), "reference", or on CUDA the
+                                  // GPU kernel (e.g. "cudnn sdpa", "flash forward ...", "split-kv decode ...")
+  int threads = 0;                // CPU threads (0 on CUDA)
+  std::int64_t workspace_bytes = 0;  // what the call allocates beyond its inputs and outputs (on CUDA: device memory)
 };
 // For attention() / attention_backward() with these arguments: the same validation (an invalid call gives the
 // same error), nothing computed or written.

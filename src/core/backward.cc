@@ -7,6 +7,7 @@
 #include "core/backward_problem.h"
 #include "core/workspace_impl.h"
 #include "cpu/kernels.h"
+#include "cuda/backend.h"
 #include "reference/reference.h"
 
 namespace attn {
@@ -33,6 +34,11 @@ Status attention_backward(const TensorView& q, const TensorView& k, const Tensor
                                             "a smaller problem (or the flash backend)");
     }
     return Status::Ok();
+  }
+  if (bp.fwd.device.is_cuda()) {  // the CUDA backend (cuda/backend.h)
+    const cuda::Choice choice = cuda::select_backward(bp);
+    if (!choice.status) return choice.status;
+    return cuda::run_backward(bp, choice);
   }
   const int threads = cpu::resolve_threads(bp.fwd.threads);
   const cpu::BackwardChoice kernel = cpu::select_backward(bp, threads);

@@ -9,6 +9,7 @@
 #include "core/workspace_impl.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
+#include "cuda/backend.h"
 #include "reference/reference.h"
 
 namespace attn {
@@ -69,6 +70,14 @@ Status describe_attention(const TensorView& q, const TensorView& k, const Tensor
     r.backend = r.kernel = "reference";
     r.threads = 1;
     r.workspace_bytes = reference::bytes_needed(p, /*backward=*/false);
+  } else if (p.device.is_cuda()) {
+    const cuda::Choice c = cuda::select_forward(p);
+    if (!c.status) return c.status;
+    r.backend = c.path == cuda::Path::cudnn ? "cudnn" : "flash";
+    r.isa = c.arch;
+    r.kernel = c.kernel;
+    r.threads = 0;
+    r.workspace_bytes = c.workspace_bytes;
   } else {
     const cpu::Choice c = cpu::select_flash(p, r.threads);
     if (!c.fn) return Status::Unsupported("q", "no flash kernel for these dtypes");
@@ -99,6 +108,14 @@ Status describe_attention_backward(const TensorView& q, const TensorView& k, con
     r.backend = r.kernel = "reference";
     r.threads = 1;
     r.workspace_bytes = reference::bytes_needed(bp.fwd, /*backward=*/true);
+  } else if (bp.fwd.device.is_cuda()) {
+    const cuda::Choice c = cuda::select_backward(bp);
+    if (!c.status) return c.status;
+    r.backend = c.path == cuda::Path::cudnn ? "cudnn" : "flash";
+    r.isa = c.arch;
+    r.kernel = c.kernel;
+    r.threads = 0;
+    r.workspace_bytes = c.workspace_bytes;
   } else {
     const cpu::BackwardChoice c = cpu::select_backward(bp, r.threads);
     if (!c.fn) return Status::Unsupported("q", "no backward kernel for these dtypes");

@@ -5,6 +5,7 @@
 #include "attn/sdpa.h"
 #include "core/online_softmax.h"
 #include "core/views.h"
+#include "cuda/backend.h"
 
 namespace attn {
 namespace {
@@ -32,7 +33,7 @@ std::int64_t off(const TensorView& t, std::int64_t a, std::int64_t b, std::int64
 }  // namespace
 
 Status merge_attention(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
-                       const TensorView& lse_b, const TensorView& out, const TensorView& lse) {
+                       const TensorView& lse_b, const TensorView& out, const TensorView& lse, void* stream) {
   if (Status s = check("out_a", out_a, 4, out_a); !s) return s;
   if (out_a.shape[3] > kMaxHeadDim)
     return Status::Invalid("out_a", "head dim " + std::to_string(out_a.shape[3]) + "; expected at most " +
@@ -66,6 +67,13 @@ Status merge_attention(const TensorView& out_a, const TensorView& lse_a, const T
   }
   if (core::overlaps(core::extent_of(out), core::extent_of(lse)))
     return Status::Invalid("lse", "memory overlaps out; expected a separate buffer");
+  for (const auto& [name, t] : {std::pair<const char*, const TensorView&>{"lse_a", lse_a}, {"out_b", out_b},
+                                {"lse_b", lse_b}, {"out", out}, {"lse", lse}})
+    if (t.device != out_a.device)
+      return Status::Invalid(name, "on " + device_name(t.device) + "; expected out_a's device, " +
+                                       device_name(out_a.device) + " (all six on one device)");
+  if (out_a.device.is_cuda()) return cuda::merge(out_a, lse_a, out_b, lse_b, out, lse, stream);
+  (void)stream;
   const auto* oa = static_cast<const float*>(out_a.data);
   const auto* ob = static_cast<const float*>(out_b.data);
   const auto* la = static_cast<const float*>(lse_a.data);

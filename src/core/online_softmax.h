@@ -155,25 +155,39 @@ ATTN_HD Finish finish_with_sink(float m, float l, double k, float sink) {
 
 // ---- merging -------------------------------------------------------------------------------------------------
 
-// Merges state b (accumulator ob) into state a (accumulator oa), n values each, both in the units of c.
-// An empty side contributes nothing (its accumulator is not read); otherwise both sides are weighted (IEEE:
-// a NaN anywhere reaches the result, 0·NaN included).
+// How two states over disjoint key sets merge (both in the units of c): the merged state, and the factors each
+// side's accumulator is multiplied by before the two are added. An empty side contributes nothing (its
+// accumulator is not read: `take` says which accumulators the result is made of); otherwise both sides are
+// weighted (IEEE: a NaN anywhere reaches the result, 0·NaN included).
 // Empty means m = -inf and l = 0: a state whose tile max came out -inf while its weights were NaN (x86 max
 // drops a NaN followed by a -inf score, so m can stay -inf while l is NaN) is poisoned, not empty, and poisons the
 // merge.
-ATTN_HD void merge(RowState& a, float* oa, const RowState& b, const float* ob, std::int64_t n, float c) {
-  if (b.m == kNegInf && b.l == 0.0f) return;  // b empty
-  if (a.m == kNegInf && a.l == 0.0f) {        // a empty: the result is b
-    for (std::int64_t d = 0; d < n; ++d) oa[d] = ob[d];
-    a = b;
-    return;
-  }
+struct Merged {
+  enum class Take : std::uint8_t { a, b, both } take;  // a alone (b empty), b alone (a empty), or wa·a + wb·b
+  float wa, wb;
+  OnlineSoftmax<ScalarLanes> state;
+};
+ATTN_HD Merged merge_weights(const OnlineSoftmax<ScalarLanes>& a, const OnlineSoftmax<ScalarLanes>& b, float c) {
+  if (b.m == kNegInf && b.l == 0.0f) return {Merged::Take::a, 1.0f, 0.0f, a};
+  if (a.m == kNegInf && a.l == 0.0f) return {Merged::Take::b, 0.0f, 1.0f, b};
+  Merged r{Merged::Take::both, 0.0f, 0.0f, a};
   const float m = ScalarLanes::max(a.m, b.m);  // NaN when either is NaN
-  const float wa = ScalarLanes::exp2((a.m - m) * c), wb = ScalarLanes::exp2((b.m - m) * c);
-  for (std::int64_t d = 0; d < n; ++d) oa[d] = oa[d] * wa + ob[d] * wb;
-  a.l = a.l * wa + b.l * wb;
-  a.w = a.w * wa + b.w * wb;
-  a.m = m;
+  r.wa = ScalarLanes::exp2((a.m - m) * c), r.wb = ScalarLanes::exp2((b.m - m) * c);
+  r.state.l = a.l * r.wa + b.l * r.wb;
+  r.state.w = a.w * r.wa + b.w * r.wb;
+  r.state.m = m;
+  return r;
+}
+
+// Merges state b (accumulator ob) into state a (accumulator oa), n values each (merge_weights).
+ATTN_HD void merge(OnlineSoftmax<ScalarLanes>& a, float* oa, const OnlineSoftmax<ScalarLanes>& b, const float* ob,
+                   std::int64_t n, float c) {
+  const Merged r = merge_weights(a, b, c);
+  if (r.take == Merged::Take::b)
+    for (std::int64_t d = 0; d < n; ++d) oa[d] = ob[d];
+  if (r.take == Merged::Take::both)
+    for (std::int64_t d = 0; d < n; ++d) oa[d] = oa[d] * r.wa + ob[d] * r.wb;
+  a = r.state;
 }
 
 // A finished row (normalised output and natural-log LSE) seen as a state in natural-log units (c = log2 e), so

@@ -7,6 +7,7 @@
 #include "core/problem.h"
 #include "core/workspace_impl.h"
 #include "cpu/kernels.h"
+#include "cuda/backend.h"
 #include "reference/reference.h"
 
 namespace attn {
@@ -23,6 +24,11 @@ Status run(const core::Problem& p) {
                                             "a smaller problem (or the flash backend)");
     }
     return Status::Ok();
+  }
+  if (p.device.is_cuda()) {  // the CUDA backend: cuDNN or attn's own kernels (cuda/backend.h)
+    const cuda::Choice choice = cuda::select_forward(p);
+    if (!choice.status) return choice.status;
+    return cuda::run_forward(p, choice);
   }
   const int threads = cpu::resolve_threads(p.threads);
   const cpu::Choice kernel = cpu::select_flash(p, threads);

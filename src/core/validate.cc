@@ -10,6 +10,7 @@
 #include "core/problem.h"
 #include "core/views.h"
 #include "core/workspace_impl.h"
+#include "cuda/runtime.h"
 
 namespace attn {
 
@@ -197,6 +198,38 @@ Strided strided4(const TensorView& t) {
 // A mask value the softmax can take: finite or -inf. `x <= FLT_MAX` fails exactly for NaN and +inf.
 bool mask_value_ok(float x) { return x <= std::numeric_limits<float>::max(); }
 
+// Every tensor of a call on q's device: the first that is not is named.
+Status check_placement(const Device& device, std::initializer_list<std::pair<const char*, const TensorView*>> views) {
+  for (const auto& [name, t] : views)
+    if (t && t->device != device)
+      return Status::Invalid(name, "on " + device_name(t->device) + "; expected q's device, " + device_name(device) +
+                                       " (every tensor of a call on one device)");
+  if (device.is_cuda() && !cuda::built_with_cuda())
+    return Status::Unsupported("q", "on " + device_name(device) + "; this build of attn has no CUDA backend "
+                                    "(configure with -DATTN_CUDA=ON where the CUDA toolkit is installed)");
+  if (device.kind != Device::Kind::cpu && device.kind != Device::Kind::cuda)
+    return Status::Invalid("q", "device kind " + std::to_string(static_cast<int>(device.kind)) + "; expected cpu or cuda");
+  if (device.is_cuda() && device.index < 0)
+    return Status::Invalid("q", "device cuda:" + std::to_string(device.index) + "; expected an index >= 0");
+  return Status::Ok();
+}
+
+// A view whose values validation can read: t itself in host memory, else a host copy of the bytes it spans (in
+// `copy`), ordered after the caller's stream, with t's shape and strides. A device view that is not a valid view
+// (check_view) is returned as it is: the caller's own checks refuse it before reading a value.
+Status readable(const TensorView& t, void* stream, std::vector<unsigned char>& copy, TensorView* out) {
+  *out = t;
+  if (!t.device.is_cuda() || t.rank < 1 || t.rank > 4 || !check_view("t", t, t.rank) || t.numel() == 0)
+    return Status::Ok();
+  const Extent e = extent_of(t);
+  copy.resize(static_cast<std::size_t>(e.hi - e.lo));
+  if (Status s = cuda::copy_to_host(copy.data(), reinterpret_cast<const void*>(e.lo), copy.size(), t.device.index, stream); !s)
+    return s;
+  out->data = copy.data() + (reinterpret_cast<std::uintptr_t>(t.data) - e.lo);
+  out->device = Device::cpu();
+  return Status::Ok();
+}
+
 // Whether n mask values at stride st are all acceptable. The unit-stride loop is a plain count the compiler
 // vectorises (one pass at memory speed).
 bool values_ok(const float* x, std::int64_t n, std::int64_t st) {
@@ -349,20 +382,26 @@ Status check_variants(const Params& params, Problem* p) {
   p->softcap = static_cast<float>(cap);
   p->alibi.reset();
   p->sinks.reset();
+  std::vector<unsigned char> copy;  // (device tensors' values read from host copies; their device pointers kept)
+  TensorView host;
   if (params.alibi_slopes) {
     Strided s;
-    if (Status st = check_per_head("alibi_slopes", *params.alibi_slopes, *p, true,
-                                   [](float x) { return std::isfinite(x); }, "finite slopes", &s);
+    if (Status st = readable(*params.alibi_slopes, params.stream, copy, &host); !st) return st;
+    if (Status st = check_per_head("alibi_slopes", host, *p, true, [](float x) { return std::isfinite(x); },
+                                   "finite slopes", &s);
         !st)
       return st;
+    s.data = params.alibi_slopes->data;
     p->alibi = s;
   }
   if (params.sinks) {
     Strided s;
-    if (Status st = check_per_head("sinks", *params.sinks, *p, false,
-                                   [](float x) { return mask_value_ok(x); }, "finite logits or -inf (no sink)", &s);
+    if (Status st = readable(*params.sinks, params.stream, copy, &host); !st) return st;
+    if (Status st = check_per_head("sinks", host, *p, false, [](float x) { return mask_value_ok(x); },
+                                   "finite logits or -inf (no sink)", &s);
         !st)
       return st;
+    s.data = params.sinks->data;
     p->sinks = s;
   }
   p->dropout = Dropout{};
@@ -443,6 +482,20 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
       return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32, bf16 or f16" +
                                        (kv ? " (or i8 with k_scale and v_scale)" : ""));
   }
+  if (Status s = check_placement(q.device, {{kname, &k}, {vname, &v}, {"out", &out},
+                                            {"lse", lse ? &*lse : nullptr},
+                                            {"mask", params.mask ? &*params.mask : nullptr},
+                                            {"kv_lens", params.kv_lens ? &*params.kv_lens : nullptr},
+                                            {"page_table", paged ? &paged->page_table : nullptr},
+                                            {"seq_lens", paged ? &paged->seq_lens : nullptr},
+                                            {"alibi_slopes", params.alibi_slopes ? &*params.alibi_slopes : nullptr},
+                                            {"sinks", params.sinks ? &*params.sinks : nullptr},
+                                            {"k_scale", params.k_scale ? &*params.k_scale : nullptr},
+                                            {"v_scale", params.v_scale ? &*params.v_scale : nullptr}});
+      !s)
+    return s;
+  p.device = q.device;
+  p.stream = params.stream;
   p.B = q.shape[0], p.Hq = q.shape[1], p.Sq = q.shape[2], p.Dk = q.shape[3];
   p.Hkv = k.shape[1], p.Skv = k.shape[2], p.Dv = v.shape[3];
   const std::string qdesc = " (q is " + shape_str(q) + ")";
@@ -475,7 +528,6 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
                                          "; expected at most " + std::to_string(kMaxExtent) + " (attn::kMaxExtent)");
   if (paged) {
     if (k.shape[2] < 1) return Status::Invalid("k_pages", "page size 0; expected page_size >= 1");
-    if (Status s = check_view("page_table", paged->page_table, 2); !s) return s;
     if (paged->page_table.shape[1] > kMaxExtent ||
         paged->page_table.shape[1] * k.shape[2] > kMaxExtent)  // (both factors below 2^31: no overflow)
       return Status::Invalid("page_table", "max_pages = " + std::to_string(paged->page_table.shape[1]) +
@@ -542,18 +594,30 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
   p.workspace = params.workspace;
   if (p.workspace) p.kv_len = std::move(p.workspace->impl().kv_len);  // lent for the call (core::KvLenLoan)
   p.kv_len.assign(static_cast<std::size_t>(p.B), p.Skv);
+  // (Values of device tensors are read from host copies; the problem keeps their device pointers.)
+  std::vector<unsigned char> copy;
+  TensorView host;
   if (paged) {
     if (params.kv_lens)
       return Status::Invalid("kv_lens", "is set; expected it empty for attention_paged (seq_lens gives the lengths)");
-    if (Status s = check_kv_lens("seq_lens", paged->seq_lens, &p); !s) return s;
-    if (Status s = check_page_table(paged->page_table, k.shape[0], k.shape[2], &p); !s) return s;
+    if (Status s = readable(paged->seq_lens, params.stream, copy, &host); !s) return s;
+    if (Status s = check_kv_lens("seq_lens", host, &p); !s) return s;
+    if (Status s = readable(paged->page_table, params.stream, copy, &host); !s) return s;
+    if (Status s = check_page_table(host, k.shape[0], k.shape[2], &p); !s) return s;
+    p.paged->table = static_cast<const std::int32_t*>(paged->page_table.data);
   } else if (params.kv_lens) {
-    if (Status s = check_kv_lens("kv_lens", *params.kv_lens, &p); !s) return s;
+    if (Status s = readable(*params.kv_lens, params.stream, copy, &host); !s) return s;
+    if (Status s = check_kv_lens("kv_lens", host, &p); !s) return s;
   }
 
   // Dense mask.
-  if (params.mask)
-    if (Status s = check_mask(*params.mask, p, params.check_mask_values, &p.mask, &p.mask_kind); !s) return s;
+  if (params.mask) {
+    const bool values = params.check_mask_values && params.mask->dtype == DType::f32;
+    if (Status s = readable(values ? *params.mask : TensorView{}, params.stream, copy, &host); !s) return s;
+    if (Status s = check_mask(values ? host : *params.mask, p, params.check_mask_values, &p.mask, &p.mask_kind); !s)
+      return s;
+    p.mask.data = params.mask->data;
+  }
 
   // Score variants.
   if (Status s = check_variants(params, &p); !s) return s;
@@ -561,9 +625,15 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
   if (params.threads < 0 || params.threads > 4096)
     return Status::Invalid("threads", std::to_string(params.threads) + "; expected 0 (default) or 1 to 4096");
   p.threads = params.threads;
-  if (static_cast<unsigned>(params.backend) > static_cast<unsigned>(Backend::flash))
-    return Status::Invalid("backend", "unknown value; expected automatic, reference or flash");
+  if (static_cast<unsigned>(params.backend) > static_cast<unsigned>(Backend::cudnn))
+    return Status::Invalid("backend", "unknown value; expected automatic, reference, flash or cudnn");
   p.backend = params.backend;
+  if (p.device.is_cuda() && p.backend == Backend::reference)
+    return Status::Unsupported("backend", "reference with tensors on " + device_name(p.device) +
+                                              "; expected automatic, flash or cudnn (the fp64 reference runs on the CPU)");
+  if (!p.device.is_cuda() && p.backend == Backend::cudnn)
+    return Status::Unsupported("backend", "cudnn with tensors on the CPU; expected automatic, reference or flash "
+                                          "(cuDNN runs on CUDA tensors)");
 
   // Outputs must not alias inputs (or each other): results would depend on the order of writes.
   const Extent eo = extent_of(out);
@@ -620,6 +690,10 @@ Status validate_backward(const TensorView& q, const TensorView& k, const TensorV
                          const std::optional<TensorView>& grad_sinks, BackwardProblem* problem) {
   BackwardProblem& bp = *problem;  // in place, as validate_impl (core::KvLenLoan)
   if (Status s = validate(q, k, v, out, params, lse, &bp.fwd); !s) return s;
+  if (Status s = check_placement(q.device, {{"grad_out", &grad_out}, {"grad_q", &grad_q}, {"grad_k", &grad_k},
+                                            {"grad_v", &grad_v}, {"grad_sinks", grad_sinks ? &*grad_sinks : nullptr}});
+      !s)
+    return s;
   if (k.dtype == DType::i8)
     return Status::Invalid("k", "dtype i8; expected f32, bf16 or f16 (8-bit K/V are for inference: no backward)");
   // The LSE's values are not read: the backward recomputes each row's statistics from the scores (see

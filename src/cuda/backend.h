@@ -17,6 +17,7 @@
 #include <string>
 
 #include "attn/status.h"
+#include "attn/tensor.h"
 
 namespace attn::core {
 struct Problem;
@@ -42,5 +43,9 @@ Status run_forward(const core::Problem& p, const Choice& c);
 
 Choice select_backward(const core::BackwardProblem& bp);
 Status run_backward(const core::BackwardProblem& bp, const Choice& c);
+
+// attn::merge_attention on CUDA tensors that passed its validation (all on one device), queued on `stream`.
+Status merge(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b, const TensorView& lse_b,
+             const TensorView& out, const TensorView& lse, void* stream);
 
 }  // namespace attn::cuda

@@ -2,6 +2,7 @@
 #include "cuda/runtime.h"
 
 #include <mutex>
+#include <string>
 
 #if ATTN_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -58,6 +59,33 @@ Status require_device() {
   const RuntimeProbe& p = probe();
   if (p.device_count > 0) return Status::Ok();
   return Status::Unsupported("device", "no CUDA device (" + p.error + ")");
+}
+
+Status copy_to_host(void* dst, const void* src, std::size_t bytes, int device, void* stream) {
+  if (Status s = require_device(); !s) return s;
+  if (device < 0 || device >= device_count())
+    return Status::Invalid("device", "cuda:" + std::to_string(device) + "; expected a device index below " +
+                                         std::to_string(device_count()));
+  if (bytes == 0) return Status::Ok();
+#if ATTN_HAVE_CUDA
+  int previous = 0;
+  (void)cudaGetDevice(&previous);
+  cudaError_t e = cudaSetDevice(device);
+  auto* s = static_cast<cudaStream_t>(stream);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  (void)cudaSetDevice(previous);
+  if (e != cudaSuccess) {
+    const std::string what = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+    (void)cudaGetLastError();
+    return Status::Invalid("device", "reading " + std::to_string(bytes) + " bytes from cuda:" + std::to_string(device) +
+                                         " failed (" + what + "); expected device memory of that device");
+  }
+  return Status::Ok();
+#else
+  (void)dst, (void)src, (void)stream;
+  return require_device();
+#endif
 }
 
 std::optional<DeviceInfo> device_info(int index) {

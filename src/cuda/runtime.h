@@ -40,6 +40,11 @@ struct DeviceInfo {
 // The properties of device `index` (nothing when it does not exist).
 std::optional<DeviceInfo> device_info(int index);
 
+// Copies `bytes` bytes of device `device`'s memory at src to host memory at dst, ordered after the work queued on
+// `stream` (a cudaStream_t, null for the default stream), and waits for it: how validation reads the values of
+// small device tensors (key lengths, page tables, per-head parameters). "no CUDA device" where there is none.
+Status copy_to_host(void* dst, const void* src, std::size_t bytes, int device, void* stream);
+
 // The kernels are compiled for sm_80 and sm_90a (tensor-core mma.sync needs sm_80 or later).
 inline bool kernels_support(const DeviceInfo& d) { return d.sm_major >= 8; }
 
