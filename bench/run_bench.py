@@ -97,7 +97,7 @@ def log(msg):
 
 
 def kv_len(shape, b):
-    """Key length of sequence b; the same formula as tools/cmd_bench.cc."""
+    """Key length of sequence b; the same formula as bench/harness/cmd_bench.cc."""
     if shape["kv_min"] <= 0 or shape["B"] == 1:
         return shape["Skv"]
     lo, hi, B = shape["kv_min"], shape["Skv"], shape["B"]

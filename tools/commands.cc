@@ -596,17 +596,20 @@ int fail(std::ostream& err, std::string message) {
 
 }  // namespace
 
+// The subcommands, each in a file of its own. tools/ holds what a user of the program needs; the benchmark
+// harness lives in bench/harness/ and the research experiments in experiments/ (CMakeLists.txt builds all three
+// rooms into the one program, so the commands a user types stay the same).
 void add_cost_commands(CLI::App& app, std::ostream& out);  // tools/cmd_cost.cc: flops, kv-size, params
-void add_generate_command(CLI::App& app, std::ostream& out);  // tools/cmd_generate.cc
 void add_heatmap_command(CLI::App& app, std::ostream& out);   // tools/cmd_heatmap.cc
 void add_info_command(CLI::App& app, std::ostream& out);   // tools/cmd_info.cc
-void add_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_bench.cc
-void add_scaling_experiment_command(CLI::App& app, std::ostream& out);  // tools/cmd_scaling_experiment.cc
-void add_compare_scoring_command(CLI::App& app, std::ostream& out);  // tools/cmd_compare_scoring.cc
 void add_ring_plan_command(CLI::App& app, std::ostream& out);  // tools/cmd_ring_plan.cc
+void add_bench_command(CLI::App& app, std::ostream& out);  // bench/harness/cmd_bench.cc
 #ifdef ATTN_HAVE_DIST
-void add_ring_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_ring_bench.cc (MPI)
+void add_ring_bench_command(CLI::App& app, std::ostream& out);  // bench/harness/cmd_ring_bench.cc (MPI)
 #endif
+void add_generate_command(CLI::App& app, std::ostream& out);  // experiments/cmd_generate.cc
+void add_scaling_experiment_command(CLI::App& app, std::ostream& out);  // experiments/cmd_scaling_experiment.cc
+void add_compare_scoring_command(CLI::App& app, std::ostream& out);  // experiments/cmd_compare_scoring.cc
 
 int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"attn: scaled dot-product attention, O = softmax(scale * Q K^T + mask) V", "attn"};

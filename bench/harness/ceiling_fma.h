@@ -1,5 +1,5 @@
 // The peak-FMA loop of attn bench, written once over the kernels' vector wrapper (cpu/vec.h) and compiled
-// per instruction set by bench_ceilings.cc: included inside each ISA's namespace and `#pragma GCC target`,
+// per instruction set by ceilings.cc: included inside each ISA's namespace and `#pragma GCC target`,
 // after ATTN_VEC_<ISA> is defined, exactly as the kernels are.
 //
 // kAcc independent accumulators (more than FMA latency x FMA ports, so the units never wait), each updated

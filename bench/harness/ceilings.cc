@@ -1,7 +1,7 @@
-// attn bench: measuring the machine's ceilings (see bench_ceilings.h). The inner loops are compiled
+// attn bench: measuring the machine's ceilings (see ceilings.h). The inner loops are compiled
 // once per instruction set, each in its own namespace under its own `#pragma GCC target`, the way
 // src/cpu/flash_*.cc compile the kernel; the CPU features decide which one runs.
-#include "bench_ceilings.h"
+#include "ceilings.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -28,7 +28,7 @@
 namespace attn::tools {
 
 // ---- the loops, per instruction set ---------------------------------------------------------------------
-// fma_loop (tools/ceiling_fma.h, written once over cpu/vec.h): the peak FMA rate.
+// fma_loop (ceiling_fma.h, written once over cpu/vec.h): the peak FMA rate.
 // read_sum: adds up n 64-bit words (n a multiple of 32) with four independent vector accumulators.
 
 namespace ceiling_sse2 {

@@ -1,6 +1,6 @@
 // attn bench: times attn::attention (or attn::attention_paged) on random inputs of a given or canonical
 // shape and reports the median time, GFLOP/s, GB/s, the fractions of the machine's ceilings measured in
-// the same process (tools/bench_ceilings.h) and the resident memory before, with and while running.
+// the same process (bench/harness/ceilings.h) and the resident memory before, with and while running.
 //
 // Counting: flops = 2·(Dk + Dv)·Hq·(allowed (query, key) pairs), exact for the causal mask and ragged key
 // lengths (flops_nominal is docs/DESIGN.md's 4·B·Hq·Sq·Skv·D, halved for causal when Sq = Skv);
@@ -33,7 +33,7 @@
 #include <utility>
 #include <vector>
 
-#include "bench_ceilings.h"
+#include "ceilings.h"
 #include "commands.h"
 #include "core/convert.h"
 #include "attn/info.h"
