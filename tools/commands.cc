@@ -45,24 +45,6 @@ Status with_option_names(const Status& status) {
   return status;
 }
 
-const char* numpy_name(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return "float32";
-    case DType::bf16: return "bfloat16";
-    case DType::f16: return "float16";
-    case DType::boolean: return "bool";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
-  }
-  return "unknown";
-}
-
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 Status view_of(const npy::Array& array, const std::string& option, TensorView* view) {
   const int rank = static_cast<int>(array.shape.size());
   if (rank > 4)
