@@ -25,6 +25,7 @@ bool is_png(const std::string& path) {
 }
 
 TEST_F(Dir, ScalingExperimentRunsAndPlots) {
+  ATTN_SKIP_WITHOUT_PLOTS();
   const std::string png = path("loss.png");
   Outcome r = cli({"scaling-experiment", "--seeds", "2", "--steps", "30", "--dk", "8", "--seq", "4", "--vocab", "6",
                    "--batch", "8", "--threshold", "1.5", "--png", png});
@@ -56,6 +57,7 @@ TEST_F(Dir, ScalingExperimentRejectsBadOptions) {
 }
 
 TEST_F(Dir, CompareScoringRunsAndPlots) {
+  ATTN_SKIP_WITHOUT_PLOTS();
   const std::string png = path("scoring.png");
   const Outcome r = cli({"compare-scoring", "--seeds", "2", "--steps", "20", "--d", "8", "--seq", "4", "--vocab", "6",
                          "--batch", "8", "--threshold", "1.5", "--time-n", "40", "--time-d", "8", "--reps", "1",
