@@ -1,5 +1,5 @@
 // attn scaling-experiment on a tiny configuration: it runs, prints its table (or JSON), writes the PNG,
-// and rejects bad options with a message naming them. (The measured result is in README.md, not asserted.)
+// and rejects bad options with a message naming them. (The measured result is in docs/experiments.md, not asserted.)
 #include <gtest/gtest.h>
 
 #include <filesystem>

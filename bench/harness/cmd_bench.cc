@@ -778,7 +778,7 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
   sub->add_flag("--alibi", a->alibi, "Score variant: ALiBi biases with the geometric slopes 2^(-8(h+1)/Hq)");
   sub->add_flag("--sinks", a->sinks, "Score variant: an attention sink of logit 0.5 per head");
   sub->add_option("--dropout", a->dropout, "Attention dropout with this probability in [0, 1) (seed 1)")->type_name("P");
-  sub->add_flag("--json", a->json, "Print one JSON object per run (fields: see the README's Benchmarks section)");
+  sub->add_flag("--json", a->json, "Print one JSON object per run (fields: see docs/benchmarks.md)");
   sub->add_flag("--no-ceilings", a->no_ceilings, "Skip measuring the machine's ceilings (fractions become null)");
   sub->add_flag("--no-huge-pages", a->no_huge_pages,
                 "Do not ask for transparent huge pages for the inputs and the bandwidth buffer");
