@@ -73,7 +73,7 @@ CONFIGS = [
     ("bf16 Q, int8 K/V", "bf16", "i8", DECODE),
 ]
 
-# What every `attn bench --json` object must carry (documented in the README's Benchmarks section).
+# What every `attn bench --json` object must carry (documented in docs/benchmarks.md).
 BENCH_KEYS = (
     "tool label shape backend isa B Hq Hkv Sq Skv Dk Dv causal dtype kv_dtype page_size kv_len_min kv_tokens "
     "threads warmup reps kv_sets kv_set_bytes huge_pages time_median_s time_min_s time_max_s times_s flops flops_nominal "
@@ -97,7 +97,7 @@ def log(msg):
 
 
 def kv_len(shape, b):
-    """Key length of sequence b; the same formula as tools/cmd_bench.cc."""
+    """Key length of sequence b; the same formula as bench/harness/cmd_bench.cc."""
     if shape["kv_min"] <= 0 or shape["B"] == 1:
         return shape["Skv"]
     lo, hi, B = shape["kv_min"], shape["Skv"], shape["B"]

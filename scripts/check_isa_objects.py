@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""The instruction-set units stay in their lane: every function an object of src/cpu/isa_unit.cc.in (or of
-src/cpu/flash_amx.cc) defines whose name does not mention its own namespace attn::cpu::<level> must use no AVX
-or AVX-512 instruction (no VEX/EVEX mnemonic, no ymm/zmm/mask register). Such a function is an inline or
-template function of a header first included inside the unit's `#pragma GCC target` region, which other units
-define too; the linker may keep the wide copy for the whole program, and a machine without the instruction set
-then dies of an illegal instruction. (A function whose name mentions the namespace, even as a template
-argument, exists in this unit only.)
+"""The instruction-set units stay in their lane: every function that an object compiled with a `#pragma GCC target`
+region defines, and whose name does not mention the unit's own namespace, must use no AVX or AVX-512 instruction
+(no VEX/EVEX mnemonic, no ymm/zmm/mask register). Such a function is an inline or template function of a header
+first included inside the unit's target region, which other units define too; the linker may keep the wide copy
+for the whole program, and a machine without the instruction set then dies of an illegal instruction. (A function
+whose name mentions the namespace, even as a template argument, exists in this unit only.)
+
+The objects with a target region, and the namespace each keeps its wide code in:
+  isa_<level>.cc.o       src/cpu/isa_unit.cc.in, one per level of src/cpu/isa_list.h   attn::cpu::<level>
+  flash_amx.cc.o         src/cpu/flash_amx.cc                                           attn::cpu::amx
+  ceilings_<level>.cc.o  bench/harness/ceilings_unit.cc.in, one per level               attn::tools::ceiling_<level>
+The build passes the object libraries that hold them (attn_isa_units, attn_ceiling_units); an object of no known
+kind is an error, so a new source with a target region must be added here to be built into one of them.
 
 usage: check_isa_objects.py OBJDUMP OBJECT...     (ctest: isa.objects_stay_in_their_namespace)
 """
@@ -21,21 +27,26 @@ WIDE_REG = re.compile(r"%(ymm|zmm)\d+|%k[1-7]\b")
 GENERATED = ("_GLOBAL__", "asan.", "ubsan.", "__cxx_global", "__sti", "_sub_I_")
 
 
-def level_of(path):
+# (object file name pattern, the namespace its wide functions must be in; \1 is the level).
+KINDS = [
+    (re.compile(r"isa_([a-z0-9_]+)\.cc\.o$"), r"attn::cpu::\1::"),
+    (re.compile(r"flash_amx\.cc\.o$"), "attn::cpu::amx::"),
+    (re.compile(r"ceilings_([a-z0-9_]+)\.cc\.o$"), r"attn::tools::ceiling_\1::"),
+]
+
+
+def namespace_of(path):
+    """The namespace an object's wide functions must be in, or None for an object of no known kind."""
     base = os.path.basename(path)
-    m = re.match(r"isa_([a-z0-9_]+)\.cc\.o$", base)
-    if m:
-        return m.group(1)
-    if base.startswith("flash_amx"):
-        return "amx"
+    for pattern, namespace in KINDS:
+        m = pattern.match(base)
+        if m:
+            return m.expand(namespace)
     return None
 
 
 def check(objdump, path):
-    level = level_of(path)
-    if level is None:
-        return []
-    own = "attn::cpu::%s::" % level
+    own = namespace_of(path)
     out = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", path], check=True, capture_output=True,
                          text=True).stdout
     bad, func, wide = [], None, False
@@ -54,17 +65,21 @@ def check(objdump, path):
 
 def main():
     objdump, objects = sys.argv[1], sys.argv[2:]
-    checked = [o for o in objects if level_of(o)]
-    if not checked:
+    if not objects:
         print("no instruction-set unit objects given", file=sys.stderr)
         return 1
-    bad = [b for o in checked for b in check(objdump, o)]
+    unknown = [o for o in objects if namespace_of(o) is None]
+    if unknown:
+        print("objects of no known kind (see the list at the top of this script): " + ", ".join(unknown),
+              file=sys.stderr)
+        return 1
+    bad = [b for o in objects for b in check(objdump, o)]
     if bad:
         print("functions outside their unit's namespace compiled with wide instructions:", file=sys.stderr)
         for b in bad:
             print("  " + b, file=sys.stderr)
         return 1
-    print("checked %d units: every wide function is in its unit's namespace" % len(checked))
+    print("checked %d units: every wide function is in its unit's namespace" % len(objects))
     return 0
 
 

@@ -4,7 +4,8 @@
 set -euo pipefail
 # python3-dev and python3-venv: `make test` builds the Python package with pip in a virtual environment.
 # libopenblas-dev: the multi-head module's projections; libcairo2-dev (found with pkg-config) and
-# fonts-dejavu-core: the plots, PNG and SVG. openmpi-bin, libopenmpi-dev: ring attention (attn_dist, Open MPI).
+# fonts-dejavu-core: the plots, PNG and SVG (a build without Cairo has no plots; the tests and CI want them).
+# openmpi-bin, libopenmpi-dev: ring attention (attn_dist, Open MPI).
 pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libcli11-dev libbenchmark-dev libopenblas-dev libcairo2-dev
       fonts-dejavu-core openmpi-bin libopenmpi-dev python3 python3-dev python3-venv)
 missing=()

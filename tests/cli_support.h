@@ -10,8 +10,14 @@
 #include <vector>
 
 #include "commands.h"
+#include "plot.h"
 
 namespace attn::test {
+
+// First in a test that draws a plot: a build without Cairo draws none (tests/test_plot_without_cairo.cc checks
+// what such a build says instead).
+#define ATTN_SKIP_WITHOUT_PLOTS() \
+  if (!::attn::plot::available()) GTEST_SKIP() << "this build has no Cairo, so it draws no plots"
 
 struct Outcome {
   int code = -1;

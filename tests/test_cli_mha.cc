@@ -79,6 +79,7 @@ TEST(CostCli, BadInputNamesTheOption) {
 }
 
 TEST_F(Dir, GenerateAgreesAndPlots) {
+  ATTN_SKIP_WITHOUT_PLOTS();
   for (const char* cache : {"contiguous", "paged"}) {
     const std::string png = path(std::string(cache) + ".png");
     const Outcome r = cli({"generate", "--tokens", "12", "--layers", "2", "--d-model", "32", "--heads", "4", "--kv-heads",
@@ -93,6 +94,7 @@ TEST_F(Dir, GenerateAgreesAndPlots) {
 }
 
 TEST_F(Dir, HeatmapBuiltinAndFiles) {
+  ATTN_SKIP_WITHOUT_PLOTS();
   Outcome r = cli({"heatmap", "--png", path("builtin.png")});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.out, "4 heads, 10 queries x 10 keys")) << r.out;
@@ -116,7 +118,21 @@ TEST_F(Dir, HeatmapBuiltinAndFiles) {
   EXPECT_TRUE(has(r.err, "--k: missing")) << r.err;
 }
 
+// A build without Cairo refuses a plot before any work, naming the option and what is missing.
+TEST_F(Dir, PlotsSayWhatIsMissingWithoutCairo) {
+  if (plot::available()) GTEST_SKIP() << "this build draws plots";
+  Outcome r = cli({"heatmap", "--png", path("h.png")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r.err, "attn: error: --png: this attn was built without Cairo")) << r.err;
+  EXPECT_TRUE(has(r.err, "libcairo2-dev")) << r.err;
+  r = cli({"generate", "--tokens", "2", "--png", path("g.png")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r.err, "expected --png '' (no plot) or a build with Cairo")) << r.err;
+  EXPECT_TRUE(fs::is_empty(dir_)) << "nothing written";
+}
+
 TEST_F(Dir, PlotWriterChecksItsInput) {
+  ATTN_SKIP_WITHOUT_PLOTS();
   plot::LinePlot p;
   EXPECT_FALSE(plot::write_line_plot(path("a.png"), p).ok());
   p.series.push_back({"s", {1, 2, 3}, {1, 4}});

@@ -66,7 +66,7 @@ std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
 
 TEST(NpyRoundTrip, EveryDtypeAndShape) {
   const std::vector<std::vector<std::int64_t>> shapes = {{}, {0}, {1}, {2, 3}, {2, 3, 4, 5}};
-  for (DType dtype : {DType::f32, DType::f16, DType::boolean, DType::i32, DType::i64}) {
+  for (DType dtype : {DType::f32, DType::f16, DType::boolean, DType::i32, DType::i64, DType::i8}) {
     for (const auto& shape : shapes) {
       SCOPED_TRACE(std::string(descr_of(dtype)) + " rank " + std::to_string(shape.size()));
       const auto data = sample_data(dtype, numel_of(shape));
@@ -192,6 +192,34 @@ TEST(NpyParse, BoolAnyNonzeroIsTrue) {
     EXPECT_EQ(a.dtype, DType::boolean);
     EXPECT_EQ(a.data, (std::vector<unsigned char>{0, 1, 1, 1}));
   }
+}
+
+TEST(NpyParse, Int8AnyByteOrder) {
+  for (const char* descr : {"|i1", "<i1", ">i1", "=i1"}) {
+    SCOPED_TRACE(descr);
+    Array a;
+    const std::string h =
+        std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (3,), }\n";
+    ASSERT_TRUE(parse_string(raw_npy(h, std::string("\x00\x7f\x80", 3)), &a).ok());
+    EXPECT_EQ(a.dtype, DType::i8);
+    EXPECT_EQ(a.as<std::int8_t>()[2], -128);
+  }
+}
+
+// The one table of dtype names (npy.h: kDTypes) and the one shape formatter the program's messages use.
+TEST(NpyNames, EveryDtypeAndShape) {
+  EXPECT_STREQ(numpy_name(DType::f32), "float32");
+  EXPECT_STREQ(numpy_name(DType::bf16), "bfloat16");
+  EXPECT_STREQ(numpy_name(DType::i8), "int8");
+  EXPECT_STREQ(descr_of(DType::i8), "|i1");
+  EXPECT_STREQ(numpy_name(static_cast<DType>(200)), "unknown");
+  for (const DTypeSpelling& t : kDTypes) EXPECT_STRNE(numpy_name(t.dtype), "unknown");
+  EXPECT_EQ(shape_text({2, 3, 4}), "[2, 3, 4]");
+  EXPECT_EQ(shape_text({5}), "[5]");
+  EXPECT_EQ(shape_text({}), "[]");
+  const std::vector<unsigned char> d(8);
+  EXPECT_NE(write("unused.npy", DType::f32, {2, -1}, d.data()).message().find("shape [2, -1] has an invalid"),
+            std::string::npos);
 }
 
 TEST(NpyParse, FortranOrderRank2) {
@@ -386,7 +414,7 @@ TEST(NpyReject, UnsupportedDtypeMessageListsSupported) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.message(),
             "--q: unsupported dtype '<c8' (complex64); expected float32 ('<f4'), float16 ('<f2'), "
-            "bool ('|b1'), int32 ('<i4') or int64 ('<i8')");
+            "bool ('|b1'), int32 ('<i4'), int64 ('<i8') or int8 ('|i1')");
 }
 
 TEST(NpyReject, NullArguments) {

@@ -95,6 +95,8 @@ Status heatmap(const HeatmapArgs& a, std::ostream& out) {
     if (Status s = parse_scale(a.scale, "--scale", &scale); !s) return s;
     params.scale = scale;
   }
+  // The picture is the command's output: a build without Cairo says so once the inputs are known to be right.
+  if (Status s = plot::check_can_draw("--png", a.png, /*optional=*/false); !s) return s;
   // V = I (per KV head) makes the output the weight matrix itself.
   std::vector<float> eye(static_cast<std::size_t>(in.hkv * in.skv * in.skv), 0.0f), p(static_cast<std::size_t>(in.hq * in.sq * in.skv));
   for (std::int64_t h = 0; h < in.hkv; ++h)

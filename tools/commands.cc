@@ -45,24 +45,6 @@ Status with_option_names(const Status& status) {
   return status;
 }
 
-const char* numpy_name(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return "float32";
-    case DType::bf16: return "bfloat16";
-    case DType::f16: return "float16";
-    case DType::boolean: return "bool";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
-  }
-  return "unknown";
-}
-
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 Status view_of(const npy::Array& array, const std::string& option, TensorView* view) {
   const int rank = static_cast<int>(array.shape.size());
   if (rank > 4)
@@ -596,17 +578,20 @@ int fail(std::ostream& err, std::string message) {
 
 }  // namespace
 
+// The subcommands, each in a file of its own. tools/ holds what a user of the program needs; the benchmark
+// harness lives in bench/harness/ and the research experiments in experiments/ (CMakeLists.txt builds all three
+// rooms into the one program, so the commands a user types stay the same).
 void add_cost_commands(CLI::App& app, std::ostream& out);  // tools/cmd_cost.cc: flops, kv-size, params
-void add_generate_command(CLI::App& app, std::ostream& out);  // tools/cmd_generate.cc
 void add_heatmap_command(CLI::App& app, std::ostream& out);   // tools/cmd_heatmap.cc
 void add_info_command(CLI::App& app, std::ostream& out);   // tools/cmd_info.cc
-void add_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_bench.cc
-void add_scaling_experiment_command(CLI::App& app, std::ostream& out);  // tools/cmd_scaling_experiment.cc
-void add_compare_scoring_command(CLI::App& app, std::ostream& out);  // tools/cmd_compare_scoring.cc
 void add_ring_plan_command(CLI::App& app, std::ostream& out);  // tools/cmd_ring_plan.cc
+void add_bench_command(CLI::App& app, std::ostream& out);  // bench/harness/cmd_bench.cc
 #ifdef ATTN_HAVE_DIST
-void add_ring_bench_command(CLI::App& app, std::ostream& out);  // tools/cmd_ring_bench.cc (MPI)
+void add_ring_bench_command(CLI::App& app, std::ostream& out);  // bench/harness/cmd_ring_bench.cc (MPI)
 #endif
+void add_generate_command(CLI::App& app, std::ostream& out);  // experiments/cmd_generate.cc
+void add_scaling_experiment_command(CLI::App& app, std::ostream& out);  // experiments/cmd_scaling_experiment.cc
+void add_compare_scoring_command(CLI::App& app, std::ostream& out);  // experiments/cmd_compare_scoring.cc
 
 int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"attn: scaled dot-product attention, O = softmax(scale * Q K^T + mask) V", "attn"};

@@ -26,11 +26,9 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err);
 // into the command-line option ("--k: ...", "--kv-lens: ..."). Other messages pass through unchanged.
 Status with_option_names(const Status& status);
 
-// "float32", "float16", "bool", "int32", ... as NumPy spells them.
-const char* numpy_name(DType dtype);
-
-// "[2, 3, 4]".
-std::string shape_text(const std::vector<std::int64_t>& shape);
+// "float32", "bfloat16", "int8", ... and "[2, 3, 4]": the one dtype table and shape formatter (npy.h).
+using npy::numpy_name;
+using npy::shape_text;
 
 // A contiguous view of `array` keeping its rank; an error naming `option` if the rank exceeds 4.
 Status view_of(const npy::Array& array, const std::string& option, TensorView* view);

@@ -66,12 +66,10 @@ bool data_bytes(const std::vector<std::int64_t>& shape, std::size_t itemsize, st
   return true;
 }
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
+// A shape as the header's Python tuple literal: "(2, 3)", "(5,)", "()". (Messages write shapes as shape_text does.)
+std::string header_tuple(const std::vector<std::int64_t>& shape) {
   std::string s = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   if (shape.size() == 1) s += ",";
   return s + ")";
 }
@@ -88,36 +86,42 @@ std::string quoted(std::string_view text) {
   return s + "'";
 }
 
-// Maps a descr string to a dtype and whether its bytes must be swapped into native order.
+// Maps a descr string to a dtype (kDTypes) and whether its bytes must be swapped into native order.
 bool decode_descr(std::string_view descr, DType* dtype, bool* swap) {
   if (descr.size() != 3) return false;
   const char order = descr[0];
   const std::string_view code = descr.substr(1);
-  if (code == "b1") {  // one byte: every byte-order character is unambiguous
-    if (order != '<' && order != '>' && order != '=' && order != '|') return false;
-    *dtype = DType::boolean;
-    *swap = false;
+  for (const DTypeSpelling& t : kDTypes) {
+    if (*t.descr == '\0' || code != std::string_view(t.descr).substr(1)) continue;
+    *dtype = t.dtype;
+    if (dtype_size(t.dtype) == 1) {  // one byte: every byte-order character is unambiguous
+      *swap = false;
+      return order == '<' || order == '>' || order == '=' || order == '|';
+    }
+    if (order == '<' || order == '=') {  // '=' is native, and we are little-endian
+      *swap = false;
+    } else if (order == '>') {
+      *swap = true;
+    } else {
+      return false;  // '|' (not applicable) is meaningless for multi-byte types
+    }
     return true;
   }
-  if (code == "f4") {
-    *dtype = DType::f32;
-  } else if (code == "f2") {
-    *dtype = DType::f16;
-  } else if (code == "i4") {
-    *dtype = DType::i32;
-  } else if (code == "i8") {
-    *dtype = DType::i64;
-  } else {
-    return false;
+  return false;
+}
+
+// "float32 ('<f4') or float16 ('<f2')": the accepted dtypes, in the table's order.
+std::string accepted_text(DTypeSet accepted) {
+  std::vector<std::string> names;
+  for (const DTypeSpelling& t : kDTypes) {
+    if (*t.descr != '\0' && accepted.contains(t.dtype)) names.push_back(std::string(t.name) + " ('" + t.descr + "')");
   }
-  if (order == '<' || order == '=') {  // '=' is native, and we are little-endian
-    *swap = false;
-  } else if (order == '>') {
-    *swap = true;
-  } else {
-    return false;  // '|' (not applicable) is meaningless for multi-byte types
+  std::string s;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i) s += i + 1 == names.size() ? " or " : ", ";
+    s += names[i];
   }
-  return true;
+  return s;
 }
 
 struct Header {
@@ -353,7 +357,7 @@ Status check_writable(const std::string& what, DType dtype, const std::vector<st
     return fail(what,
                 dtype == DType::bf16 ? "cannot write dtype bf16 (.npy has no bfloat16)"
                                      : "cannot write an unknown dtype",
-                "f32, f16, boolean, i32 or i64");
+                accepted_text(DTypeSet{}));
   }
   if (shape.size() > static_cast<std::size_t>(kMaxRank)) {
     return fail(what, "shape has " + std::to_string(shape.size()) + " dimensions",
@@ -394,32 +398,6 @@ std::string numpy_name_of(std::string_view descr) {
     case 'b': return bytes == 1 ? "bool" : "";
     default: return "";
   }
-}
-
-const char* name_of(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return "float32";
-    case DType::f16: return "float16";
-    case DType::boolean: return "bool";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
-    case DType::bf16: break;
-  }
-  return "bfloat16";
-}
-
-// "float32 ('<f4') or float16 ('<f2')": the accepted dtypes, in a fixed order.
-std::string accepted_text(DTypeSet accepted) {
-  std::vector<std::string> names;
-  for (DType d : {DType::f32, DType::f16, DType::boolean, DType::i32, DType::i64}) {
-    if (accepted.contains(d)) names.push_back(std::string(name_of(d)) + " ('" + descr_of(d) + "')");
-  }
-  std::string s;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    if (i) s += i + 1 == names.size() ? " or " : ", ";
-    s += names[i];
-  }
-  return s;
 }
 
 // The fixed-size start of a file: magic, version, header length.
@@ -504,7 +482,7 @@ Status parse_layout(std::string_view text, const Preamble& pre, const std::strin
                 accepted_text(accepted));
   }
   if (!accepted.contains(layout.dtype)) {
-    return fail(what, std::string("dtype ") + name_of(layout.dtype) + " (" + quoted(header.descr) + ")",
+    return fail(what, std::string("dtype ") + numpy_name(layout.dtype) + " (" + quoted(header.descr) + ")",
                 accepted_text(accepted));
   }
   // Data size: computed without overflow.
@@ -590,16 +568,22 @@ std::int64_t Array::numel() const {
   return n;
 }
 
+const char* numpy_name(DType dtype) {
+  for (const DTypeSpelling& t : kDTypes)
+    if (t.dtype == dtype) return t.name;
+  return "unknown";
+}
+
 const char* descr_of(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return "<f4";
-    case DType::f16: return "<f2";
-    case DType::boolean: return "|b1";
-    case DType::i32: return "<i4";
-    case DType::i64: return "<i8";
-    case DType::bf16: break;
-  }
+  for (const DTypeSpelling& t : kDTypes)
+    if (t.dtype == dtype) return t.descr;
   return "";
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
 }
 
 Status parse(const void* bytes, std::size_t size, const std::string& what, Array* out,
@@ -712,7 +696,7 @@ std::string serialize(DType dtype, const std::vector<std::int64_t>& shape, const
   if (!check_writable("serialize", dtype, shape, data, &nbytes).ok()) return {};
 
   std::string dict = std::string("{'descr': '") + descr_of(dtype) +
-                     "', 'fortran_order': False, 'shape': " + shape_text(shape) + ", }";
+                     "', 'fortran_order': False, 'shape': " + header_tuple(shape) + ", }";
   // Pad with spaces and end with '\n' so that the data starts at a multiple of 64 bytes. With
   // rank <= kMaxRank the header is a few hundred bytes, so version 1.0's 2-byte length suffices.
   constexpr std::size_t prefix = kMagicSize + 2 + 2;

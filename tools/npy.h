@@ -5,12 +5,12 @@
 // Only regular files are read: a directory, FIFO, socket or device node (/dev/zero, /dev/stdin
 // as a terminal or pipe) is refused before anything is read from it.
 //
-// Supported element types (descr in the header):
+// Supported element types (descr in the header; the table kDTypes below):
 //   '<f4' float32 -> DType::f32        '<i4' int32 -> DType::i32
 //   '<f2' float16 -> DType::f16        '<i8' int64 -> DType::i64
-//   '|b1' bool    -> DType::boolean (one byte; any nonzero byte reads as true, stored as 1)
+//   '|i1' int8    -> DType::i8         '|b1' bool  -> DType::boolean (any nonzero byte reads as true, stored as 1)
 // Big-endian ('>') forms are byte-swapped on read, '=' means native (little-endian), and '|' is
-// accepted only where byte order does not matter (bool). fortran_order=True files are reordered
+// accepted only where byte order does not matter (the one-byte types). fortran_order=True files are reordered
 // into C order on read. Files are always written as little-endian, C-order, version 1.0, with the
 // data starting at a multiple of 64 bytes.
 #pragma once
@@ -54,9 +54,29 @@ class DTypeSet {
   unsigned bits_ = 0;
 };
 
-// The descr a file written with `dtype` carries ("<f4", "<f2", "|b1", "<i4", "<i8"), or "" for a
+// The one table of the element types and their NumPy spellings, for every message and every file of the
+// program: NumPy's name of the dtype and the descr a .npy file of it carries as attn writes it ("" where .npy
+// has no such type: bfloat16). In the order error messages list them.
+struct DTypeSpelling {
+  DType dtype;
+  const char* name;   // numpy.dtype(...).name
+  const char* descr;  // little-endian, or '|' for one byte
+};
+inline constexpr DTypeSpelling kDTypes[] = {
+    {DType::f32, "float32", "<f4"}, {DType::f16, "float16", "<f2"}, {DType::boolean, "bool", "|b1"},
+    {DType::i32, "int32", "<i4"},   {DType::i64, "int64", "<i8"},   {DType::i8, "int8", "|i1"},
+    {DType::bf16, "bfloat16", ""},
+};
+
+// NumPy's name of `dtype` ("float32", "bfloat16", "int8", ...; "unknown" for a value outside the enum).
+const char* numpy_name(DType dtype);
+
+// The descr a file written with `dtype` carries ("<f4", "<f2", "|b1", "<i4", "<i8", "|i1"), or "" for a
 // dtype that .npy cannot represent (bf16).
 const char* descr_of(DType dtype);
+
+// A shape as every message of the program (and of the library) writes it: "[2, 3, 4]", "[5]", "[]".
+std::string shape_text(const std::vector<std::int64_t>& shape);
 
 // Parses a complete in-memory .npy file (what the fuzzer and the tests feed it). `what` names the
 // input in error messages, which read "<what>: <problem>; expected <expectation>"; a dtype outside

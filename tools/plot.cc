@@ -1,11 +1,19 @@
 // attn tools: plots drawn with Cairo (antialiased vector drawing, system fonts through fontconfig), written as
 // PNG or SVG by the file's extension. Only the layout (where axes, ticks, labels and legends go) is ours.
+//
+// Cairo is optional (CMakeLists.txt: ATTN_HAVE_CAIRO). Without it the same layout code runs over a Figure that
+// draws nothing, so a plot's arguments are checked alike, and every figure ends in the error of no_cairo().
 #include "plot.h"
 
 #include "files.h"
 
+#ifndef ATTN_HAVE_CAIRO
+#define ATTN_HAVE_CAIRO 0
+#endif
+#if ATTN_HAVE_CAIRO
 #include <cairo-svg.h>
 #include <cairo.h>
+#endif
 
 #include <algorithm>
 #include <cctype>
@@ -21,12 +29,23 @@ constexpr Rgb kBlack{0, 0, 0}, kGrey{220, 220, 220}, kDark{70, 70, 70};
 constexpr Rgb kPalette[] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40}, {148, 103, 189}, {140, 86, 75}};
 constexpr const char* kFont = "DejaVu Sans";  // fontconfig falls back to any sans-serif font without it
 
+// Why a build without Cairo draws no plot, and what it takes.
+constexpr char kNoCairo[] = "this attn was built without Cairo, so it draws no plots";
+constexpr char kGetCairo[] = "a build with Cairo (libcairo2-dev: apt-get install libcairo2-dev, then build attn again)";
+
+// The error of a plot asked of a build without Cairo, under `param` ("png", "svg", or the option that asked).
+Status no_cairo(const std::string& param) {
+  return Status::Invalid(param, std::string(kNoCairo) + "; expected " + kGetCairo);
+}
+
 Rgb palette(int index) { return kPalette[static_cast<std::size_t>(index) % std::size(kPalette)]; }
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && std::equal(tail.rbegin(), tail.rend(), s.rbegin(),
                                                [](char a, char b) { return std::tolower(a) == std::tolower(b); });
 }
+
+#if ATTN_HAVE_CAIRO
 
 cairo_status_t append_bytes(void* closure, const unsigned char* data, unsigned int length) {
   try {
@@ -57,7 +76,6 @@ class Figure {
   }
   Figure(const Figure&) = delete;
   Figure& operator=(const Figure&) = delete;
-  cairo_t* cr() { return cr_; }
 
   void color(Rgb c) { cairo_set_source_rgb(cr_, c.r / 255.0, c.g / 255.0, c.b / 255.0); }
   void line(double x0, double y0, double x1, double y1, Rgb c, double width = 1) {
@@ -146,6 +164,55 @@ class Figure {
     return tools::write_file(svg_ ? "svg" : "png", path_, bytes);
   }
 
+  // Line plots: what is drawn between clip() and unclip() stays inside that rectangle; a path is a series of
+  // points stroked with round joins and caps, a point that does not continue the line starting a new piece
+  // (shown as a dot if it stays alone).
+  void clip(double x, double y, double w, double h) {
+    cairo_save(cr_);
+    cairo_rectangle(cr_, x, y, w, h);
+    cairo_clip(cr_);
+    cairo_set_line_join(cr_, CAIRO_LINE_JOIN_ROUND);
+    cairo_set_line_cap(cr_, CAIRO_LINE_CAP_ROUND);
+  }
+  void unclip() { cairo_restore(cr_); }
+  // The viridis colour ramp in a rectangle, low at the bottom, high at the top (a heatmap's colour bar).
+  void viridis_bar(double x, double y, double w, double h) {
+    cairo_pattern_t* ramp = cairo_pattern_create_linear(0, y + h, 0, y);
+    for (int i = 0; i <= 32; ++i) {
+      const Rgb c = viridis(i / 32.0);
+      cairo_pattern_add_color_stop_rgb(ramp, i / 32.0, c.r / 255.0, c.g / 255.0, c.b / 255.0);
+    }
+    cairo_set_source(cr_, ramp);
+    cairo_rectangle(cr_, x, y, w, h);
+    cairo_fill(cr_);
+    cairo_pattern_destroy(ramp);
+  }
+  // The width of `s` in the regular font at `size`, measured on a scratch surface (before a figure exists: its
+  // size may depend on its labels).
+  static double measure(const std::string& s, double size) {
+    cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_RGB24, 1, 1);
+    cairo_t* cr = cairo_create(surface);
+    cairo_select_font_face(cr, kFont, CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+    cairo_set_font_size(cr, size);
+    cairo_text_extents_t e;
+    cairo_text_extents(cr, s.c_str(), &e);
+    cairo_destroy(cr);
+    cairo_surface_destroy(surface);
+    return e.x_advance;
+  }
+  void path_point(double x, double y, bool continues) {
+    if (!continues) {
+      cairo_new_sub_path(cr_);
+      cairo_move_to(cr_, x, y);
+    }
+    cairo_line_to(cr_, x, y);
+  }
+  void stroke_path(Rgb c, double width) {
+    color(c);
+    cairo_set_line_width(cr_, width);
+    cairo_stroke(cr_);
+  }
+
  private:
   std::string path_;
   bool svg_;
@@ -154,7 +221,40 @@ class Figure {
   cairo_t* cr_ = nullptr;
 };
 
+#else  // no Cairo: the layout runs over this Figure, which draws nothing
+
+class Figure {
+ public:
+  Figure(const std::string& path, double, double) : svg_(ends_with(path, ".svg")) {}
+  void color(Rgb) {}
+  void line(double, double, double, double, Rgb, double = 1) {}
+  void rect(double, double, double, double, Rgb, bool, double = 1) {}
+  double text_width(const std::string& s, double size) { return measure(s, size); }
+  void text(double, double, const std::string&, double, Rgb, double = 0, double = 0, bool = false, bool = false) {}
+  void matrix(double, double, double, int, int, const std::vector<Rgb>&) {}
+  void clip(double, double, double, double) {}
+  void unclip() {}
+  void path_point(double, double, bool) {}
+  void stroke_path(Rgb, double) {}
+  void viridis_bar(double, double, double, double) {}
+  static double measure(const std::string& s, double size) { return 0.6 * size * static_cast<double>(s.size()); }
+  Status finish() { return no_cairo(svg_ ? "svg" : "png"); }
+
+ private:
+  bool svg_;
+};
+
+#endif
+
 }  // namespace
+
+bool available() { return ATTN_HAVE_CAIRO != 0; }
+
+Status check_can_draw(const std::string& option, const std::string& path, bool optional) {
+  if (path.empty() || available()) return Status::Ok();
+  if (!optional) return no_cairo(option);
+  return Status::Invalid(option, std::string(kNoCairo) + "; expected " + option + " '' (no plot) or " + kGetCairo);
+}
 
 Rgb viridis(double t) {
   static const double anchors[9][3] = {{68, 1, 84},    {71, 44, 122},  {59, 81, 139},  {44, 113, 142}, {33, 144, 141},
@@ -243,35 +343,21 @@ Status write_line_plot(const std::string& path, const LinePlot& plot) {
   fig.text(10, top + ph / 2, plot.y_label, kLabel, kBlack, 0.5, 0, true);
 
   // Series (clipped to the plot area; a non-finite point breaks the line), then the legend box.
-  cairo_t* cr = fig.cr();
-  cairo_save(cr);
-  cairo_rectangle(cr, left, top, pw, ph);
-  cairo_clip(cr);
-  cairo_set_line_join(cr, CAIRO_LINE_JOIN_ROUND);
-  cairo_set_line_cap(cr, CAIRO_LINE_CAP_ROUND);
+  fig.clip(left, top, pw, ph);
   for (std::size_t n = 0; n < plot.series.size(); ++n) {
     const Series& s = plot.series[n];
-    fig.color(palette(s.color >= 0 ? s.color : static_cast<int>(n)));
-    cairo_set_line_width(cr, s.thickness);
     bool open = false;
     for (std::size_t i = 0; i < s.x.size(); ++i) {
       if (!usable(s.x[i], s.y[i])) {
         open = false;
         continue;
       }
-      const double x = px(s.x[i]), y = py(plot.log_y ? std::log10(s.y[i]) : s.y[i]);
-      if (open) {
-        cairo_line_to(cr, x, y);
-      } else {
-        cairo_new_sub_path(cr);
-        cairo_move_to(cr, x, y);
-        cairo_line_to(cr, x, y);  // a lone point shows as a dot (round caps)
-      }
+      fig.path_point(px(s.x[i]), py(plot.log_y ? std::log10(s.y[i]) : s.y[i]), open);
       open = true;
     }
-    cairo_stroke(cr);
+    fig.stroke_path(palette(s.color >= 0 ? s.color : static_cast<int>(n)), s.thickness);
   }
-  cairo_restore(cr);
+  fig.unclip();
   std::vector<std::size_t> legend;  // the labelled series
   double legend_w = 0;
   for (std::size_t n = 0; n < plot.series.size(); ++n)
@@ -331,22 +417,9 @@ Status write_heatmaps(const std::string& path, const HeatmapFigure& figure) {
   const double pw = max_cols * cell, ph = max_rows * cell;
   // Measure the labels on a scratch surface first: the figure's size depends on them.
   double label_w = 0, label_h = 0;  // room for row labels (left) and column labels (below)
-  {
-    cairo_surface_t* s = cairo_image_surface_create(CAIRO_FORMAT_RGB24, 1, 1);
-    cairo_t* cr = cairo_create(s);
-    cairo_select_font_face(cr, kFont, CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
-    cairo_set_font_size(cr, kSmall);
-    auto width = [&](const std::string& l) {
-      cairo_text_extents_t e;
-      cairo_text_extents(cr, l.c_str(), &e);
-      return e.x_advance;
-    };
-    for (const Heatmap& h : figure.panels) {
-      for (const std::string& l : h.row_labels) label_w = std::max(label_w, width(l) + 6);
-      for (const std::string& l : h.col_labels) label_h = std::max(label_h, width(l) + 6);
-    }
-    cairo_destroy(cr);
-    cairo_surface_destroy(s);
+  for (const Heatmap& h : figure.panels) {
+    for (const std::string& l : h.row_labels) label_w = std::max(label_w, Figure::measure(l, kSmall) + 6);
+    for (const std::string& l : h.col_labels) label_h = std::max(label_h, Figure::measure(l, kSmall) + 6);
   }
   const double gap = 44 + label_w, left = 34 + label_w, top = 50, title_h = 24, bar_w = 140, vgap = 36;
   const double width = left + cols * (pw + gap) - label_w + bar_w;
@@ -372,15 +445,7 @@ Status write_heatmaps(const std::string& path, const HeatmapFigure& figure) {
   }
   // The colour bar with ticks.
   const double bx = left + cols * (pw + gap) - label_w, by = top + title_h, bh = std::max(120.0, std::min(ph, 400.0));
-  cairo_pattern_t* ramp = cairo_pattern_create_linear(0, by + bh, 0, by);  // bottom = lo, top = hi
-  for (int i = 0; i <= 32; ++i) {
-    const Rgb c = viridis(i / 32.0);
-    cairo_pattern_add_color_stop_rgb(ramp, i / 32.0, c.r / 255.0, c.g / 255.0, c.b / 255.0);
-  }
-  cairo_set_source(fig.cr(), ramp);
-  cairo_rectangle(fig.cr(), bx, by, 20, bh);
-  cairo_fill(fig.cr());
-  cairo_pattern_destroy(ramp);
+  fig.viridis_bar(bx, by, 20, bh);
   fig.rect(bx - 0.5, by - 0.5, 21, bh + 1, kDark, false);
   for (double t : nice_ticks(lo, hi, 5)) {
     const double y = by + (hi - t) / (hi - lo) * bh;

@@ -1,4 +1,5 @@
-// attn tools: plots for the command-line program (line plots and heatmaps), drawn with Cairo: antialiased
+// attn tools: plots for the command-line program (line plots and heatmaps), drawn with Cairo when the build has it
+// (check_can_draw below; the program builds without it): antialiased
 // lines, text in a real font (DejaVu Sans through fontconfig), PNG or SVG chosen by the path's extension
 // (".svg" = SVG, anything else = PNG).
 //
@@ -23,6 +24,16 @@
 #include "attn/status.h"
 
 namespace attn::plot {
+
+// Whether this build of the program draws plots: Cairo (libcairo2-dev, found with pkg-config) was there when it was
+// built. Without it every write_* below returns an error saying so.
+bool available();
+
+// For a command to call before any work: Ok when `path` is empty (no plot asked for) or this build draws plots;
+// else an error naming `option` and what is missing ("--png: this attn was built without Cairo, so it draws no
+// plots; expected --png '' (no plot) or a build with Cairo (libcairo2-dev: ...)"; `optional` false: a command
+// whose plot is its output, no '' advice).
+Status check_can_draw(const std::string& option, const std::string& path, bool optional = true);
 
 struct Rgb {
   unsigned char r = 0, g = 0, b = 0;

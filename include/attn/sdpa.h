@@ -82,7 +82,7 @@ struct Params {
   // device's default stream). The call returns once its work is queued; outputs are ready when the stream has
   // run it. Ignored for host tensors.
   void* stream = nullptr;
-  // ---- score variants (FlashAttention's names and meanings; README "Score variants") ----
+  // ---- score variants (FlashAttention's names and meanings; docs/api.md "Score variants") ----
   // With x = scale·q·k, the score of key j for query i of head h is
   //   s_ij = T(x) − slope_h·|i + Skv_b − Sq − j| + mask_ij,   T(x) = softcap·tanh(x / softcap)  (x when softcap = 0)
   // (Skv_b: the batch's key length). Logit soft-capping (Gemma 2): softcap > 0 caps every score at ±softcap
@@ -98,8 +98,8 @@ struct Params {
   std::optional<TensorView> sinks;
   // Attention dropout (training; FlashAttention's dropout_p): each weight P_ij = softmax(s)_ij is dropped with
   // probability dropout_p and the kept ones are scaled by 1 / (1 − dropout_p); the LSE is that of P (before
-  // dropout). Which weights drop is a pure function of (dropout_seed, b, h, i, j) (Philox4x32-10, README "Score
-  // variants"): the same seed gives the same mask at every thread count, in the backward, and in the reference.
+  // dropout). Which weights drop is a pure function of (dropout_seed, b, h, i, j) (Philox4x32-10, docs/api.md
+  // "Score variants"): the same seed gives the same mask at every thread count, in the backward, and in the reference.
   // 0 turns it off; must be in [0, 1).
   double dropout_p = 0;
   std::uint64_t dropout_seed = 0;

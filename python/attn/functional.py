@@ -411,7 +411,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 dropped with probability dropout_p and the kept ones scaled by 1 / (1 - dropout_p); lse is
                 that of the weights before dropout. Applied whenever dropout_p > 0, as PyTorch does (pass
                 0.0 at inference). Which weights drop is a function of seed and the (batch, head, query,
-                key) position only (Philox4x32-10; README "Score variants"): the same seed gives the same
+                key) position only (Philox4x32-10; docs/api.md "Score variants"): the same seed gives the same
                 mask at any thread count, and the backward regenerates it.
     seed        with dropout_p > 0: the mask's seed, an int in [0, 2**64). None (the default) draws one from
                 torch's default generator (torch inputs; torch.manual_seed makes it reproducible) or

@@ -10,11 +10,12 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "cmake --install failed (${rc})")
 endif()
 
-# The example is the first ```cpp block after the marker line in the README.
+# The example is the first ```cpp block after the marker line in the README (its one C++ example; the pages of
+# docs/ link to it).
 file(READ "${SOURCE_DIR}/README.md" readme)
-string(FIND "${readme}" "<!-- readme-example: compiled and run by tests/package -->" at)
+string(FIND "${readme}" "<!-- example: C++, compiled and run by tests/package -->" at)
 if(at EQUAL -1)
-  message(FATAL_ERROR "README.md has no readme-example marker")
+  message(FATAL_ERROR "README.md has no C++ example marker (<!-- example: C++, compiled and run by tests/package -->)")
 endif()
 string(SUBSTRING "${readme}" ${at} -1 rest)
 string(FIND "${rest}" "```cpp\n" open)

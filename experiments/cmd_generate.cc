@@ -239,6 +239,7 @@ Status generate(const GenerateArgs& a, std::ostream& out) {
   if (kv_dtype == DType::boolean)
     return Status::Invalid("--kv-dtype", "'" + a.kv_dtype + "'; expected f32, bf16, f16 or int8 (i8)");
   if (Status s = check_outputs({{"--png", a.png}}, {}); !s) return s;  // before minutes of work
+  if (Status s = plot::check_can_draw("--png", a.png); !s) return s;
   if (a.threads > 0 && openblas_set_num_threads) openblas_set_num_threads(a.threads);
   Model m;
   if (Status s = build(a, &m); !s) {

@@ -318,6 +318,7 @@ Status check(const CompareArgs& a) {
 Status compare(const CompareArgs& a, std::ostream& out) {
   if (Status s = check(a); !s) return s;
   if (Status s = check_outputs({{"--png", a.png}}, {}); !s) return s;  // before anything runs
+  if (Status s = plot::check_can_draw("--png", a.png); !s) return s;
   const int A = a.attn_dim > 0 ? a.attn_dim : a.d;
   char line[256];
 

@@ -190,6 +190,7 @@ Status check(const ExperimentArgs& a) {
 Status experiment(const ExperimentArgs& a, std::ostream& out) {
   if (Status s = check(a); !s) return s;
   if (Status s = check_outputs({{"--png", a.png}}, {}); !s) return s;  // before the training runs
+  if (Status s = plot::check_can_draw("--png", a.png); !s) return s;
   const auto start = std::chrono::steady_clock::now();
   const double scales[2] = {1.0 / std::sqrt(double(a.dk)), 1.0};
   const char* names[2] = {"1/sqrt(dk)", "1"};

@@ -1,6 +1,6 @@
 // attn bench: times attn::attention (or attn::attention_paged) on random inputs of a given or canonical
 // shape and reports the median time, GFLOP/s, GB/s, the fractions of the machine's ceilings measured in
-// the same process (tools/bench_ceilings.h) and the resident memory before, with and while running.
+// the same process (bench/harness/ceilings.h) and the resident memory before, with and while running.
 //
 // Counting: flops = 2·(Dk + Dv)·Hq·(allowed (query, key) pairs), exact for the causal mask and ragged key
 // lengths (flops_nominal is docs/DESIGN.md's 4·B·Hq·Sq·Skv·D, halved for causal when Sq = Skv);
@@ -33,7 +33,7 @@
 #include <utility>
 #include <vector>
 
-#include "bench_ceilings.h"
+#include "ceilings.h"
 #include "commands.h"
 #include "core/convert.h"
 #include "attn/info.h"
@@ -778,7 +778,7 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
   sub->add_flag("--alibi", a->alibi, "Score variant: ALiBi biases with the geometric slopes 2^(-8(h+1)/Hq)");
   sub->add_flag("--sinks", a->sinks, "Score variant: an attention sink of logit 0.5 per head");
   sub->add_option("--dropout", a->dropout, "Attention dropout with this probability in [0, 1) (seed 1)")->type_name("P");
-  sub->add_flag("--json", a->json, "Print one JSON object per run (fields: see the README's Benchmarks section)");
+  sub->add_flag("--json", a->json, "Print one JSON object per run (fields: see docs/benchmarks.md)");
   sub->add_flag("--no-ceilings", a->no_ceilings, "Skip measuring the machine's ceilings (fractions become null)");
   sub->add_flag("--no-huge-pages", a->no_huge_pages,
                 "Do not ask for transparent huge pages for the inputs and the bandwidth buffer");

@@ -1,9 +1,9 @@
-// attn bench: measuring the machine's ceilings (see bench_ceilings.h). The inner loops are compiled
-// once per instruction set, each in its own namespace under its own `#pragma GCC target`, the way
-// src/cpu/flash_*.cc compile the kernel; the CPU features decide which one runs.
-#include "bench_ceilings.h"
+// attn bench: measuring the machine's ceilings (see ceilings.h). The vector loops are compiled once per
+// instruction-set level of src/cpu/isa_list.h, each in its own namespace under its own `#pragma GCC target`
+// (bench/harness/ceilings_unit.cc.in, generated per level as the kernels are); the CPU features decide which
+// one runs. The AMX loop is assembly, here.
+#include "ceilings.h"
 
-#include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -18,96 +18,35 @@
 #include <mutex>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 
-#include "core/convert.h"
 #include "cpu/amx_tiles.h"
 #include "cpu/cpu_features.h"
+#include "cpu/isa_list.h"
 
 namespace attn::tools {
 
 // ---- the loops, per instruction set ---------------------------------------------------------------------
-// fma_loop (tools/ceiling_fma.h, written once over cpu/vec.h): the peak FMA rate.
-// read_sum: adds up n 64-bit words (n a multiple of 32) with four independent vector accumulators.
 
-namespace ceiling_sse2 {
-#define ATTN_VEC_SSE2
-#include "ceiling_fma.h"
-#undef ATTN_VEC_SSE2
-
-std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
-  __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
-  for (std::int64_t i = 0; i < n; i += 8) {
-    s0 = _mm_add_epi64(s0, _mm_load_si128(reinterpret_cast<const __m128i*>(p + i)));
-    s1 = _mm_add_epi64(s1, _mm_load_si128(reinterpret_cast<const __m128i*>(p + i + 2)));
-    s2 = _mm_add_epi64(s2, _mm_load_si128(reinterpret_cast<const __m128i*>(p + i + 4)));
-    s3 = _mm_add_epi64(s3, _mm_load_si128(reinterpret_cast<const __m128i*>(p + i + 6)));
+// One ceiling unit per line of cpu/isa_list.h.
+#define ATTN_CEILING_DECLARE(name, target, vec, usable) \
+  namespace ceiling_##name {                            \
+  CeilingLoops loops();                                 \
   }
-  alignas(16) std::uint64_t out[2];
-  _mm_store_si128(reinterpret_cast<__m128i*>(out), _mm_add_epi64(_mm_add_epi64(s0, s1), _mm_add_epi64(s2, s3)));
-  return out[0] + out[1];
+ATTN_VECTOR_ISAS(ATTN_CEILING_DECLARE)
+#undef ATTN_CEILING_DECLARE
+
+namespace {
+// The loops of the last level of the list this CPU and OS allow (the list runs lowest first; sse2 always).
+CeilingLoops best_loops(const cpu::CpuFeatures& f) {
+  CeilingLoops best{};
+#define ATTN_CEILING_PICK(name, target, vec, usable) \
+  if (usable) best = ceiling_##name::loops();
+  ATTN_VECTOR_ISAS(ATTN_CEILING_PICK)
+#undef ATTN_CEILING_PICK
+  return best;
 }
-}  // namespace ceiling_sse2
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#ifdef __clang__  // clang ignores `#pragma GCC target`; this is its equivalent
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#endif
-namespace ceiling_avx2 {
-#define ATTN_VEC_AVX2
-#include "ceiling_fma.h"
-#undef ATTN_VEC_AVX2
-
-std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
-  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-  for (std::int64_t i = 0; i < n; i += 16) {
-    s0 = _mm256_add_epi64(s0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
-    s1 = _mm256_add_epi64(s1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
-    s2 = _mm256_add_epi64(s2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
-    s3 = _mm256_add_epi64(s3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
-  }
-  alignas(32) std::uint64_t out[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(out),
-                     _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)));
-  return out[0] + out[1] + out[2] + out[3];
-}
-}  // namespace ceiling_avx2
-#ifdef __clang__
-#pragma clang attribute pop
-#endif
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
-#ifdef __clang__  // clang ignores `#pragma GCC target`; this is its equivalent
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))), apply_to = function)
-#endif
-namespace ceiling_avx512 {
-#define ATTN_VEC_AVX512
-#include "ceiling_fma.h"
-#undef ATTN_VEC_AVX512
-
-std::uint64_t read_sum(const std::uint64_t* p, std::int64_t n) {
-  __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-  for (std::int64_t i = 0; i < n; i += 32) {
-    s0 = _mm512_add_epi64(s0, _mm512_load_si512(p + i));
-    s1 = _mm512_add_epi64(s1, _mm512_load_si512(p + i + 8));
-    s2 = _mm512_add_epi64(s2, _mm512_load_si512(p + i + 16));
-    s3 = _mm512_add_epi64(s3, _mm512_load_si512(p + i + 24));
-  }
-  alignas(64) std::uint64_t out[8];  // summed unsigned: _mm512_reduce_add_epi64 adds as signed (UB on overflow)
-  _mm512_store_si512(out, _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
-  std::uint64_t total = 0;
-  for (const std::uint64_t x : out) total += x;
-  return total;
-}
-}  // namespace ceiling_avx512
-#ifdef __clang__
-#pragma clang attribute pop
-#endif
-#pragma GCC pop_options
+}  // namespace
 
 // AMX: written in assembly (the assembler knows the instructions whatever the compiler target), with the
 // tile configuration of cpu/amx_tiles.h (an explicit ldtilecfg from memory). Four accumulator tiles
@@ -252,25 +191,11 @@ Ceilings measure(const CeilingOptions& options) {
   const double trial_s = options.quick ? 0.002 : 0.08;
   const int trials = options.quick ? 1 : 3;
 
-  std::uint64_t (*sum)(const std::uint64_t*, std::int64_t) = ceiling_sse2::read_sum;
-  if (f.avx512_usable()) {
-    c.fma_isa = "avx512";
-    c.fma_gflops = peak_rate(c.threads, ceiling_avx512::kFlops, trial_s, trials,
-                             [](std::int64_t n) { return ceiling_avx512::fma_loop(n, 1.0f); }) /
-                   1e9;
-    sum = ceiling_avx512::read_sum;
-  } else if (f.avx2_usable()) {
-    c.fma_isa = "avx2";
-    c.fma_gflops = peak_rate(c.threads, ceiling_avx2::kFlops, trial_s, trials,
-                             [](std::int64_t n) { return ceiling_avx2::fma_loop(n, 1.0f); }) /
-                   1e9;
-    sum = ceiling_avx2::read_sum;
-  } else {
-    c.fma_isa = "sse2";
-    c.fma_gflops = peak_rate(c.threads, ceiling_sse2::kFlops, trial_s, trials,
-                             [](std::int64_t n) { return ceiling_sse2::fma_loop(n, 1.0f); }) /
-                   1e9;
-  }
+  const CeilingLoops loops = best_loops(f);
+  c.fma_isa = loops.vec;
+  c.fma_gflops = peak_rate(c.threads, loops.fma_flops, trial_s, trials,
+                           [&loops](std::int64_t n) { return loops.fma_loop(n, 1.0f); }) /
+                 1e9;
 
   if (!f.amx_bf16_usable()) {
     c.amx_note = f.amx_tile && f.amx_bf16 ? "the OS does not enable AMX state (XCR0)" : "no AMX-BF16 on this CPU";
@@ -289,7 +214,8 @@ Ceilings measure(const CeilingOptions& options) {
   bytes = std::max<std::int64_t>(bytes, std::int64_t{1} << 20) / (std::int64_t{256} * c.threads) * 256 * c.threads;
   c.read_buffer_bytes = bytes;
   c.huge_pages = options.huge_pages;
-  c.read_gbps = read_bandwidth(c.threads, bytes, options.huge_pages, options.quick ? 1 : 3, sum, &c.read_setup_seconds);
+  c.read_gbps = read_bandwidth(c.threads, bytes, options.huge_pages, options.quick ? 1 : 3, loops.read_sum,
+                               &c.read_setup_seconds);
   c.seconds = seconds_since(start);
   return c;
 }

@@ -38,4 +38,14 @@ const Ceilings& measure_ceilings(const CeilingOptions& options);
 // Bytes of memory the kernel says are free for new allocations (MemAvailable), 0 if unknown.
 std::int64_t available_memory_bytes();
 
+// What each instruction-set level's ceiling unit (ceilings_unit.cc.in, one per line of src/cpu/isa_list.h)
+// gives measure_ceilings(): its vector flavour's name ("sse2", "avx2", "avx512": Ceilings::fma_isa), the flops of
+// one fma_loop iteration, and the two loops compiled for that level.
+struct CeilingLoops {
+  const char* vec = "";
+  double fma_flops = 0;
+  float (*fma_loop)(std::int64_t iters, float seed) = nullptr;  // returns a sum, so the work is not dropped
+  std::uint64_t (*read_sum)(const std::uint64_t* words, std::int64_t n) = nullptr;
+};
+
 }  // namespace attn::tools

@@ -108,6 +108,7 @@ Status ring_bench(const RingBenchArgs& a, std::ostream& out) {
   if (a.seq < 2 * P) return Status::Invalid("--seq", std::to_string(a.seq) + "; expected at least 2 tokens per rank");
   {  // the output, checked on rank 0 before any work; every rank learns the outcome (none waits for a failed one)
     Status s = rank == 0 && !a.png.empty() ? check_outputs({{"--png", a.png}}, {}) : Status::Ok();
+    if (s && rank == 0) s = plot::check_can_draw("--png", a.png);
     int bad = !s.ok();
     MPI_Bcast(&bad, 1, MPI_INT, 0, comm);
     if (bad) return rank == 0 ? s : Status::Invalid("--png", "refused on rank 0");
