@@ -55,6 +55,21 @@ Status set_isa(const std::string& level) {
 
 int resolve_threads(int requested) { return cpu::resolve_threads(requested); }
 
+namespace {
+
+// What the CUDA backend's decision says of a call (cuda/backend.h), or why it cannot run.
+Status describe_cuda(const cuda::Choice& c, KernelInfo* r) {
+  if (!c.status) return c.status;
+  r->backend = c.path == cuda::Path::cudnn ? "cudnn" : "flash";
+  r->isa = c.arch;
+  r->kernel = c.kernel;
+  r->threads = 0;
+  r->workspace_bytes = c.workspace_bytes;
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status describe_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                           const Params& params, const std::optional<TensorView>& lse, KernelInfo* info) {
   core::Problem p;
@@ -71,13 +86,7 @@ Status describe_attention(const TensorView& q, const TensorView& k, const Tensor
     r.threads = 1;
     r.workspace_bytes = reference::bytes_needed(p, /*backward=*/false);
   } else if (p.device.is_cuda()) {
-    const cuda::Choice c = cuda::select_forward(p);
-    if (!c.status) return c.status;
-    r.backend = c.path == cuda::Path::cudnn ? "cudnn" : "flash";
-    r.isa = c.arch;
-    r.kernel = c.kernel;
-    r.threads = 0;
-    r.workspace_bytes = c.workspace_bytes;
+    if (Status s = describe_cuda(cuda::select_forward(p), &r); !s) return s;
   } else {
     const cpu::Choice c = cpu::select_flash(p, r.threads);
     if (!c.fn) return Status::Unsupported("q", "no flash kernel for these dtypes");
@@ -109,13 +118,7 @@ Status describe_attention_backward(const TensorView& q, const TensorView& k, con
     r.threads = 1;
     r.workspace_bytes = reference::bytes_needed(bp.fwd, /*backward=*/true);
   } else if (bp.fwd.device.is_cuda()) {
-    const cuda::Choice c = cuda::select_backward(bp);
-    if (!c.status) return c.status;
-    r.backend = c.path == cuda::Path::cudnn ? "cudnn" : "flash";
-    r.isa = c.arch;
-    r.kernel = c.kernel;
-    r.threads = 0;
-    r.workspace_bytes = c.workspace_bytes;
+    if (Status s = describe_cuda(cuda::select_backward(bp), &r); !s) return s;
   } else {
     const cpu::BackwardChoice c = cpu::select_backward(bp, r.threads);
     if (!c.fn) return Status::Unsupported("q", "no backward kernel for these dtypes");

@@ -1,5 +1,6 @@
 // Argument validation for attention(): every check happens here, before any output is touched.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -198,8 +199,15 @@ Strided strided4(const TensorView& t) {
 // A mask value the softmax can take: finite or -inf. `x <= FLT_MAX` fails exactly for NaN and +inf.
 bool mask_value_ok(float x) { return x <= std::numeric_limits<float>::max(); }
 
+// A tensor of a call and its parameter's name (null: not given).
+struct NamedView {
+  const char* name;
+  const TensorView* t;
+};
+
 // Every tensor of a call on q's device: the first that is not is named.
-Status check_placement(const Device& device, std::initializer_list<std::pair<const char*, const TensorView*>> views) {
+template <class Views>
+Status check_placement(const Device& device, const Views& views) {
   for (const auto& [name, t] : views)
     if (t && t->device != device)
       return Status::Invalid(name, "on " + device_name(t->device) + "; expected q's device, " + device_name(device) +
@@ -482,17 +490,18 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
       return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32, bf16 or f16" +
                                        (kv ? " (or i8 with k_scale and v_scale)" : ""));
   }
-  if (Status s = check_placement(q.device, {{kname, &k}, {vname, &v}, {"out", &out},
-                                            {"lse", lse ? &*lse : nullptr},
-                                            {"mask", params.mask ? &*params.mask : nullptr},
-                                            {"kv_lens", params.kv_lens ? &*params.kv_lens : nullptr},
-                                            {"page_table", paged ? &paged->page_table : nullptr},
-                                            {"seq_lens", paged ? &paged->seq_lens : nullptr},
-                                            {"alibi_slopes", params.alibi_slopes ? &*params.alibi_slopes : nullptr},
-                                            {"sinks", params.sinks ? &*params.sinks : nullptr},
-                                            {"k_scale", params.k_scale ? &*params.k_scale : nullptr},
-                                            {"v_scale", params.v_scale ? &*params.v_scale : nullptr}});
-      !s)
+  // Every input of the call (the outputs out and lse aside).
+  const NamedView inputs[] = {{"q", &q}, {kname, &k}, {vname, &v},
+                              {"mask", params.mask ? &*params.mask : nullptr},
+                              {"kv_lens", params.kv_lens ? &*params.kv_lens : nullptr},
+                              {"page_table", paged ? &paged->page_table : nullptr},
+                              {"seq_lens", paged ? &paged->seq_lens : nullptr},
+                              {"alibi_slopes", params.alibi_slopes ? &*params.alibi_slopes : nullptr},
+                              {"sinks", params.sinks ? &*params.sinks : nullptr},
+                              {"k_scale", params.k_scale ? &*params.k_scale : nullptr},
+                              {"v_scale", params.v_scale ? &*params.v_scale : nullptr}};
+  if (Status s = check_placement(q.device, inputs); !s) return s;
+  if (Status s = check_placement(q.device, std::array<NamedView, 2>{{{"out", &out}, {"lse", lse ? &*lse : nullptr}}}); !s)
     return s;
   p.device = q.device;
   p.stream = params.stream;
@@ -637,18 +646,6 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
 
   // Outputs must not alias inputs (or each other): results would depend on the order of writes.
   const Extent eo = extent_of(out);
-  const struct {
-    const char* name;
-    const TensorView* t;
-  } inputs[] = {{"q", &q}, {kname, &k}, {vname, &v},
-                {"mask", params.mask ? &*params.mask : nullptr},
-                {"kv_lens", params.kv_lens ? &*params.kv_lens : nullptr},
-                {"page_table", paged ? &paged->page_table : nullptr},
-                {"seq_lens", paged ? &paged->seq_lens : nullptr},
-                {"alibi_slopes", params.alibi_slopes ? &*params.alibi_slopes : nullptr},
-                {"sinks", params.sinks ? &*params.sinks : nullptr},
-                {"k_scale", params.k_scale ? &*params.k_scale : nullptr},
-                {"v_scale", params.v_scale ? &*params.v_scale : nullptr}};
   for (const auto& [name, t] : inputs) {
     if (!t) continue;
     const Extent ei = extent_of(*t);
@@ -690,10 +687,9 @@ Status validate_backward(const TensorView& q, const TensorView& k, const TensorV
                          const std::optional<TensorView>& grad_sinks, BackwardProblem* problem) {
   BackwardProblem& bp = *problem;  // in place, as validate_impl (core::KvLenLoan)
   if (Status s = validate(q, k, v, out, params, lse, &bp.fwd); !s) return s;
-  if (Status s = check_placement(q.device, {{"grad_out", &grad_out}, {"grad_q", &grad_q}, {"grad_k", &grad_k},
-                                            {"grad_v", &grad_v}, {"grad_sinks", grad_sinks ? &*grad_sinks : nullptr}});
-      !s)
-    return s;
+  const NamedView grad_views[] = {{"grad_out", &grad_out}, {"grad_q", &grad_q}, {"grad_k", &grad_k},
+                                  {"grad_v", &grad_v}, {"grad_sinks", grad_sinks ? &*grad_sinks : nullptr}};
+  if (Status s = check_placement(q.device, grad_views); !s) return s;
   if (k.dtype == DType::i8)
     return Status::Invalid("k", "dtype i8; expected f32, bf16 or f16 (8-bit K/V are for inference: no backward)");
   // The LSE's values are not read: the backward recomputes each row's statistics from the scores (see

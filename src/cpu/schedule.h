@@ -87,21 +87,14 @@ void run_loop(const Loop<Fn>& l, WS& ws, int& failed) {
     }
   };
   if (l.spread == Spread::dynamic) {
-    if (l.wait) {
-#pragma omp for schedule(dynamic)
-      for (std::int64_t it = 0; it < l.items; ++it) body(it);
-    } else {
 #pragma omp for schedule(dynamic) nowait
-      for (std::int64_t it = 0; it < l.items; ++it) body(it);
-    }
-  } else {
-    if (l.wait) {
-#pragma omp for schedule(static)
-      for (std::int64_t it = 0; it < l.items; ++it) body(it);
-    } else {
-#pragma omp for schedule(static) nowait
-      for (std::int64_t it = 0; it < l.items; ++it) body(it);
-    }
+    for (std::int64_t it = 0; it < l.items; ++it) body(it);
+  } else {  // thread t of T takes items [t·n/T, (t+1)·n/T)
+    const std::int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+    for (std::int64_t it = l.items * t / team; it < l.items * (t + 1) / team; ++it) body(it);
+  }
+  if (l.wait) {
+#pragma omp barrier
   }
 }
 
