@@ -6,6 +6,13 @@ first included inside the unit's target region, which other units define too; th
 for the whole program, and a machine without the instruction set then dies of an illegal instruction. (A function
 whose name mentions the namespace, even as a template argument, exists in this unit only.)
 
+And no function outside the unit's namespace may take the unit's vectors or lane type (a `__vector(...)` parameter,
+or `VecLanes` among its template arguments: core/variant.h's vector hooks over a kernel's lanes) out of line. Such
+a template is defined outside the target region, so GCC compiles it for the baseline wherever it is instantiated:
+called out of line from the kernel, it passes AVX vectors through the baseline's ABI and computes garbage (at -O3
+every such call is inlined and hides it; at -O2 under the sanitizers it was not). They are always inlined
+(ATTN_HD, ATTN_INLINE in core/hd.h).
+
 The objects with a target region, and the namespace each keeps its wide code in:
   isa_<level>.cc.o       src/cpu/isa_unit.cc.in, one per level of src/cpu/isa_list.h   attn::cpu::<level>
   flash_amx.cc.o         src/cpu/flash_amx.cc                                           attn::cpu::amx
@@ -45,6 +52,23 @@ def namespace_of(path):
     return None
 
 
+def top_level(name):
+    """The name with every <...> and (...) removed: its own scope, return type and qualifiers, no arguments."""
+    out, depth = [], 0
+    for ch in name:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
+def takes_lanes_out_of_line(func, own):
+    return own not in top_level(func) and ("__vector(" in func or "VecLanes" in func)
+
+
 def check(objdump, path):
     own = namespace_of(path)
     out = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", path], check=True, capture_output=True,
@@ -53,7 +77,8 @@ def check(objdump, path):
     for line in out.splitlines() + ["0 <end>:"]:
         m = FUNC.match(line)
         if m:
-            if func is not None and wide and own not in func and not func.startswith(GENERATED):
+            if func is not None and not func.startswith(GENERATED) and (
+                    (wide and own not in func) or takes_lanes_out_of_line(func, own)):
                 bad.append(func)
             func, wide = m.group(1), False
             continue
@@ -75,7 +100,8 @@ def main():
         return 1
     bad = [b for o in objects for b in check(objdump, o)]
     if bad:
-        print("functions outside their unit's namespace compiled with wide instructions:", file=sys.stderr)
+        print("functions outside their unit's namespace compiled with wide instructions, or taking its vectors out of "
+              "line:", file=sys.stderr)
         for b in bad:
             print("  " + b, file=sys.stderr)
         return 1

@@ -16,6 +16,17 @@
 #define ATTN_HD inline
 #endif
 
+// Host-only code the vector kernels instantiate from outside their `#pragma GCC target` region (core/variant.h's
+// vector hooks, templates over a kernel's lane type): always inlined, for the same reason. A template function
+// defined outside the region is compiled for the baseline wherever it is instantiated, so out of line (as GCC
+// leaves it at -O2 under the sanitizers) it would take and return AVX vectors through the baseline's ABI: wrong
+// values, no diagnostic (-Wno-psabi). scripts/check_isa_objects.py rejects any such function left out of line.
+#if defined(__GNUC__)
+#define ATTN_INLINE inline __attribute__((always_inline))
+#else
+#define ATTN_INLINE inline
+#endif
+
 // True while compiling device code (nvcc's device pass); the host model and the host pass see 0.
 #if defined(__CUDA_ARCH__)
 #define ATTN_DEVICE_PASS 1

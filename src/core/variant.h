@@ -36,7 +36,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <optional>
 
 #include "core/online_softmax.h"
 #include "core/problem.h"
@@ -57,9 +56,10 @@ struct NoDenseMask {
   ATTN_HD static Row row(const P&, std::int64_t, std::int64_t, std::int64_t) { return {}; }
   template <class L, int N>
   struct Lanes {
-    Lanes(const Problem&, std::int64_t, const std::int64_t*, const std::int64_t*, std::int64_t, std::int64_t) {}
-    bool active() const { return false; }
-    typename L::T bias(int, std::int64_t) const { return L::set1(0.0f); }
+    ATTN_INLINE Lanes(const Problem&, std::int64_t, const std::int64_t*, const std::int64_t*, std::int64_t,
+                      std::int64_t) {}
+    ATTN_INLINE bool active() const { return false; }
+    ATTN_INLINE typename L::T bias(int, std::int64_t) const { return L::set1(0.0f); }
   };
 };
 
@@ -71,14 +71,16 @@ struct DenseRow {
   ATTN_HD float bias(std::int64_t j) const { return Bias(base[j * stride]); }
 };
 
-// The rows of up to N lanes of a dense mask (lanes past n read lane 0's row), from key j0 on.
+// The rows of up to N lanes of a dense mask (lanes past n read lane 0's row), from key j0 on; `on` false: the
+// problem's mask is of another kind (AnyMask), nothing is read.
 template <class L, int N, class E, float (*Bias)(E)>
 struct DenseLanes {
-  const E* base[N];
+  const E* base[N] = {};
   std::int64_t stride = 0;
   bool shared = true;  // every lane reads one row
-  DenseLanes(const Problem& p, std::int64_t b, const std::int64_t* h, const std::int64_t* i, std::int64_t n,
-             std::int64_t j0) {
+  ATTN_INLINE DenseLanes(const Problem& p, std::int64_t b, const std::int64_t* h, const std::int64_t* i, std::int64_t n,
+                         std::int64_t j0, bool on = true) {
+    if (!on) return;
     stride = p.mask.stride[3];
     for (int r = 0; r < N; ++r) {
       const std::int64_t s = r < n ? r : 0;
@@ -86,8 +88,8 @@ struct DenseLanes {
       shared = shared && base[r] == base[0];
     }
   }
-  bool active() const { return true; }
-  typename L::T bias(int v, std::int64_t c) const {
+  ATTN_INLINE bool active() const { return true; }
+  ATTN_INLINE typename L::T bias(int v, std::int64_t c) const {
     if (shared) return L::set1(Bias(base[0][c * stride]));
     alignas(64) float x[L::W];
     for (int w = 0; w < L::W; ++w) x[w] = Bias(base[v * L::W + w][c * stride]);
@@ -146,20 +148,19 @@ struct AnyMask {
   }
   template <class L, int N>
   struct Lanes {
+    // (No std::optional here: its members are compiled outside the kernels' target regions; see ATTN_INLINE.)
     MaskKind kind;
-    std::optional<typename AdditiveMask::template Lanes<L, N>> add;
-    std::optional<typename KeepMask::template Lanes<L, N>> keep;
-    Lanes(const Problem& p, std::int64_t b, const std::int64_t* h, const std::int64_t* i, std::int64_t n,
-          std::int64_t j0)
-        : kind(p.mask_kind) {
-      if (kind == MaskKind::additive) add.emplace(p, b, h, i, n, j0);
-      if (kind == MaskKind::keep) keep.emplace(p, b, h, i, n, j0);
-    }
-    bool active() const { return kind != MaskKind::none; }
-    typename L::T bias(int v, std::int64_t c) const {
+    typename AdditiveMask::template Lanes<L, N> add;
+    typename KeepMask::template Lanes<L, N> keep;
+    ATTN_INLINE Lanes(const Problem& p, std::int64_t b, const std::int64_t* h, const std::int64_t* i, std::int64_t n,
+                      std::int64_t j0)
+        : kind(p.mask_kind), add(p, b, h, i, n, j0, kind == MaskKind::additive),
+          keep(p, b, h, i, n, j0, kind == MaskKind::keep) {}
+    ATTN_INLINE bool active() const { return kind != MaskKind::none; }
+    ATTN_INLINE typename L::T bias(int v, std::int64_t c) const {
       switch (kind) {
-        case MaskKind::additive: return add->bias(v, c);
-        case MaskKind::keep: return keep->bias(v, c);
+        case MaskKind::additive: return add.bias(v, c);
+        case MaskKind::keep: return keep.bias(v, c);
         default: return L::set1(0.0f);
       }
     }
@@ -185,8 +186,9 @@ struct Identity {
   static bool from_far_side(const Problem&) { return false; }
   template <class L, int N>
   struct Lanes {
-    Lanes(const Problem&, std::int64_t, const std::int64_t*, const std::int64_t*, std::int64_t, std::int64_t) {}
-    typename L::T apply(int, std::int64_t, typename L::T x) const { return x; }
+    ATTN_INLINE Lanes(const Problem&, std::int64_t, const std::int64_t*, const std::int64_t*, std::int64_t,
+                      std::int64_t) {}
+    ATTN_INLINE typename L::T apply(int, std::int64_t, typename L::T x) const { return x; }
   };
 };
 
@@ -232,8 +234,8 @@ struct ScoreMods {
     bool cap_on = false, alibi = false;
     T cap, inv_cap;
     alignas(64) float slope[N], base[N];  // base = diag − j0
-    Lanes(const Problem& p, std::int64_t b, const std::int64_t* h, const std::int64_t* i, std::int64_t n,
-          std::int64_t j0)
+    ATTN_INLINE Lanes(const Problem& p, std::int64_t b, const std::int64_t* h, const std::int64_t* i, std::int64_t n,
+                      std::int64_t j0)
         : cap_on(p.softcap > 0), alibi(p.alibi.has_value()), cap(L::set1(p.softcap)),
           inv_cap(L::set1(p.softcap > 0 ? 1.0f / p.softcap : 0.0f)) {
       for (int r = 0; r < N; ++r) {
@@ -242,7 +244,7 @@ struct ScoreMods {
         base[r] = r < n ? static_cast<float>(row.diag - j0) : 0.0f;
       }
     }
-    T apply(int v, std::int64_t c, T x) const {
+    ATTN_INLINE T apply(int v, std::int64_t c, T x) const {
       if (cap_on) x = L::mul(cap, L::tanh(L::mul(x, inv_cap)));
       if (alibi) x = L::sub(x, L::mul(L::load(slope + v * L::W), L::abs(L::sub(L::load(base + v * L::W),
                                                                                  L::set1(static_cast<float>(c))))));
@@ -292,12 +294,12 @@ struct Variant {
     using T = typename L::T;
     typename Mask::template Lanes<L, N> mask;
     typename Transform::template Lanes<L, N> transform;
-    Lanes(const Problem& p, std::int64_t b, const std::int64_t* h, const std::int64_t* i, std::int64_t n,
-          std::int64_t j0)
+    ATTN_INLINE Lanes(const Problem& p, std::int64_t b, const std::int64_t* h, const std::int64_t* i, std::int64_t n,
+                      std::int64_t j0)
         : mask(p, b, h, i, n, j0), transform(p, b, h, i, n, j0) {}
     // The lanes' scores at key j0 + c from x = scale·q·k (the fp32 form of Row::logit); `hidden` is set when the
     // dense mask hides the key from some lane.
-    T logit(int v, std::int64_t c, T x, bool& hidden) const {
+    ATTN_INLINE T logit(int v, std::int64_t c, T x, bool& hidden) const {
       const T y = transform.apply(v, c, x);
       if (!mask.active()) return y;
       const T b = mask.bias(v, c);

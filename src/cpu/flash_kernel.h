@@ -347,6 +347,12 @@ struct KeyWindow {
 // lane sees whole needs nothing at all; with it, each score is the variant's logit of x = scale·s (the vector form
 // of core/variant.h's hooks: dense mask, softcap, ALiBi, whatever the variant is). Returns whether some (lane, key)
 // pair of the tile is hidden (by a key range or the dense mask).
+// The hooks of a variant without per-element work: none.
+struct NoHooks {
+  template <class... A>
+  explicit NoHooks(const A&...) {}
+};
+
 template <int QV, class Variant>
 bool finish_scores(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool interior,
                    float* st) {
@@ -354,13 +360,15 @@ bool finish_scores(const core::Problem& p, const Lanes& lanes, std::int64_t j0, 
   bool hidden = !interior;
   std::optional<KeyWindow> window;
   if (!interior) window.emplace(p, lanes, j0);
-  std::optional<typename Variant::template Lanes<VecLanes, BR>> hooks;
-  if constexpr (Variant::kPerElement) hooks.emplace(p, lanes.b, lanes.h, lanes.i, lanes.n, j0);
+  // The variant's vector hooks, built here in the kernel's target region (never through std::optional, whose
+  // members are compiled for the baseline: see ATTN_INLINE in core/hd.h).
+  using Hooks = std::conditional_t<Variant::kPerElement, typename Variant::template Lanes<VecLanes, BR>, NoHooks>;
+  const Hooks hooks(p, lanes.b, lanes.h, lanes.i, lanes.n, j0);
   const V scale = Vec::set1(static_cast<float>(p.scale));
   for (std::int64_t c = 0; c < cols; ++c)
     for (int v = 0; v < QV; ++v) {
       V x = Vec::load(st + c * BR + v * W);
-      if constexpr (Variant::kPerElement) x = hooks->logit(v, c, Vec::mul(x, scale), hidden);
+      if constexpr (Variant::kPerElement) x = hooks.logit(v, c, Vec::mul(x, scale), hidden);
       if (window) x = window->hide(v, c, x);
       Vec::store(st + c * BR + v * W, x);
     }
