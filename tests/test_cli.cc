@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <random>
@@ -711,6 +712,56 @@ TEST_F(CliTest, CliRunBackwardWritesGradientsMatchingTheLibrary) {
 }
 
 // Score variants and dropout from the command line: the reference backend's result for the same Params.
+// attn ring-plan's numbers against the cost model written out here independently (docs/ring.md): block c = S / P
+// tokens per host; a step sends one K/V block, c·Hkv·(D + Dv)·2 bytes, over the link (+ latency) while computing
+// one block pair, 4·c²·Hq·D FLOPs, halved under causal zigzag; the forward is P steps when the transfer hides,
+// the backward 2.5 forwards; transfer hides while 2·c²·Hq·D / R >= c·Hkv·(D + Dv)·2·8 / BW + latency.
+TEST_F(CliTest, RingPlanNumbersFollowTheCostModel) {
+  const Outcome r = cli({"ring-plan", "--seq", "1000000", "--hosts", "8,64", "--bandwidth", "400"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double S = 1e6, Hq = 32, Hkv = 8, D = 128, R = 1e12, bw = 400e9, lat = 5e-6;
+  // "<number><suffix>" with k/M suffixes, or a number followed by a unit word (s, ms, us, GB, MB).
+  const auto value = [](const std::string& num, const std::string& unit) {
+    double x = std::strtod(num.c_str(), nullptr);
+    const char last = num.back();
+    if (last == 'k') x *= 1e3;
+    if (last == 'M') x *= 1e6;
+    const std::map<std::string, double> units = {{"s", 1}, {"ms", 1e-3}, {"us", 1e-6}, {"GB", 1e9}, {"MB", 1e6}, {"", 1}};
+    return x * units.at(unit);
+  };
+  const auto near = [](double got, double want, double rel) { return std::fabs(got - want) <= rel * std::fabs(want); };
+  int rows = 0;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream f(line);
+    std::vector<std::string> w{std::istream_iterator<std::string>(f), std::istream_iterator<std::string>()};
+    if (w.size() != 15 || w[0] != "1M") continue;
+    ++rows;
+    const double P = std::stod(w[1]), c = S / P;
+    const double compute = 4 * c * c * Hq * D / 2 / R, transfer = c * Hkv * (D + D) * 2 * 8 / bw + lat;
+    const double memory = c * (Hq * D * 2 + Hkv * 2 * D * 2 * 3 + Hq * D * 2 + Hq * D * 4 + Hq * 4);
+    EXPECT_TRUE(near(value(w[2], ""), c, 0.005)) << line;
+    EXPECT_TRUE(near(value(w[3], w[4]), compute, 0.005)) << line;
+    EXPECT_TRUE(near(value(w[5], w[6]), transfer, 0.005)) << line;
+    EXPECT_TRUE(near(value(w[7], w[8]), P * compute, 0.005)) << line;
+    EXPECT_TRUE(near(value(w[9], w[10]), 2.5 * P * compute, 0.005)) << line;
+    EXPECT_EQ(w[11], "100.0%") << line;
+    EXPECT_TRUE(near(std::stod(w[12]), P, 0.01)) << line;
+    EXPECT_TRUE(near(value(w[13], w[14]), memory, 0.01)) << line;
+  }
+  EXPECT_EQ(rows, 2) << r.out;
+  // c*: the positive root of (2·Hq·D / R)·c² − (Hkv·2D·2·8 / BW)·c − latency = 0, and S / c* hosts
+  const double a = 2 * Hq * D / R, b = Hkv * 2 * D * 2 * 8 / bw;
+  const double c_star = (b + std::sqrt(b * b + 4 * a * lat)) / (2 * a);
+  const std::size_t at = r.out.find("transfer hidden while tokens/host >= ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  std::istringstream tail(r.out.substr(at + 37));
+  std::string first, skip, hosts;
+  tail >> first >> skip >> skip >> skip >> hosts;  // "30.2, i.e. up to 33.1k hosts"
+  EXPECT_TRUE(near(std::stod(first), c_star, 0.005)) << r.out;
+  EXPECT_TRUE(near(value(hosts, ""), S / c_star, 0.005)) << r.out;
+}
+
 TEST_F(CliTest, CliRunScoreVariantsAndDropout) {
   write_qkv({});
   const Dims& d = dims_;

@@ -1,10 +1,16 @@
-// attn scaling-experiment on a tiny configuration: it runs, prints its table (or JSON), writes the PNG,
-// and rejects bad options with a message naming them. (The measured result is in docs/experiments.md, not asserted.)
+// attn scaling-experiment on a tiny configuration: it runs, prints its table (or JSON), writes the PNG, and
+// rejects bad options with a message naming them; with its fixed seeds it is deterministic, and what it measures at
+// initialisation follows from the math (scaling the scores by 1/sqrt(dk) can only raise the attention entropy, never
+// above ln(seq)). The training results at full size are in docs/experiments.md.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
+#include <vector>
 
 #include "cli_support.h"
 
@@ -41,6 +47,49 @@ TEST_F(Dir, ScalingExperimentRunsAndPlots) {
   for (const char* field : {"\"scaled\":{\"scale\":0.5,", "\"unscaled\":{\"scale\":1,", "\"steps_to_threshold\":",
                             "\"final_accuracy\":", "\"entropy_step0\":", "\"ratio_unscaled_over_scaled\":"})
     EXPECT_TRUE(has(r.out, field)) << field << "\n" << r.out;
+}
+
+// The numbers of the JSON array `"key":[...]` that follows `after` in `json` (null entries as NaN).
+std::vector<double> json_array(const std::string& json, const std::string& after, const std::string& key) {
+  const std::size_t from = json.find(after);
+  const std::size_t at = json.find("\"" + key + "\":[", from == std::string::npos ? 0 : from);
+  std::vector<double> out;
+  if (from == std::string::npos || at == std::string::npos) return out;
+  const std::size_t open = json.find('[', at), close = json.find(']', open);
+  std::string items = json.substr(open + 1, close - open - 1);
+  for (std::size_t pos = 0; pos <= items.size();) {
+    const std::size_t comma = std::min(items.find(',', pos), items.size());
+    const std::string item = items.substr(pos, comma - pos);
+    out.push_back(item == "null" ? std::nan("") : std::strtod(item.c_str(), nullptr));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+TEST_F(Dir, ScalingExperimentIsDeterministicAndScalingRaisesTheEntropy) {
+  const std::vector<std::string> args = {"scaling-experiment", "--seeds", "2", "--steps", "30", "--dk", "16", "--seq",
+                                         "4", "--vocab", "6", "--batch", "8", "--json", "--png", ""};
+  const Outcome a = cli(args), b = cli(args);
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  const std::regex seconds("\"seconds\":[0-9.e+-]+,");
+  EXPECT_EQ(std::regex_replace(a.out, seconds, ""), std::regex_replace(b.out, seconds, ""))
+      << "two runs with the same seeds differ";
+  const std::vector<double> scaled = json_array(a.out, "\"scaled\":", "entropy_step0");
+  const std::vector<double> unscaled = json_array(a.out, "\"unscaled\":", "entropy_step0");
+  ASSERT_EQ(scaled.size(), 2u) << a.out;
+  ASSERT_EQ(unscaled.size(), 2u) << a.out;
+  for (std::size_t s = 0; s < 2; ++s) {
+    // The same seed gives both runs the same initial weights: the scaled scores are the unscaled ones / 4.
+    EXPECT_GT(scaled[s], unscaled[s]) << "seed " << s << "\n" << a.out;
+    EXPECT_LE(scaled[s], std::log(4.0) + 1e-6) << a.out;
+    EXPECT_GT(unscaled[s], 0.0) << a.out;
+  }
+  for (const char* run : {"\"scaled\":", "\"unscaled\":"})
+    for (double acc : json_array(a.out, run, "final_accuracy")) {
+      EXPECT_GE(acc, 0.0);
+      EXPECT_LE(acc, 1.0);
+    }
 }
 
 TEST_F(Dir, ScalingExperimentRejectsBadOptions) {

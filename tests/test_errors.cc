@@ -2,7 +2,10 @@
 // outputs untouched (byte for byte).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "attn/info.h"
@@ -122,8 +125,34 @@ std::vector<BadCase> bad_cases() {
          s.kv = s.k8.view, s.vv = s.v8.view, s.p.k_scale = s.ks.view, s.p.v_scale = s.vs.view;
          s.p.k_scale->data = s.out.view.data;
        }},
+      // the score variants
+      {"softcap_negative", "softcap", [](Env& s) { s.p.softcap = -1.0; }},
+      {"softcap_nan", "softcap", [](Env& s) { s.p.softcap = std::nan(""); }},
+      {"alibi_slopes_wrong_heads", "alibi_slopes", [](Env& s) {
+         s.p.alibi_slopes = TensorView::contiguous(s.big.view.data, DType::f32, {3});
+       }},
+      {"alibi_slopes_infinite", "alibi_slopes", [](Env& s) {
+         static_cast<float*>(s.big.view.data)[1] = std::numeric_limits<float>::infinity();
+         s.p.alibi_slopes = TensorView::contiguous(s.big.view.data, DType::f32, {4});
+       }},
+      {"sinks_wrong_dtype", "sinks", [](Env& s) { s.p.sinks = TensorView::contiguous(s.big.view.data, DType::f16, {4}); }},
+      {"sinks_nan", "sinks", [](Env& s) {
+         static_cast<float*>(s.big.view.data)[2] = std::nanf("");
+         s.p.sinks = TensorView::contiguous(s.big.view.data, DType::f32, {4});
+       }},
+      {"dropout_p_one", "dropout_p", [](Env& s) { s.p.dropout_p = 1.0; }},
+      {"dropout_p_negative", "dropout_p", [](Env& s) { s.p.dropout_p = -0.25; }},
   };
 }
+
+// Every Params field and tensor argument of attention() that a value can make invalid: the list above must hold a
+// case for each (a new parameter without a case fails here). workspace, stream, dropout_seed,
+// backward_statistics and check_mask_values take every value of their type (stream is ignored for host tensors;
+// backward_statistics is the backward's: tests/test_backward.cc).
+const char* const kCheckedParameters[] = {"q",         "k",       "v",          "out",          "lse",
+                                          "scale",     "causal",  "window",     "kv_lens",      "mask",
+                                          "k_scale",   "v_scale", "threads",    "backend",      "softcap",
+                                          "alibi_slopes", "sinks", "dropout_p"};
 
 class BadInput : public ::testing::TestWithParam<BadCase> {};
 
@@ -207,7 +236,13 @@ TEST(BadInputI8, BackwardRefused) {
   EXPECT_EQ(dq.storage, before);
 }
 
-TEST(BadInputList, HasAtLeastThirtyCases) { EXPECT_GE(bad_cases().size(), 30u); }
+TEST(BadInputList, EveryParameterHasACase) {
+  for (const char* param : kCheckedParameters) {
+    const std::vector<BadCase> cases = bad_cases();
+    EXPECT_TRUE(std::any_of(cases.begin(), cases.end(), [&](const BadCase& c) { return std::string(c.param) == param; }))
+        << "no bad-input case for " << param;
+  }
+}
 
 // The valid setup itself passes, so every failure above is due to its one mutation.
 TEST(BadInputList, BaselineIsValid) {
