@@ -213,7 +213,7 @@ Status check_placement(const Device& device, const Views& views) {
       return Status::Invalid(name, "on " + device_name(t->device) + "; expected q's device, " + device_name(device) +
                                        " (every tensor of a call on one device)");
   if (device.is_cuda() && !cuda::built_with_cuda())
-    return Status::Unsupported("q", "on " + device_name(device) + "; this build of attn has no CUDA backend "
+    return Status::Unsupported("q", "on " + device_name(device) + "; no CUDA device: this build of attn has no CUDA backend "
                                     "(configure with -DATTN_CUDA=ON where the CUDA toolkit is installed)");
   if (device.kind != Device::Kind::cpu && device.kind != Device::Kind::cuda)
     return Status::Invalid("q", "device kind " + std::to_string(static_cast<int>(device.kind)) + "; expected cpu or cuda");
