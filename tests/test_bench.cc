@@ -65,6 +65,17 @@ TEST(CpuFeatures, AgreeWithTheCompilersOwnDetection) {
 #endif
 }
 
+// What cpu_features() reports holds together: the OS state bits nest, a usable level has its CPU and OS bits,
+// and the cache sizes are sizes.
+TEST(CpuFeatures, AreConsistent) {
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  if (f.os_avx512) EXPECT_TRUE(f.os_avx);
+  if (f.avx512_usable()) EXPECT_TRUE(f.avx512f && f.os_avx512);
+  if (f.avx2_usable()) EXPECT_TRUE(f.avx2 && f.os_avx);
+  EXPECT_GE(f.l1d_bytes, 0);
+  EXPECT_GE(f.last_level_cache_bytes(), f.l1d_bytes > 0 ? f.l1d_bytes : 0);
+}
+
 TEST(CpuFeatures, AmxRequestAgreesWithTheKernelAndTheDispatcher) {
   // request_amx() caches one ARCH_REQ_XCOMP_PERM answer; the kernel's own record (ARCH_GET_XCOMP_PERM) must agree
   // with it, a refusal must carry its errno, and the dispatcher must offer the amx level exactly when the CPU,

@@ -85,11 +85,14 @@ TEST_F(Dir, ScalingExperimentIsDeterministicAndScalingRaisesTheEntropy) {
     EXPECT_LE(scaled[s], std::log(4.0) + 1e-6) << a.out;
     EXPECT_GT(unscaled[s], 0.0) << a.out;
   }
-  for (const char* run : {"\"scaled\":", "\"unscaled\":"})
-    for (double acc : json_array(a.out, run, "final_accuracy")) {
+  for (const char* run : {"\"scaled\":", "\"unscaled\":"}) {
+    const std::vector<double> accuracy = json_array(a.out, run, "final_accuracy");
+    EXPECT_EQ(accuracy.size(), 2u) << run << "\n" << a.out;
+    for (double acc : accuracy) {
       EXPECT_GE(acc, 0.0);
       EXPECT_LE(acc, 1.0);
     }
+  }
 }
 
 TEST_F(Dir, ScalingExperimentRejectsBadOptions) {
