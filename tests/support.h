@@ -263,6 +263,21 @@ inline std::vector<cpu::Isa> supported_isas() {
   return out;
 }
 
+// With ATTN_TEST_SAMPLE=n (make test-sanitize sets 2) a registry case of the fp64 comparisons runs only when a
+// hash of its test's full name is divisible by n, and is reported as skipped otherwise: under the sanitizers
+// every kernel, mask and variant still runs (the registry holds each configuration at several sizes and dtypes),
+// in half the time. `make test` runs every case.
+inline bool sampled_out() {
+  const char* env = std::getenv("ATTN_TEST_SAMPLE");
+  const long n = env ? std::strtol(env, nullptr, 10) : 1;
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (n <= 1 || !test) return false;
+  const std::string name = std::string(test->test_suite_name()) + "." + test->name();
+  return std::hash<std::string>{}(name) % static_cast<unsigned long>(n) != 0;
+}
+#define ATTN_SKIP_UNLESS_SAMPLED() \
+  if (::attn::test::sampled_out()) GTEST_SKIP() << "not in this run's sample (ATTN_TEST_SAMPLE)"
+
 // Forces a level for the scope (the library's programmatic override; no environment variable).
 struct ForceIsa {
   explicit ForceIsa(cpu::Isa isa) { cpu::set_isa_override(isa); }

@@ -62,6 +62,7 @@ std::vector<Case> bf16_cases() {
 class AmxEmulated : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AmxEmulated, MatchesFp64Reference) {
+  ATTN_SKIP_UNLESS_SAMPLED();
   if (!has_avx512bf16()) GTEST_SKIP() << "the AMX kernel's vector parts need AVX-512 BF16";
   Instance in = instantiate(GetParam());
   for (bool with_lse : {true, false}) {

@@ -40,6 +40,7 @@ Outputs run_backend(const Case& c, Instance& in, Backend backend, int threads, b
 class AttentionCase : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AttentionCase, MatchesFp64Reference) {
+  ATTN_SKIP_UNLESS_SAMPLED();
   const Case& c = GetParam();
   Instance in = instantiate(c);
   core::Problem prob;
@@ -98,6 +99,7 @@ TEST_P(AttentionCase, FlashIsIdenticalAtEveryThreadCount) {
 // A Workspace kept across calls changes no bit of the result, though it holds the scratch of other shapes
 // (longer keys: other split-KV partials; wider heads: other tiles) and of other thread counts.
 TEST_P(AttentionCase, WorkspaceReuseChangesNothing) {
+  ATTN_SKIP_UNLESS_SAMPLED();
   const Case& c = GetParam();
   Instance in = instantiate(c);
   for (cpu::Isa isa : supported_isas()) {
