@@ -275,8 +275,10 @@ inline bool sampled_out() {
   const std::string name = std::string(test->test_suite_name()) + "." + test->name();
   return std::hash<std::string>{}(name) % static_cast<unsigned long>(n) != 0;
 }
-#define ATTN_SKIP_UNLESS_SAMPLED() \
-  if (::attn::test::sampled_out()) GTEST_SKIP() << "not in this run's sample (ATTN_TEST_SAMPLE)"
+#define ATTN_SKIP_UNLESS_SAMPLED()        \
+  if (!::attn::test::sampled_out()) { \
+  } else                                \
+    GTEST_SKIP() << "not in this run's sample (ATTN_TEST_SAMPLE)"
 
 // Forces a level for the scope (the library's programmatic override; no environment variable).
 struct ForceIsa {

@@ -45,6 +45,17 @@ struct Dropout {
   float keep_scale = 1.0f;      // 1 / (1 - dropout_p), rounded to fp32
   ATTN_HD bool on() const { return threshold != 0; }
 
+  // z of the one key j of row (b, h, i), as factors() gives it (device code: no array indexed at run time).
+  ATTN_HD float factor(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    const std::array<std::uint32_t, 4> x = philox4x32_10(
+        {static_cast<std::uint32_t>(j >> 2), static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(h),
+         static_cast<std::uint32_t>(b)},
+        {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
+    const int w = static_cast<int>(j & 3);
+    const std::uint32_t draw = w == 0 ? x[0] : w == 1 ? x[1] : w == 2 ? x[2] : x[3];
+    return draw >= threshold ? keep_scale : 0.0f;
+  }
+
   // z for keys [j0, j0 + n) of row (b, h, i): z[c·stride] = keep_scale for a kept weight, 0 for a dropped one.
   ATTN_HD void factors(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j0, std::int64_t n, float* z,
                        std::int64_t stride) const {

@@ -33,3 +33,11 @@
 #else
 #define ATTN_DEVICE_PASS 0
 #endif
+
+// Unrolls the loop that follows in device code (nvcc's #pragma unroll); nothing on the host compilers, which
+// would warn of an unknown pragma.
+#if defined(__CUDACC__)
+#define ATTN_UNROLL _Pragma("unroll")
+#else
+#define ATTN_UNROLL
+#endif

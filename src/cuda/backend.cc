@@ -5,6 +5,7 @@
 
 #include "core/backward_problem.h"
 #include "core/problem.h"
+#include "cuda/forward.h"
 #include "cuda/runtime.h"
 
 namespace attn::cuda {
@@ -32,13 +33,32 @@ Choice unavailable(Status s) {
 
 }  // namespace
 
+// The forward: attn's own kernel (cuda/forward.h) for every problem it takes. The cuDNN path is not written
+// yet: automatic takes attn's kernel, cudnn says so.
 Choice select_forward(const core::Problem& p) {
   std::string arch;
   if (Status s = usable_device(p.device, &arch); !s) return unavailable(s);
-  return unavailable(Status::Unsupported("q", "the CUDA kernels are not part of this build yet"));
+  if (p.backend == Backend::cudnn)
+    return unavailable(Status::Unsupported("backend", "cudnn: the cuDNN path is not part of this build yet; expected "
+                                                      "automatic or flash for CUDA tensors"));
+  if (Status s = fwd::supports(p); !s) return unavailable(s);
+  Choice c;
+  c.path = Path::flash;
+  c.kernel = fwd::kernel_name(p);
+  c.arch = arch;
+  c.workspace_bytes = static_cast<std::int64_t>(p.kv_len.size() * sizeof(std::int64_t));  // the key lengths
+  return c;
 }
 
-Status run_forward(const core::Problem&, const Choice& c) { return c.status.ok() ? Status::Unsupported("q", "no CUDA kernel") : c.status; }
+Status run_forward(const core::Problem& p, const Choice& c) {
+  if (!c.status.ok()) return c.status;
+#if ATTN_HAVE_CUDA
+  return fwd::launch(p);
+#else
+  (void)p;
+  return require_device();
+#endif
+}
 
 Choice select_backward(const core::BackwardProblem& bp) {
   std::string arch;

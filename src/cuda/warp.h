@@ -220,6 +220,12 @@ class HostWarp {
   static void store(T* base, const Reg<int>& idx, const Reg<T>& v) {
     for (int l = 0; l < frag::kWarp; ++l) base[idx[l]] = v[l];
   }
+  // base[idx] = v for the lanes where ok holds (a predicated store; any index type).
+  template <class T, class I>
+  static void store_if(T* base, const Reg<I>& idx, const Reg<T>& v, const Reg<bool>& ok) {
+    for (int l = 0; l < frag::kWarp; ++l)
+      if (ok[l]) base[idx[l]] = v[l];
+  }
   // __syncwarp(): the model runs the lanes in lock step already.
   static void sync() {}
 
@@ -333,6 +339,10 @@ struct DeviceWarp {
   template <class T>
   __device__ __forceinline__ static void store(T* base, int idx, T v) {
     base[idx] = v;
+  }
+  template <class T, class I>
+  __device__ __forceinline__ static void store_if(T* base, I idx, T v, bool ok) {
+    if (ok) base[idx] = v;
   }
   __device__ __forceinline__ static void sync() { __syncwarp(); }
 };

@@ -1,0 +1,35 @@
+// attn's own forward kernel on the GPU (cuda/forward_block.h) as the backend sees it: which problems it takes,
+// the one choice of instantiation, and the launch. Plain C++ (no CUDA type), included by the backend
+// (cuda/backend.cc) and by the host tests, which run the chosen instantiation's block program on the host.
+#pragma once
+
+#include <string>
+
+#include "attn/status.h"
+#include "core/problem.h"
+#include "cuda/device_problem.h"
+#include "cuda/elem.h"
+
+namespace attn::cuda::fwd {
+
+// Whether the kernel takes p (validated; its tensors on a device or, for the host model, in host memory): Q, K
+// and V all bf16 or all f16, the output f32, bf16 or f16, head dims up to 256; every mask, variant, dropout,
+// GQA, key lengths and paged K/V. Otherwise why not, naming the parameter.
+Status supports(const core::Problem& p);
+
+// The kernel's name for describe_attention, e.g. "flash forward (tensor cores, bf16, d128, general variant)".
+std::string kernel_name(const core::Problem& p);
+
+// The instantiation a supported problem runs, as tags: f(Config{}, Variant{}) with the Config and the variant
+// type of cuda/forward_block.h. The device launch and the host model both choose through this one function.
+template <class F>
+void with_config(const core::Problem& p, F&& f);
+
+#if ATTN_HAVE_CUDA
+// Runs the kernel on p's device and stream (Problem::stream); p must be supported. Defined in cuda/forward.cu.
+Status launch(const core::Problem& p);
+#endif
+
+}  // namespace attn::cuda::fwd
+
+#include "cuda/forward_config.h"

@@ -1,0 +1,377 @@
+// attn's own forward kernel on the GPU, FlashAttention-2 style, written once as a block program over the warp
+// policy of cuda/warp.h: the device kernel (cuda/forward.cu) runs it with DeviceWarp, the host tests
+// (tests/test_cuda_forward.cc) run the very same functions with HostWarp, warp by warp, against the fp64
+// reference on the registry's cases.
+//
+// A thread block takes C::kBlockM = 64 query rows of one (batch, query head): four warps of 16 rows each.
+// It walks the key tiles of C::kBlockN keys its rows may attend (cuda/schedule.h key_tiles: causal, window and
+// key-length bounds; tiles allowed whole skip the per-element mask), and for each tile:
+//
+//   load_kv   all warps copy the tile's K and V rows to shared memory (zeros past the key length and the head
+//             dims: padded columns add 0 to every dot product, padded V rows 0 to every output)
+//   compute   each warp: S = Q·Kᵀ on tensor cores (Q and K through ldmatrix, mma.m16n8k16, fp32 accumulators);
+//             the variant's scores (core/variant.h hooks; -inf outside the row's keys); the online-softmax step
+//             (core::OnlineSoftmax, the CPU kernels' state, one per row half a lane holds); P = 2^((s - m)·c)
+//             rounded to the operand type and kept in registers as the A operand of O += P·V (V through the
+//             transposing ldmatrix); dropout's factors (core::Dropout, the CPU's Philox counters) on P·V only
+//   finish    each warp: the quad's partial sums added, the row finished with its sink (core::finish_with_sink),
+//             O and the LSE stored in the caller's dtype and strides
+//
+// Scores are in the CPU kernels' units (core/online_softmax.h): without a per-element variant the raw q·k with the
+// scale folded into the exponent (c = scale·log2 e), else the logits in natural-log units (c = log2 e). Each
+// lane keeps its own share of a row's sum l (advance() rescales it by the row's α, the same on the four lanes
+// of a quad); the quad adds the shares once, at the end.
+//
+// Head dims: Q·Kᵀ and P·V run over C::kD (64, 128 or 256), Dk and Dv padded with zeros up to it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "core/dropout.h"
+#include "core/hd.h"
+#include "core/mask.h"
+#include "core/online_softmax.h"
+#include "core/variant.h"
+#include "cuda/device_problem.h"
+#include "cuda/elem.h"
+#include "cuda/fragment.h"
+#include "cuda/schedule.h"
+#include "cuda/warp.h"
+
+namespace attn::cuda::fwd {
+
+using i64 = std::int64_t;
+
+// The tile shape of one instantiation: operand type T, head dims padded to D.
+template <MmaType T, int D, int BlockN = (D <= 128 ? 64 : 32)>
+struct Config {
+  static_assert(D % 16 == 0 && D >= 16 && D <= 256, "head dims are padded to a multiple of 16, at most 256");
+  static constexpr MmaType kType = T;
+  static constexpr int kD = D;
+  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
+  static constexpr int kBlockM = 16 * kWarps;            // query rows per block, 16 per warp
+  static constexpr int kBlockN = BlockN;  // keys per tile (D = 256: fewer, for the registers and shared memory)
+  static_assert(BlockN % 16 == 0 && BlockN <= 128, "key tiles of whole k-steps");
+  // 16-bit elements per shared-memory row: 16 bytes of padding keep each row 16-byte aligned (ldmatrix) and put
+  // the eight rows of an ldmatrix matrix in different banks.
+  static constexpr int kLd = D + 8;
+  static constexpr int kQ = 0, kK = kBlockM * kLd, kV = kK + kBlockN * kLd;
+  static constexpr int kSmemElems = kV + kBlockN * kLd;
+  static constexpr int kSmemBytes = 2 * kSmemElems;
+  static constexpr int kSBlocks = kBlockN / 8;  // n-blocks of S (8 keys each)
+  static constexpr int kOBlocks = D / 8;        // n-blocks of O (8 dims each)
+  static constexpr int kKSteps = D / 16;        // k-steps of Q·Kᵀ
+  static constexpr int kPSteps = kBlockN / 16;  // k-steps of P·V
+};
+
+// The padded head dim an instantiation must have for Dk and Dv (0: more than 256, not on the GPU).
+ATTN_HD constexpr int padded_head_dim(i64 Dk, i64 Dv) {
+  const i64 d = Dk > Dv ? Dk : Dv;
+  return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
+}
+
+ATTN_HD float exp2_approx(float x) {
+#if ATTN_DEVICE_PASS
+  return exp2f(x);  // MUFU.EX2 with range handling: within 2 ulp
+#else
+  return std::exp2(x);
+#endif
+}
+
+// The lane arithmetic of core::OnlineSoftmax for the rows a warp's lanes hold: one value per lane (Reg<float>).
+template <class W>
+struct WarpLanes {
+  using T = typename W::template Reg<float>;
+  ATTN_HD static T set1(float x) { return T(x); }
+  ATTN_HD static T add(const T& a, const T& b) { return a + b; }
+  ATTN_HD static T sub(const T& a, const T& b) { return a - b; }
+  ATTN_HD static T mul(const T& a, const T& b) { return a * b; }
+  ATTN_HD static T max(const T& a, const T& b) {
+    return W::map([](float x, float y) { return x > y ? x : y; }, a, b);  // core::ScalarLanes::max
+  }
+  ATTN_HD static T exp2(const T& x) {
+    return W::map([](float v) { return exp2_approx(v); }, x);
+  }
+  ATTN_HD static T if_neg_inf(const T& x, const T& a, const T& b) {
+    return W::map([](float v, float p, float q) { return v == core::kNegInf ? p : q; }, x, a, b);
+  }
+};
+
+// cuda/schedule.h's masks of a problem.
+ATTN_HD sched::Masks masks_of(const DeviceProblem& p) {
+  sched::Masks m;
+  m.Sq = p.Sq;
+  m.causal = static_cast<sched::CausalMode>(p.causal);
+  m.window_left = p.window.left;
+  m.window_right = p.window.right;
+  m.window_bottom_right = p.window.align == Align::bottom_right;
+  return m;
+}
+
+// One thread block's program. C: Config; V: the score variant (core/variant.h: Variant<NoDenseMask, Identity>
+// for plain and causal attention, ModsVariant for dense masks, softcap, ALiBi and dropout); W: the warp policy.
+template <class C, class V, class W>
+struct ForwardBlock {
+  using F32 = typename W::template Reg<float>;
+  using U32 = typename W::template Reg<std::uint32_t>;
+  using I32 = typename W::template Reg<int>;
+  using I64 = typename W::template Reg<i64>;
+  using State = core::OnlineSoftmax<WarpLanes<W>>;
+  static constexpr bool kPerElement = V::kPerElement;
+
+  // The registers of one warp: its 16 rows' output accumulators (C layout: n-block of 8 dims, 4 registers) and the
+  // state of the two rows each lane holds (g and g + 8).
+  struct Warp {
+    F32 o[C::kOBlocks][frag::kCRegs];
+    State row[2];
+  };
+
+  const DeviceProblem& p;
+  std::uint16_t* smem;  // C::kSmemElems 16-bit elements, 16-byte aligned
+  sched::BlockWork work;
+  i64 q0 = 0, len = 0, hk = 0;
+  float c = 0;   // score units -> log2 units
+  double k = 0;  // score units -> natural-log units
+
+  ATTN_HD ForwardBlock(const DeviceProblem& problem, std::uint16_t* shared, i64 block)
+      : p(problem), smem(shared), work(sched::block_work(block, problem.Hq, problem.Sq, C::kBlockM)) {
+    q0 = work.qblock * C::kBlockM;
+    len = p.key_len(work.b);
+    hk = sched::kv_head(work.h, p.group);
+    k = kPerElement ? 1.0 : p.scale;
+    c = static_cast<float>(k * core::kLog2e);
+  }
+
+  ATTN_HD sched::TileRange tiles() const { return sched::key_tiles(masks_of(p), len, q0, q0 + C::kBlockM, C::kBlockN); }
+
+  // The warp's accumulators cleared and its 16 query rows copied to shared memory (zeros past Sq and Dk).
+  ATTN_HD void begin(const W&, int wi, Warp& st) const {
+    for (int d = 0; d < C::kOBlocks; ++d)
+      for (int r = 0; r < frag::kCRegs; ++r) st.o[d][r] = F32(0.0f);
+    st.row[0] = State();
+    st.row[1] = State();
+    const auto lane = W::lane();
+    const auto* q = static_cast<const std::uint16_t*>(p.q.data);
+    for (int r = 0; r < 16; ++r) {
+      const i64 i = q0 + 16 * wi + r;
+      for (int c0 = 0; c0 < C::kD; c0 += frag::kWarp) {
+        const auto col = lane + c0;
+        const auto v = W::map(
+            [&](int cc) {
+              return i < p.Sq && cc < p.Dk ? q[p.q.offset(work.b, work.h, i, cc)] : std::uint16_t{0};
+            },
+            col);
+        W::store(smem + C::kQ, (16 * wi + r) * C::kLd + col, v);
+      }
+    }
+    W::sync();
+  }
+
+  // Key tile t's K and V rows to shared memory, rows shared out over the warps (the caller synchronises the block
+  // before and after).
+  ATTN_HD void load_kv(const W&, int wi, i64 t) const {
+    const auto lane = W::lane();
+    const auto* kp = static_cast<const std::uint16_t*>(p.k.data);
+    const auto* vp = static_cast<const std::uint16_t*>(p.v.data);
+    for (int r = wi; r < C::kBlockN; r += C::kWarps) {
+      const i64 j = t * C::kBlockN + r;
+      const bool in = j < len;
+      const i64 krow = in ? p.kv_row_offset(p.k, work.b, hk, j) : 0;
+      const i64 vrow = in ? p.kv_row_offset(p.v, work.b, hk, j) : 0;
+      for (int c0 = 0; c0 < C::kD; c0 += frag::kWarp) {
+        const auto col = lane + c0;
+        const auto kv = W::map(
+            [&](int cc) { return in && cc < p.Dk ? kp[krow + cc * p.k.stride[3]] : std::uint16_t{0}; }, col);
+        const auto vv = W::map(
+            [&](int cc) { return in && cc < p.Dv ? vp[vrow + cc * p.v.stride[3]] : std::uint16_t{0}; }, col);
+        W::store(smem + C::kK, r * C::kLd + col, kv);
+        W::store(smem + C::kV, r * C::kLd + col, vv);
+      }
+    }
+  }
+
+  // One key tile for one warp: S = Q·Kᵀ, scores, online softmax, O += P·V. `masked`: the tile needs the
+  // per-element interval mask (TileRange::masked).
+  ATTN_HD void compute(const W& w, int wi, Warp& st, i64 t, bool masked) const {
+    const auto lane = W::lane();
+    const std::uint32_t base = w.smem_address(smem);
+    const i64 j0 = t * C::kBlockN;
+
+    // ---- S = Q·Kᵀ ----
+    F32 s[C::kSBlocks][frag::kCRegs];
+ATTN_UNROLL
+    for (int n = 0; n < C::kSBlocks; ++n)
+ATTN_UNROLL
+      for (int r = 0; r < frag::kCRegs; ++r) s[n][r] = F32(0.0f);
+ATTN_UNROLL
+    for (int ks = 0; ks < C::kKSteps; ++ks) {
+      U32 a[frag::kARegs];
+      w.ldmatrix(a, base + W::map(
+                               [=](int l) {
+                                 const frag::Coord q = frag::ldsm_a_x4(l);
+                                 return static_cast<std::uint32_t>(2 * (C::kQ + (16 * wi + q.row) * C::kLd + 16 * ks + q.col));
+                               },
+                               lane));
+ATTN_UNROLL
+      for (int n2 = 0; n2 < C::kSBlocks / 2; ++n2) {
+        U32 kb[4];
+        w.ldmatrix(kb, base + W::map(
+                                  [=](int l) {
+                                    const frag::Coord q = frag::ldsm_b_nk(l, 4);
+                                    return static_cast<std::uint32_t>(2 * (C::kK + (16 * n2 + q.row) * C::kLd + 16 * ks + q.col));
+                                  },
+                                  lane));
+        const U32 b0[frag::kBRegs] = {kb[0], kb[1]}, b1[frag::kBRegs] = {kb[2], kb[3]};
+        w.mma(MmaTag<C::kType>{}, s[2 * n2], a, b0, s[2 * n2]);
+        w.mma(MmaTag<C::kType>{}, s[2 * n2 + 1], a, b1, s[2 * n2 + 1]);
+      }
+    }
+
+    // ---- scores: lane holds rows g, g + 8 (halves h = 0, 1) at keys 8n + 2·tig + (r & 1) ----
+    const auto g = lane >> 2, tig = lane & 3;
+    const i64 irow0 = q0 + 16 * wi;
+ATTN_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const auto i = W::map([=](int gg) { return irow0 + gg + 8 * h; }, g);
+      if (kPerElement || masked) {
+        const auto range = W::map([&](i64 ii) { return core::key_range(p, work.b, ii); }, i);
+        const auto row = W::map([&](i64 ii) { return V::row(p, work.b, work.h, ii); }, i);
+ATTN_UNROLL
+        for (int n = 0; n < C::kSBlocks; ++n)
+ATTN_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const int r = 2 * h + e;
+            const auto j = W::map([=](int tg) { return j0 + 8 * n + 2 * tg + e; }, tig);
+            const float scale = static_cast<float>(p.scale);
+            s[n][r] = W::map(
+                [=](float x, i64 jj, core::KeyRange kr, typename V::Row rw) {
+                  if (jj < kr.lo || jj >= kr.hi) return core::kNegInf;
+                  return kPerElement ? rw.logit(jj, scale * x) : x;
+                },
+                s[n][r], j, range, row);
+          }
+      }
+    }
+
+    // ---- online softmax: the tile's row max over the quad, α, P = 2^((s - origin)·c) in place ----
+    const auto fmax = [](float x, float y) { return x > y ? x : y; };
+ATTN_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      F32 mx = s[0][2 * h];
+ATTN_UNROLL
+      for (int n = 0; n < C::kSBlocks; ++n)
+        mx = W::map(fmax, mx, W::map(fmax, s[n][2 * h], s[n][2 * h + 1]));
+      mx = W::map(fmax, mx, W::shfl_xor(mx, 1));
+      mx = W::map(fmax, mx, W::shfl_xor(mx, 2));
+      const F32 alpha = st.row[h].advance(mx, F32(c));
+ATTN_UNROLL
+      for (int d = 0; d < C::kOBlocks; ++d) st.o[d][2 * h] = st.o[d][2 * h] * alpha, st.o[d][2 * h + 1] = st.o[d][2 * h + 1] * alpha;
+      const F32 origin = st.row[h].origin();
+      F32 sum = F32(0.0f);
+ATTN_UNROLL
+      for (int n = 0; n < C::kSBlocks; ++n)
+ATTN_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          s[n][2 * h + e] = State::weight(s[n][2 * h + e], origin, F32(c));
+          sum = sum + s[n][2 * h + e];
+        }
+      st.row[h].add(sum);
+    }
+
+    // ---- dropout: the weights P·V takes (the sums above keep the undropped ones) ----
+    if (V::kDropout && p.dropout.on()) {
+ATTN_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const auto i = W::map([=](int gg) { return irow0 + gg + 8 * h; }, g);
+ATTN_UNROLL
+        for (int n = 0; n < C::kSBlocks; ++n)
+ATTN_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const auto j = W::map([=](int tg) { return j0 + 8 * n + 2 * tg + e; }, tig);
+            s[n][2 * h + e] = W::map(
+                [&](float x, i64 ii, i64 jj) { return x * p.dropout.factor(work.b, work.h, ii, jj); },
+                s[n][2 * h + e], i, j);
+          }
+      }
+    }
+
+    // ---- O += P·V: P's C registers of key blocks 2kk, 2kk + 1 are the A operand of k-step kk ----
+    const auto pack = [](float lo, float hi) { return pack2<C::kType>(lo, hi); };
+ATTN_UNROLL
+    for (int kk = 0; kk < C::kPSteps; ++kk) {
+      const U32 pa[frag::kARegs] = {W::map(pack, s[2 * kk][0], s[2 * kk][1]), W::map(pack, s[2 * kk][2], s[2 * kk][3]),
+                                    W::map(pack, s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    W::map(pack, s[2 * kk + 1][2], s[2 * kk + 1][3])};
+ATTN_UNROLL
+      for (int d2 = 0; d2 < C::kOBlocks / 2; ++d2) {
+        U32 vb[4];
+        w.ldmatrix_trans(vb, base + W::map(
+                                        [=](int l) {
+                                          const frag::Coord q = frag::ldsm_b_kn_trans(l, 4);
+                                          return static_cast<std::uint32_t>(2 * (C::kV + (16 * kk + q.row) * C::kLd + 16 * d2 + q.col));
+                                        },
+                                        lane));
+        const U32 b0[frag::kBRegs] = {vb[0], vb[1]}, b1[frag::kBRegs] = {vb[2], vb[3]};
+        w.mma(MmaTag<C::kType>{}, st.o[2 * d2], pa, b0, st.o[2 * d2]);
+        w.mma(MmaTag<C::kType>{}, st.o[2 * d2 + 1], pa, b1, st.o[2 * d2 + 1]);
+      }
+    }
+  }
+
+  // The warp's rows finished and stored: O in the output's dtype, the LSE (fp32) when asked for.
+  ATTN_HD void finish(const W&, int wi, Warp& st) const {
+    const auto lane = W::lane();
+    const auto g = lane >> 2, tig = lane & 3;
+    const i64 irow0 = q0 + 16 * wi;
+    const float sink = p.sink(work.h);
+ATTN_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      F32 l = st.row[h].l;
+      l = l + W::shfl_xor(l, 1);
+      l = l + W::shfl_xor(l, 2);
+      const F32 m = st.row[h].m;
+      const auto fin = W::map([&](float mm, float ll) { return core::finish_with_sink(mm, ll, k, sink); }, m, l);
+      const auto i = W::map([=](int gg) { return irow0 + gg + 8 * h; }, g);
+      const auto row_ok = W::map([&](i64 ii) { return ii < p.Sq; }, i);
+ATTN_UNROLL
+      for (int d = 0; d < C::kOBlocks; ++d)
+ATTN_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const auto col = W::map([=](int tg) { return 8 * d + 2 * tg + e; }, tig);
+          const auto ok = W::map([&](bool rok, int cc) { return rok && cc < p.Dv; }, row_ok, col);
+          const auto idx = W::map([&](i64 ii, int cc) { return p.out.offset(work.b, work.h, ii, cc); }, i, col);
+          const F32 val = W::map([](float o, float ll, core::Finish f) { return core::finish_output(o, ll, f.factor); },
+                                 st.o[d][2 * h + e], l, fin);
+          store_out(idx, val, ok);
+        }
+      if (p.lse.data != nullptr) {
+        const auto ok = W::map([](bool rok, int tg) { return rok && tg == 0; }, row_ok, tig);
+        const auto idx = W::map([&](i64 ii) { return p.lse.offset(work.b, work.h, ii, 0); }, i);
+        W::store_if(static_cast<float*>(const_cast<void*>(p.lse.data)), idx, W::map([](core::Finish f) { return f.lse; }, fin), ok);
+      }
+    }
+  }
+
+ private:
+  ATTN_HD void store_out(const I64& idx, const F32& val, const typename W::template Reg<bool>& ok) const {
+    void* out = const_cast<void*>(p.out.data);
+    if (p.out.dtype == DType::f32) {
+      W::store_if(static_cast<float*>(out), idx, val, ok);
+    } else if (p.out.dtype == DType::bf16) {
+      W::store_if(static_cast<std::uint16_t*>(out), idx, W::map([](float x) { return float_to_bf16(x); }, val), ok);
+    } else {
+      W::store_if(static_cast<std::uint16_t*>(out), idx, W::map([](float x) { return float_to_f16(x); }, val), ok);
+    }
+  }
+};
+
+// The kernels there are: operand type (bf16, f16) x padded head dim (64, 128, 256) x variant (plain: no dense
+// mask and no score transform, the scale folded into the exponent; general: any dense mask, softcap, ALiBi,
+// dropout). with_config calls f.template operator()<C, V>() for the one a problem takes, after
+// supports() has accepted it: the device launcher and the host model choose through this one function.
+using PlainVariant = core::Variant<core::NoDenseMask, core::Identity>;
+using GeneralVariant = core::ModsVariant;
+
+}  // namespace attn::cuda::fwd
