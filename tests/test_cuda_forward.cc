@@ -4,13 +4,18 @@
 // the kernel takes, against the fp64 reference by the tolerance rule, outputs poisoned with NaN first.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cases.h"
 #include "core/problem.h"
 #include "cuda/forward.h"
+#include "cuda/runtime.h"
 #include "cuda/warp.h"
 #include "reference/reference.h"
 #include "support.h"
@@ -59,11 +64,9 @@ std::vector<Case> gpu_cases() {
   return out;
 }
 
-class CudaForwardModel : public ::testing::TestWithParam<Case> {};
-
-TEST_P(CudaForwardModel, MatchesFp64Reference) {
-  ATTN_SKIP_UNLESS_SAMPLED();
-  const Case& c = GetParam();
+// Runs case c through `run` (the host model, or the device) with the outputs poisoned first, and checks them
+// against the fp64 reference by the tolerance rule; nothing outside the output view may change.
+void check_case(const Case& c, const std::function<Status(Instance&, const core::Problem&)>& run) {
   Instance in = instantiate(c);
   core::Problem p;
   ASSERT_TRUE(in.problem(Backend::flash, 1, true, &p).ok());
@@ -74,7 +77,7 @@ TEST_P(CudaForwardModel, MatchesFp64Reference) {
   const std::vector<unsigned char> poisoned = in.out.storage;
   ASSERT_TRUE(cuda::fwd::supports(p).ok()) << cuda::fwd::supports(p).message();
   SCOPED_TRACE(cuda::fwd::kernel_name(p));
-  const Status s = run_host_model(p);
+  const Status s = run(in, p);
   ASSERT_TRUE(s.ok()) << s.message();
   const std::vector<bool> covered = covered_bytes(in.out);
   for (std::size_t i = 0; i < covered.size(); ++i)
@@ -91,6 +94,89 @@ TEST_P(CudaForwardModel, MatchesFp64Reference) {
   const Agreement l = agree(ref.lse, [&](std::size_t i) { return lse[i]; }, [&](std::size_t i) { return naive.lse[i]; },
                             lse_atol(ref), /*exact_inf=*/true);
   EXPECT_TRUE(l.ok()) << "lse: " << l.describe();
+}
+
+class CudaForwardModel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaForwardModel, MatchesFp64Reference) {
+  ATTN_SKIP_UNLESS_SAMPLED();
+  check_case(GetParam(), [](Instance&, const core::Problem& p) { return run_host_model(p); });
+}
+
+// A case's tensors on CUDA device 0: each storage copied to a device buffer, the views (and the Params' views)
+// pointed there; back() copies out and lse back into host storage and restores the host views.
+class OnDevice {
+ public:
+  explicit OnDevice(Instance& in) : in_(in) {}
+  Status move() {
+    for (Tensor* t : tensors())
+      if (!t->storage.empty()) {
+        cuda::DeviceBuffer buf;
+        if (Status s = cuda::DeviceBuffer::create(0, t->storage.data(), t->storage.size(), &buf); !s) return s;
+        moved_.push_back({t, t->view, std::move(buf)});
+      }
+    for (Moved& m : moved_) m.t->view = on_device(m.t->view);
+    Params& pr = in_.params;
+    for (std::optional<TensorView>* v : {&pr.kv_lens, &pr.mask, &pr.k_scale, &pr.v_scale, &pr.alibi_slopes, &pr.sinks})
+      if (*v) **v = on_device(**v);
+    return Status::Ok();
+  }
+  Status back() {
+    for (Moved& m : moved_) {
+      if (m.t == &in_.out || m.t == &in_.lse)
+        if (Status s = m.buffer.read(m.t->storage.data()); !s) return s;
+      m.t->view = m.host;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  struct Moved {
+    Tensor* t;
+    TensorView host;
+    cuda::DeviceBuffer buffer;
+  };
+  std::vector<Tensor*> tensors() {
+    Instance& i = in_;
+    return {&i.q, &i.k, &i.v, &i.out, &i.lse, &i.mask, &i.kv_lens, &i.alibi, &i.sinks, &i.k_pages, &i.v_pages,
+            &i.page_table, &i.seq_lens, &i.k_scale, &i.v_scale, &i.k_scale_pages, &i.v_scale_pages};
+  }
+  // The view over the device copy of the storage that holds v's data.
+  TensorView on_device(TensorView v) const {
+    for (const Moved& m : moved_) {
+      const auto* base = m.t->storage.data();
+      const auto* at = static_cast<const unsigned char*>(v.data);
+      if (at >= base && at <= base + m.t->storage.size()) {
+        v.data = static_cast<unsigned char*>(m.buffer.data()) + (at - base);
+        v.device = Device::cuda(0);
+        return v;
+      }
+    }
+    return v;
+  }
+  Instance& in_;
+  std::vector<Moved> moved_;
+};
+
+// The same cases on the GPU through attention() / attention_paged() (make test-gpu), when there is one: one
+// test over all of them, so that machines without a GPU pay one skipped test.
+TEST(CudaForwardDevice, RegistryMatchesFp64Reference) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda::probe().error << ")";
+  // ATTN_DEVICE_CASES=n: the first n cases only (make test-gpu's compute-sanitizer runs).
+  const char* limit = std::getenv("ATTN_DEVICE_CASES");
+  std::vector<Case> cases = gpu_cases();
+  if (limit) cases.resize(std::min(cases.size(), static_cast<std::size_t>(std::strtoul(limit, nullptr, 10))));
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name());
+    check_case(c, [](Instance& in, const core::Problem&) {
+      OnDevice dev(in);
+      if (Status s = dev.move(); !s) return s;
+      const Status run = in.run(Backend::flash, 0, true);
+      if (Status s = dev.back(); !s) return s;
+      return run;
+    });
+    if (HasFatalFailure()) return;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, CudaForwardModel, ::testing::ValuesIn(gpu_cases()),

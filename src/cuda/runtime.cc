@@ -110,4 +110,48 @@ std::optional<DeviceInfo> device_info(int index) {
 #endif
 }
 
+Status DeviceBuffer::create(int device, const void* src, std::size_t bytes, DeviceBuffer* out) {
+  if (Status s = require_device(); !s) return s;
+  if (device < 0 || device >= device_count())
+    return Status::Invalid("device", "cuda:" + std::to_string(device) + "; expected a device index below " +
+                                         std::to_string(device_count()));
+  *out = DeviceBuffer();
+#if ATTN_HAVE_CUDA
+  int previous = 0;
+  (void)cudaGetDevice(&previous);
+  cudaError_t e = cudaSetDevice(device);
+  void* p = nullptr;
+  if (e == cudaSuccess) e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+  if (e == cudaSuccess && src != nullptr && bytes > 0) e = cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice);
+  (void)cudaSetDevice(previous);
+  if (e != cudaSuccess) {
+    if (p != nullptr) (void)cudaFree(p);
+    (void)cudaGetLastError();
+    return Status::OutOfMemory("device", "allocating " + std::to_string(bytes) + " bytes on cuda:" +
+                                             std::to_string(device) + " failed (" + cudaGetErrorName(e) + ")");
+  }
+  out->data_ = p, out->bytes_ = bytes, out->device_ = device;
+  return Status::Ok();
+#else
+  (void)src, (void)bytes;
+  return require_device();
+#endif
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    this->~DeviceBuffer();
+    data_ = o.data_, bytes_ = o.bytes_, device_ = o.device_;
+    o.data_ = nullptr;
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+#if ATTN_HAVE_CUDA
+  if (data_ != nullptr) (void)cudaFree(data_);
+#endif
+  data_ = nullptr;
+}
+
 }  // namespace attn::cuda

@@ -45,6 +45,29 @@ std::optional<DeviceInfo> device_info(int index);
 // small device tensors (key lengths, page tables, per-head parameters). "no CUDA device" where there is none.
 Status copy_to_host(void* dst, const void* src, std::size_t bytes, int device, void* stream);
 
+// Device memory for the tests and tools that put host data on a GPU (the library's entry points never allocate
+// the caller's tensors): a buffer of `bytes` on `device` with `src` copied in (src may be null: uninitialised),
+// freed by the destructor. Without a device, create() answers "no CUDA device".
+class DeviceBuffer {
+ public:
+  static Status create(int device, const void* src, std::size_t bytes, DeviceBuffer* out);
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_), device_(o.device_) { o.data_ = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  // The buffer's contents to host memory (bytes() of them), after the device's work so far.
+  Status read(void* dst) const { return copy_to_host(dst, data_, bytes_, device_, nullptr); }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  int device_ = 0;
+};
+
 // The kernels are compiled for sm_80 and sm_90a (tensor-core mma.sync needs sm_80 or later).
 inline bool kernels_support(const DeviceInfo& d) { return d.sm_major >= 8; }
 
