@@ -81,7 +81,7 @@ BENCH_KEYS = (
     "rss_with_inputs_bytes peak_rss_bytes extra_rss_bytes peak_rss_scope maxrss_bytes output_finite"
 ).split()
 CEILING_KEYS = ("threads fma_gflops fma_isa amx_bf16_gflops amx_note read_gbps read_buffer_bytes huge_pages seconds "
-                "read_setup_seconds").split()
+                "read_setup_seconds fma_trials read_trials fma_spread read_spread given").split()
 
 SCALING_N = [512 * 2**i for i in range(7)]  # 512 .. 32768
 SCALING_PREFILL = dict(B=1, Hq=4, Hkv=1, D=128, causal=True)  # one head group of P1
@@ -304,8 +304,30 @@ class Peer:
 # ---- the canonical shapes --------------------------------------------------------------------------------
 
 
+def measure_ceilings(attn, threads, args):
+    """The machine's ceilings, measured once for the whole run (`attn bench --ceilings-only`: best of 7 trials
+    each, the trials and their spread kept), so that every row is judged against the same ones."""
+    cmd = [str(attn), "bench", "--json", "--ceilings-only", "--threads", str(threads)] + hp_flag(args)
+    log("  $ " + " ".join(cmd))
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()}")
+    c = json.loads(p.stdout.strip().splitlines()[-1])["ceilings"]
+    missing = [k for k in CEILING_KEYS if k not in c]
+    if missing:
+        raise RuntimeError(f"attn bench --ceilings-only lacks {missing}: {c}")
+    log(f"  ceilings: FMA {c['fma_gflops']:.0f} GFLOP/s (spread {100 * c['fma_spread']:.0f}%), read "
+        f"{c['read_gbps']:.1f} GB/s (spread {100 * c['read_spread']:.0f}%)")
+    return c
+
+
+def ceiling_values_arg(c):
+    return ["--ceiling-values", f"{c['fma_gflops']},{c['amx_bf16_gflops'] or 0},{c['read_gbps']}"]
+
+
 def run_shapes(args, attn, peer, shapes_table, ids, threads):
     rows = []
+    measured = None if args.self_test else measure_ceilings(attn, threads, args)
     for label, qd, kvd, only in CONFIGS:
         chosen = [s for s in ids if only is None or s in only]
         if not chosen:
@@ -320,7 +342,9 @@ def run_shapes(args, attn, peer, shapes_table, ids, threads):
                 extra = ["--quick-ceilings", "--label", s] + (["--kv-sets", "2"] if s in DECODE else [])
                 runs += run_attn(attn, dims_args(shapes_table[s]) + common + extra)
         else:
-            runs = run_attn(attn, ["--shape", ",".join(chosen)] + common)
+            runs = run_attn(attn, ["--shape", ",".join(chosen)] + common + ceiling_values_arg(measured))
+            for r in runs:  # the values the rows were judged by, with the trials they came from
+                r["ceilings"] = dict(measured, given=True)
         for s, r in zip(chosen, runs):
             shape = shapes_table[s]
             if (r["B"], r["Hq"], r["Hkv"], r["Sq"], r["Skv"], r["Dk"]) != tuple(
@@ -606,7 +630,9 @@ def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_p
             f"{info['active_isa']} (best {info['best_isa']}); PyTorch {torch_version or 'not installed'}."]
     if ceil:
         amx = f"{ceil['amx_bf16_gflops']:.0f} GFLOP/s" if ceil["amx_bf16_gflops"] else f"n/a ({ceil['amx_note']})"
-        head.append(f"Ceilings measured in the same run ({ceil['threads']} threads, best of 3 trials): "
+        head.append(f"Ceilings measured once for the whole run ({ceil['threads']} threads, best of "
+                    f"{len(ceil['read_trials'])} trials; spread (max − min) / max of the trials: FMA "
+                    f"{100 * ceil['fma_spread']:.0f}%, read {100 * ceil['read_spread']:.0f}%): "
                     f"fp32 FMA {ceil['fma_gflops']:.0f} GFLOP/s ({ceil['fma_isa']}), AMX bf16 {amx}, "
                     f"streaming read {ceil['read_gbps']:.1f} GB/s ({ceil['read_buffer_bytes'] / 2**20:.0f} MiB buffer).")
     notes = [

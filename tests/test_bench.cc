@@ -212,6 +212,34 @@ TEST(CliBench, PagedRaggedMixedDtypesWithQuickCeilings) {
   EXPECT_FALSE(has(l[0], "\"read_gbps\":null"));
 }
 
+// The ceilings alone (what run_bench.py measures once per run), with every trial and their spread; then a run
+// judged against given values.
+TEST(CliBench, CeilingsOnceAndGiven) {
+  const Outcome c = cli({"bench", "--ceilings-only", "--json", "--quick-ceilings", "--threads", "1"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  ASSERT_EQ(lines(c.out).size(), 1u) << c.out;
+  EXPECT_TRUE(has(c.out, "\"ceilings\":{\"threads\":1,\"fma_gflops\":")) << c.out;
+  EXPECT_TRUE(has(c.out, "\"read_trials\":[")) << c.out;
+  EXPECT_TRUE(has(c.out, "\"read_spread\":")) << c.out;
+  EXPECT_TRUE(has(c.out, "\"given\":false")) << c.out;
+  const Outcome g = cli({"bench", "--heads", "2", "--q-len", "4", "--kv-len", "64", "--head-dim", "8", "--reps", "1",
+                         "--json", "--ceiling-values", "100,0,10"});
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_TRUE(has(g.out, "\"fma_gflops\":100,")) << g.out;
+  EXPECT_TRUE(has(g.out, "\"read_gbps\":10,")) << g.out;
+  EXPECT_TRUE(has(g.out, "\"given\":true")) << g.out;
+  EXPECT_TRUE(has(g.out, "\"amx_bf16_gflops\":null")) << g.out;
+  const std::vector<std::string> shape = {"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8"};
+  for (const std::string& bad : {"1,2", "0,0,10", "100,0,-1", "a,b,c"}) {
+    std::vector<std::string> args = shape;
+    args.insert(args.end(), {"--ceiling-values", bad});
+    expect_error(args, "--ceiling-values");
+  }
+  std::vector<std::string> both = shape;
+  both.insert(both.end(), {"--ceiling-values", "1,0,1", "--no-ceilings"});
+  expect_error(both, "--ceiling-values");
+}
+
 TEST(CliBench, RaggedWithoutPagesUsesKeyLengths) {
   const Outcome r = cli({"bench", "--batch", "2", "--heads", "2", "--q-len", "3", "--kv-len", "9", "--kv-len-min", "2",
                          "--head-dim", "8", "--dtype", "bf16", "--reps", "1", "--json", "--no-ceilings"});

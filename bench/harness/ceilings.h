@@ -4,12 +4,16 @@
 //   - peak AMX bf16 rate (tdpbf16ps on tiles that stay in the tile registers), where the CPU has AMX;
 //   - streaming read bandwidth: every thread sums its slice of a buffer far larger than the last-level
 //     cache.
-// Each is the best of a few short trials (the ceiling is what the machine can do, so the fastest
-// trial is the estimate; noise only ever slows a trial down).
+// Each is the best of several short trials (the ceiling is what the machine can do, so the fastest
+// trial is the estimate; noise only ever slows a trial down); every trial is kept, so a report can give the
+// spread. bench/run_bench.py measures them once per benchmark run (`attn bench --ceilings-only`) and hands the
+// values to every later invocation (--ceiling-values), so that every row of a table is judged against the same
+// ceiling.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace attn::tools {
 
@@ -28,9 +32,14 @@ struct Ceilings {
   double read_gbps = 0;        // 1e9 bytes per second
   std::int64_t read_buffer_bytes = 0;
   bool huge_pages = true;
+  std::vector<double> fma_trials, amx_trials, read_trials;  // every trial (GFLOP/s, GB/s); empty when given
+  bool given = false;             // the values came from --ceiling-values, not measured in this process
   double seconds = 0;             // time spent measuring all of them
   double read_setup_seconds = 0;  // of which allocating and first-touching the bandwidth buffer
 };
+
+// (max - min) / max over trials: 0 for one trial or none.
+double spread(const std::vector<double>& trials);
 
 // Measured on the first call for a given `options`, then cached for the life of the process.
 const Ceilings& measure_ceilings(const CeilingOptions& options);

@@ -44,6 +44,20 @@
 namespace attn::tools {
 namespace {
 
+// The ceilings as JSON: the values, every trial and their spread ((max - min) / max), and whether they were given.
+JsonObject ceilings_json(const Ceilings& ceil) {
+  JsonObject c;
+  c.add("threads", ceil.threads).add("fma_gflops", ceil.fma_gflops).add("fma_isa", ceil.fma_isa);
+  if (ceil.amx_bf16_gflops > 0) c.add("amx_bf16_gflops", ceil.amx_bf16_gflops);
+  else c.add_null("amx_bf16_gflops");
+  c.add("amx_note", ceil.amx_note).add("read_gbps", ceil.read_gbps).add("read_buffer_bytes", ceil.read_buffer_bytes);
+  c.add("fma_trials", ceil.fma_trials).add("amx_trials", ceil.amx_trials).add("read_trials", ceil.read_trials);
+  c.add("fma_spread", spread(ceil.fma_trials)).add("read_spread", spread(ceil.read_trials));
+  c.add("given", ceil.given);
+  c.add("huge_pages", ceil.huge_pages).add("seconds", ceil.seconds).add("read_setup_seconds", ceil.read_setup_seconds);
+  return c;
+}
+
 using Clock = std::chrono::steady_clock;
 
 // ---- shapes ----------------------------------------------------------------------------------------------
@@ -247,6 +261,8 @@ struct BenchArgs {
   std::string label;
   bool json = false, no_ceilings = false, quick_ceilings = false, no_huge_pages = false;
   bool backward = false;
+  bool ceilings_only = false;      // measure the ceilings, print them, run nothing
+  std::vector<double> ceiling_values;  // given ceilings: FMA GFLOP/s, AMX bf16 GFLOP/s (0: none), read GB/s
   double softcap = 0;              // score variants: softcap (0 = off),
   bool alibi = false, sinks = false;  // ALiBi's geometric slopes, a sink of 0.5 per head
   double dropout = 0;                 // attention dropout probability (seed 1)
@@ -624,17 +640,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     o.add("times_s", r.times);
     o.add("flops", flops).add("flops_nominal", nominal).add("gflops", gflops).add("bytes", bytes).add("gbps", gbps);
     if (ceil) {
-      JsonObject c;
-      c.add("threads", ceil->threads).add("fma_gflops", ceil->fma_gflops).add("fma_isa", ceil->fma_isa);
-      if (ceil->amx_bf16_gflops > 0) c.add("amx_bf16_gflops", ceil->amx_bf16_gflops);
-      else c.add_null("amx_bf16_gflops");
-      c.add("amx_note", ceil->amx_note)
-          .add("read_gbps", ceil->read_gbps)
-          .add("read_buffer_bytes", ceil->read_buffer_bytes);
-      c.add("huge_pages", ceil->huge_pages)
-          .add("seconds", ceil->seconds)
-          .add("read_setup_seconds", ceil->read_setup_seconds);
-      o.add("ceilings", c);
+      o.add("ceilings", ceilings_json(*ceil));
     } else {
       o.add_null("ceilings");
     }
@@ -701,7 +707,8 @@ Status bench(const BenchArgs& a, std::ostream& out) {
     return Status::Ok();
   }
   std::vector<Shape> shapes;
-  if (Status s = shapes_of(a, &shapes); !s) return s;
+  if (!a.ceilings_only)
+    if (Status s = shapes_of(a, &shapes); !s) return s;
   Setup setup;
   if (Status s = parse_dtype(a.dtype, "--dtype", &setup.dtype); !s) return s;
   setup.kv_dtype = setup.dtype;
@@ -720,7 +727,27 @@ Status bench(const BenchArgs& a, std::ostream& out) {
   setup.huge_pages = !a.no_huge_pages;
 
   const Ceilings* ceil = nullptr;
-  if (!a.no_ceilings) ceil = &measure_ceilings(CeilingOptions{setup.threads, a.quick_ceilings, setup.huge_pages});
+  Ceilings given;
+  if (!a.ceiling_values.empty()) {
+    const std::vector<double>& v = a.ceiling_values;
+    if (v.size() != 3 || !(v[0] > 0) || !(v[1] >= 0) || !(v[2] > 0))
+      return Status::Invalid("--ceiling-values", "expected three numbers FMA,AMX,READ: GFLOP/s > 0, GFLOP/s >= 0 "
+                                                 "(0: no AMX), GB/s > 0");
+    if (a.no_ceilings) return Status::Invalid("--ceiling-values", "given with --no-ceilings; expected one of them");
+    given.threads = setup.threads, given.fma_gflops = v[0], given.amx_bf16_gflops = v[1], given.read_gbps = v[2];
+    given.given = true, given.huge_pages = setup.huge_pages;
+    given.amx_note = v[1] > 0 ? "" : "given as 0";
+    ceil = &given;
+  } else if (!a.no_ceilings) {
+    ceil = &measure_ceilings(CeilingOptions{setup.threads, a.quick_ceilings, setup.huge_pages});
+  }
+  if (a.ceilings_only) {
+    if (!ceil) return Status::Invalid("--ceilings-only", "given with --no-ceilings; expected one of them");
+    if (a.json) {
+      out << JsonObject().add("tool", "attn").add("ceilings", ceilings_json(*ceil)).str() << std::endl;
+      return Status::Ok();
+    }
+  }
   if (ceil && !a.json)
     out << "ceilings (" << ceil->threads << " thread" << (ceil->threads == 1 ? "" : "s") << ", measured in "
         << fmt("%.2f", ceil->seconds) << " s, " << fmt("%.2f", ceil->read_setup_seconds)
@@ -728,7 +755,11 @@ Status bench(const BenchArgs& a, std::ostream& out) {
         << ceil->fma_isa << "), AMX bf16 "
         << (ceil->amx_bf16_gflops > 0 ? fmt("%.0f GFLOP/s", ceil->amx_bf16_gflops) : "n/a: " + ceil->amx_note)
         << ", streaming read " << fmt("%.1f", ceil->read_gbps) << " GB/s ("
-        << bytes_text(double(ceil->read_buffer_bytes)) << " buffer)\n";
+        << bytes_text(double(ceil->read_buffer_bytes)) << " buffer); best of " << ceil->read_trials.size()
+        << " trials, spread " << fmt("%.0f", 100 * spread(ceil->fma_trials)) << " % (FMA), "
+        << fmt("%.0f", 100 * spread(ceil->read_trials)) << " % (read)" << (ceil->given ? "; given, not measured" : "")
+        << "\n";
+  if (a.ceilings_only) return Status::Ok();
   for (const Shape& s : shapes)
     if (Status st = run_one(s, setup, a, ceil, out); !st) return st;
   return Status::Ok();
@@ -780,6 +811,12 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
   sub->add_option("--dropout", a->dropout, "Attention dropout with this probability in [0, 1) (seed 1)")->type_name("P");
   sub->add_flag("--json", a->json, "Print one JSON object per run (fields: see docs/benchmarks.md)");
   sub->add_flag("--no-ceilings", a->no_ceilings, "Skip measuring the machine's ceilings (fractions become null)");
+  sub->add_flag("--ceilings-only", a->ceilings_only, "Measure the ceilings (best of 7 trials each), print them, run nothing");
+  sub->add_option("--ceiling-values", a->ceiling_values,
+                  "Judge the runs against these ceilings instead of measuring them (bench/run_bench.py measures once "
+                  "per run): FMA GFLOP/s, AMX bf16 GFLOP/s (0: none), streaming read GB/s")
+      ->delimiter(',')
+      ->type_name("FMA,AMX,READ");
   sub->add_flag("--no-huge-pages", a->no_huge_pages,
                 "Do not ask for transparent huge pages for the inputs and the bandwidth buffer");
   sub->add_flag("--quick-ceilings", a->quick_ceilings, "Measure the ceilings with tiny loops and buffer (for tests)")

@@ -86,8 +86,8 @@ def _check_torch(name, x):
         layout = str(x.layout)
         what = "a sparse tensor" if "sparse" in layout else "a tensor of layout"
         raise TypeError(f"{name}: {what} ({layout}); expected a dense (strided) tensor")
-    if x.device.type != "cpu":
-        raise TypeError(f"{name}: on device {x.device}; expected a CPU tensor")
+    if x.device.type not in ("cpu", "cuda"):  # (CUDA: the library's CUDA backend; docs/cuda.md says what has run)
+        raise TypeError(f"{name}: on device {x.device}; expected a CPU or CUDA tensor")
 
 
 def _check_numpy(name, x):
@@ -194,7 +194,7 @@ def _empty(kind, like, shape, dtype=None):
     if kind == "numpy":
         return np.empty(shape, dtype=like.dtype if dtype is None else np.float32)
     torch = _torch()
-    return torch.empty(shape, dtype=like.dtype if dtype is None else torch.float32, device="cpu")
+    return torch.empty(shape, dtype=like.dtype if dtype is None else torch.float32, device=like.device)
 
 
 def _as_float32(kind, x):

@@ -82,9 +82,13 @@ attn::DType to_dtype(const std::string& name, nb::dlpack::dtype dt, bool bf16_bi
 // The view of an array's memory: same pointer, shape and strides (nanobind reports them in elements).
 template <class Array>
 attn::TensorView to_view(const std::string& name, const Array& a, bool bf16_bits = false) {
-  if (a.device_type() != nb::device::cpu::value)
+  // CPU memory, or a CUDA device's (torch CUDA tensors through DLPack): the library validates placement (every
+  // tensor of a call on one device) and runs the CUDA backend on the default stream, which orders the call after
+  // the work PyTorch queued on its default stream. (Not yet run on a GPU: docs/cuda.md.)
+  const bool cuda = a.device_type() == nb::device::cuda::value;
+  if (a.device_type() != nb::device::cpu::value && !cuda)
     throw nb::type_error((name + ": lives on DLPack device type " + std::to_string(a.device_type()) +
-                          "; expected CPU memory")
+                          "; expected CPU memory or a CUDA device")
                              .c_str());
   if (a.ndim() < 1 || a.ndim() > 4)
     throw nb::value_error((name + ": rank " + std::to_string(a.ndim()) + "; expected rank 1 to 4").c_str());
@@ -92,6 +96,7 @@ attn::TensorView to_view(const std::string& name, const Array& a, bool bf16_bits
   t.data = const_cast<void*>(static_cast<const void*>(a.data()));
   t.dtype = to_dtype(name, a.dtype(), bf16_bits);
   t.rank = static_cast<int>(a.ndim());
+  if (cuda) t.device = attn::Device::cuda(static_cast<int>(a.device_id()));
   for (int d = 0; d < t.rank; ++d) {
     t.shape[d] = static_cast<std::int64_t>(a.shape(d));
     t.strides[d] = a.stride(d);

@@ -236,8 +236,10 @@ ATTN_UNROLL
     for (int h = 0; h < 2; ++h) {
       const auto i = W::map([=](int gg) { return irow0 + gg + 8 * h; }, g);
       if (kPerElement || masked) {
-        const auto range = W::map([&](i64 ii) { return core::key_range(p, work.b, ii); }, i);
-        const auto row = W::map([&](i64 ii) { return V::row(p, work.b, work.h, ii); }, i);
+        // The padding rows past Sq of the last query block see no key (and their dense-mask row is never formed:
+        // reading it would run past the mask; the host model under ASan found that).
+        const auto range = W::map([&](i64 ii) { return ii < p.Sq ? core::key_range(p, work.b, ii) : core::KeyRange{}; }, i);
+        const auto row = W::map([&](i64 ii) { return V::row(p, work.b, work.h, ii < p.Sq ? ii : p.Sq - 1); }, i);
 ATTN_UNROLL
         for (int n = 0; n < C::kSBlocks; ++n)
 ATTN_UNROLL

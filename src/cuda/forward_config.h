@@ -21,11 +21,17 @@ void with_head_dim(const core::Problem& p, F&& f) {
       f(cfg, PlainVariant{});
     }
   };
+  // With per-element scores (the general variant) the key tiles are halved at D = 128 and 256 (32 and 16 keys), so
+  // that the variant's row state fits the registers beside the D/2 accumulators (no spills: the static gates).
   switch (padded_head_dim(p.Dk, p.Dv)) {
     case 64: run(Config<T, 64>{}); break;
-    case 128: run(Config<T, 128>{}); break;
-    // D = 256 with per-element scores: 16-key tiles, so that the variant's row state fits the registers beside
-    // the 128 accumulators (no spills: the static gates).
+    case 128:
+      if (general) {
+        f(Config<T, 128, 32>{}, GeneralVariant{});
+      } else {
+        f(Config<T, 128>{}, PlainVariant{});
+      }
+      break;
     default:
       if (general) {
         f(Config<T, 256, 16>{}, GeneralVariant{});

@@ -260,7 +260,7 @@ def test_other_layouts_are_refused():
     q, k, v = _qkv(torch.Generator().manual_seed(2), hkv=4)
     with raises(TypeError, "query: a sparse tensor (torch.sparse_csr); expected a dense (strided) tensor"):
         attn.scaled_dot_product_attention(q[0, 0].to_sparse_csr(), k[0, 0], v[0, 0])
-    with raises(TypeError, "query: on device meta; expected a CPU tensor"):
+    with raises(TypeError, "query: on device meta; expected a CPU or CUDA tensor"):
         attn.scaled_dot_product_attention(q.to("meta"), k, v)
     for layout in (torch.strided, torch.jagged):
         nested = torch.nested.nested_tensor([q[0, 0], q[1, 0, :2]], layout=layout)
