@@ -38,7 +38,7 @@ Status run_host_model(const core::Problem& p) {
     std::vector<std::uint16_t> smem(C::kSmemElems, 0xffff);
     const HostWarp w(smem.data(), smem.size() * sizeof(std::uint16_t));
     std::vector<typename Block::Warp> warps(C::kWarps);
-    const std::int64_t blocks = cuda::sched::grid_blocks(p.B, p.Hq, p.Sq, C::kBlockM);
+    const std::int64_t blocks = cuda::sched::packed_grid_blocks(p.B, p.Hkv, p.group, p.Sq, C::kBlockM);
     for (std::int64_t id = 0; id < blocks; ++id) {
       const Block block(dp, smem.data(), id);
       for (int wi = 0; wi < C::kWarps; ++wi) block.begin(w, wi, warps[wi]);

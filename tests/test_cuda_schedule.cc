@@ -197,3 +197,32 @@ static_assert(key_interval(Masks{100, CausalMode::bottom_right, -1, -1, true}, 8
 static_assert(key_tiles(Masks{128, CausalMode::top_left, -1, -1, true}, 128, 64, 128, 64).full_end == 1);
 
 }  // namespace
+
+// GQA packing: every (query head, row) of every KV head lies in exactly one block's rows; a block past Sq = 64
+// holds one head only, and a decode step's group shares one block.
+TEST(CudaSchedule, PackedRowsCoverEveryRowOnce) {
+  constexpr i64 kM = 64;
+  for (i64 group : {1, 2, 4, 7, 16})
+    for (i64 Sq : {1, 3, 7, 63, 64, 65, 113, 200}) {
+      const i64 Hkv = 3, B = 2, Sr = packed_rows_per_head(Sq, kM);
+      std::vector<int> seen(static_cast<std::size_t>(B * Hkv * group * Sq), 0);
+      const i64 blocks = packed_grid_blocks(B, Hkv, group, Sq, kM);
+      for (i64 id = 0; id < blocks; ++id) {
+        const PackedWork w = packed_work(id, Hkv, group, Sq, kM);
+        i64 first_head = -1;
+        bool straddles = false;
+        for (i64 r = 0; r < kM; ++r) {
+          const PackedRow pr = packed_row(w.rblock * kM + r, w.hk, group, Sq, Sr);
+          if (!pr.valid) continue;
+          ASSERT_EQ(kv_head(pr.h, group), w.hk);
+          ASSERT_LT(pr.i, Sq);
+          ++seen[static_cast<std::size_t>(((w.b * Hkv * group) + pr.h) * Sq + pr.i)];
+          if (first_head < 0) first_head = pr.h;
+          straddles |= pr.h != first_head;
+        }
+        if (Sq >= kM) EXPECT_FALSE(straddles) << "group " << group << ", Sq " << Sq << ", block " << id;
+      }
+      for (int n : seen) ASSERT_EQ(n, 1) << "group " << group << ", Sq " << Sq;
+      if (Sq * group <= kM) EXPECT_EQ(blocks, B * Hkv);
+    }
+}

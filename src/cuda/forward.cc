@@ -19,10 +19,10 @@ Status supports(const core::Problem& p) {
   if (padded_head_dim(p.Dk, p.Dv) == 0)
     return Status::Unsupported("q", "with head dims " + std::to_string(p.Dk) + " and " + std::to_string(p.Dv) +
                                         " on CUDA; expected at most 256");
-  // One thread block per 64 query rows of each (batch, head), in a one-dimensional grid.
-  const std::int64_t blocks = sched::grid_blocks(p.B, p.Hq, p.Sq, 64);
+  // One thread block per 64 packed query rows of each (batch, KV head) (cuda/schedule.h), a one-dimensional grid.
+  const std::int64_t blocks = sched::packed_grid_blocks(p.B, p.Hkv, p.group, p.Sq, 64);
   if (blocks > std::int64_t{0x7fffffff})
-    return Status::Unsupported("q", "with B·Hq·ceil(Sq/64) = " + std::to_string(blocks) +
+    return Status::Unsupported("q", "with " + std::to_string(blocks) +
                                         " thread blocks on CUDA; expected at most 2^31 - 1");
   return Status::Ok();
 }

@@ -1,5 +1,6 @@
 // The device kernel of attn's own forward (cuda/forward_block.h's block program with DeviceWarp) and its launch:
-// one thread block per 64 query rows of one (batch, head), 128 threads, the tiles in dynamic shared memory.
+// one thread block per 64 packed query rows of one (batch, KV head) (cuda/schedule.h), 128 threads, the tiles in
+// dynamic shared memory.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -61,7 +62,7 @@ Status launch(const core::Problem& p) {
       const auto kernel = forward_kernel<C, V>;
       e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
       if (e != cudaSuccess) return;
-      const auto blocks = static_cast<unsigned>(sched::grid_blocks(p.B, p.Hq, p.Sq, C::kBlockM));
+      const auto blocks = static_cast<unsigned>(sched::packed_grid_blocks(p.B, p.Hkv, p.group, p.Sq, C::kBlockM));
       kernel<<<blocks, C::kThreads, C::kSmemBytes, stream>>>(dp);
       e = cudaGetLastError();
     });

@@ -3,8 +3,10 @@
 // (tests/test_cuda_forward.cc) run the very same functions with HostWarp, warp by warp, against the fp64
 // reference on the registry's cases.
 //
-// A thread block takes C::kBlockM = 64 query rows of one (batch, query head): four warps of 16 rows each.
-// It walks the key tiles of C::kBlockN keys its rows may attend (cuda/schedule.h key_tiles: causal, window and
+// A thread block takes C::kBlockM = 64 rows of one KV head's packed query rows (cuda/schedule.h: its query
+// heads one after the other; a decode step's whole GQA group shares a block and each K/V tile is read once for
+// it): four warps of 16 rows each, each lane's rows with their own query head and row. It walks the key tiles
+// of C::kBlockN keys its rows may attend (cuda/schedule.h key_tiles: causal, window and
 // key-length bounds; tiles allowed whole skip the per-element mask), and for each tile:
 //
 //   load_kv   all warps copy the tile's K and V rows to shared memory (zeros past the key length and the head
@@ -128,23 +130,36 @@ struct ForwardBlock {
     State row[2];
   };
 
+  using Row = sched::PackedRow;
+
   const DeviceProblem& p;
   std::uint16_t* smem;  // C::kSmemElems 16-bit elements, 16-byte aligned
-  sched::BlockWork work;
-  i64 q0 = 0, len = 0, hk = 0;
+  i64 b = 0, hk = 0;
+  i64 Sr = 0, r0 = 0;      // packed rows per head; the block's first packed row
+  i64 i_lo = 0, i_hi = 0;  // the query rows (within a head) the block's rows lie in
+  i64 len = 0;
   float c = 0;   // score units -> log2 units
   double k = 0;  // score units -> natural-log units
 
-  ATTN_HD ForwardBlock(const DeviceProblem& problem, std::uint16_t* shared, i64 block)
-      : p(problem), smem(shared), work(sched::block_work(block, problem.Hq, problem.Sq, C::kBlockM)) {
-    q0 = work.qblock * C::kBlockM;
-    len = p.key_len(work.b);
-    hk = sched::kv_head(work.h, p.group);
+  ATTN_HD ForwardBlock(const DeviceProblem& problem, std::uint16_t* shared, i64 block) : p(problem), smem(shared) {
+    const sched::PackedWork work = sched::packed_work(block, p.Hkv, p.group, p.Sq, C::kBlockM);
+    b = work.b, hk = work.hk;
+    Sr = sched::packed_rows_per_head(p.Sq, C::kBlockM);
+    r0 = work.rblock * C::kBlockM;
+    // A block inside one head (Sr >= 64): its rows i_lo.. ; a packed block: any row of the heads it holds.
+    i_lo = Sr >= C::kBlockM ? r0 % Sr : 0;
+    i_hi = Sr >= C::kBlockM ? sched::min64(i_lo + C::kBlockM, p.Sq) : p.Sq;
+    len = p.key_len(b);
     k = kPerElement ? 1.0 : p.scale;
     c = static_cast<float>(k * core::kLog2e);
   }
 
-  ATTN_HD sched::TileRange tiles() const { return sched::key_tiles(masks_of(p), len, q0, q0 + C::kBlockM, C::kBlockN); }
+  // The query head and row of packed row r0 + rr; padding rows read as the group's first head, row 0 (valid
+  // memory for the hooks, never stored).
+  ATTN_HD Row row_at(i64 rr) const { return sched::packed_row(r0 + rr, hk, p.group, p.Sq, Sr); }
+  ATTN_HD i64 head_or_first(const Row& r) const { return r.valid ? r.h : hk * p.group; }
+
+  ATTN_HD sched::TileRange tiles() const { return sched::key_tiles(masks_of(p), len, i_lo, i_hi, C::kBlockN); }
 
   // The warp's accumulators cleared and its 16 query rows copied to shared memory (zeros past Sq and Dk).
   ATTN_HD void begin(const W&, int wi, Warp& st) const {
@@ -155,12 +170,12 @@ struct ForwardBlock {
     const auto lane = W::lane();
     const auto* q = static_cast<const std::uint16_t*>(p.q.data);
     for (int r = 0; r < 16; ++r) {
-      const i64 i = q0 + 16 * wi + r;
+      const Row row = row_at(16 * wi + r);
       for (int c0 = 0; c0 < C::kD; c0 += frag::kWarp) {
         const auto col = lane + c0;
         const auto v = W::map(
             [&](int cc) {
-              return i < p.Sq && cc < p.Dk ? q[p.q.offset(work.b, work.h, i, cc)] : std::uint16_t{0};
+              return row.valid && cc < p.Dk ? q[p.q.offset(b, row.h, row.i, cc)] : std::uint16_t{0};
             },
             col);
         W::store(smem + C::kQ, (16 * wi + r) * C::kLd + col, v);
@@ -178,8 +193,8 @@ struct ForwardBlock {
     for (int r = wi; r < C::kBlockN; r += C::kWarps) {
       const i64 j = t * C::kBlockN + r;
       const bool in = j < len;
-      const i64 krow = in ? p.kv_row_offset(p.k, work.b, hk, j) : 0;
-      const i64 vrow = in ? p.kv_row_offset(p.v, work.b, hk, j) : 0;
+      const i64 krow = in ? p.kv_row_offset(p.k, b, hk, j) : 0;
+      const i64 vrow = in ? p.kv_row_offset(p.v, b, hk, j) : 0;
       for (int c0 = 0; c0 < C::kD; c0 += frag::kWarp) {
         const auto col = lane + c0;
         const auto kv = W::map(
@@ -231,15 +246,14 @@ ATTN_UNROLL
 
     // ---- scores: lane holds rows g, g + 8 (halves h = 0, 1) at keys 8n + 2·tig + (r & 1) ----
     const auto g = lane >> 2, tig = lane & 3;
-    const i64 irow0 = q0 + 16 * wi;
 ATTN_UNROLL
     for (int h = 0; h < 2; ++h) {
-      const auto i = W::map([=](int gg) { return irow0 + gg + 8 * h; }, g);
+      const auto pr = W::map([&](int gg) { return row_at(16 * wi + gg + 8 * h); }, g);
       if (kPerElement || masked) {
-        // The padding rows past Sq of the last query block see no key (and their dense-mask row is never formed:
-        // reading it would run past the mask; the host model under ASan found that).
-        const auto range = W::map([&](i64 ii) { return ii < p.Sq ? core::key_range(p, work.b, ii) : core::KeyRange{}; }, i);
-        const auto row = W::map([&](i64 ii) { return V::row(p, work.b, work.h, ii < p.Sq ? ii : p.Sq - 1); }, i);
+        // Padding rows (past Sq, or past the group) see no key, and their dense-mask row is never formed: reading
+        // it would run past the mask (the host model under ASan found that).
+        const auto range = W::map([&](Row r) { return r.valid ? core::key_range(p, b, r.i) : core::KeyRange{}; }, pr);
+        const auto row = W::map([&](Row r) { return V::row(p, b, head_or_first(r), r.valid ? r.i : 0); }, pr);
 ATTN_UNROLL
         for (int n = 0; n < C::kSBlocks; ++n)
 ATTN_UNROLL
@@ -286,15 +300,15 @@ ATTN_UNROLL
     if (V::kDropout && p.dropout.on()) {
 ATTN_UNROLL
       for (int h = 0; h < 2; ++h) {
-        const auto i = W::map([=](int gg) { return irow0 + gg + 8 * h; }, g);
+        const auto pr = W::map([&](int gg) { return row_at(16 * wi + gg + 8 * h); }, g);
 ATTN_UNROLL
         for (int n = 0; n < C::kSBlocks; ++n)
 ATTN_UNROLL
           for (int e = 0; e < 2; ++e) {
             const auto j = W::map([=](int tg) { return j0 + 8 * n + 2 * tg + e; }, tig);
             s[n][2 * h + e] = W::map(
-                [&](float x, i64 ii, i64 jj) { return x * p.dropout.factor(work.b, work.h, ii, jj); },
-                s[n][2 * h + e], i, j);
+                [&](float x, Row r, i64 jj) { return x * p.dropout.factor(b, r.h, r.i, jj); },
+                s[n][2 * h + e], pr, j);
           }
       }
     }
@@ -326,31 +340,30 @@ ATTN_UNROLL
   ATTN_HD void finish(const W&, int wi, Warp& st) const {
     const auto lane = W::lane();
     const auto g = lane >> 2, tig = lane & 3;
-    const i64 irow0 = q0 + 16 * wi;
-    const float sink = p.sink(work.h);
 ATTN_UNROLL
     for (int h = 0; h < 2; ++h) {
       F32 l = st.row[h].l;
       l = l + W::shfl_xor(l, 1);
       l = l + W::shfl_xor(l, 2);
       const F32 m = st.row[h].m;
-      const auto fin = W::map([&](float mm, float ll) { return core::finish_with_sink(mm, ll, k, sink); }, m, l);
-      const auto i = W::map([=](int gg) { return irow0 + gg + 8 * h; }, g);
-      const auto row_ok = W::map([&](i64 ii) { return ii < p.Sq; }, i);
+      const auto pr = W::map([&](int gg) { return row_at(16 * wi + gg + 8 * h); }, g);
+      const auto fin = W::map(
+          [&](float mm, float ll, Row r) { return core::finish_with_sink(mm, ll, k, p.sink(head_or_first(r))); }, m, l,
+          pr);
 ATTN_UNROLL
       for (int d = 0; d < C::kOBlocks; ++d)
 ATTN_UNROLL
         for (int e = 0; e < 2; ++e) {
           const auto col = W::map([=](int tg) { return 8 * d + 2 * tg + e; }, tig);
-          const auto ok = W::map([&](bool rok, int cc) { return rok && cc < p.Dv; }, row_ok, col);
-          const auto idx = W::map([&](i64 ii, int cc) { return p.out.offset(work.b, work.h, ii, cc); }, i, col);
+          const auto ok = W::map([&](Row r, int cc) { return r.valid && cc < p.Dv; }, pr, col);
+          const auto idx = W::map([&](Row r, int cc) { return p.out.offset(b, r.h, r.i, cc); }, pr, col);
           const F32 val = W::map([](float o, float ll, core::Finish f) { return core::finish_output(o, ll, f.factor); },
                                  st.o[d][2 * h + e], l, fin);
           store_out(idx, val, ok);
         }
       if (p.lse.data != nullptr) {
-        const auto ok = W::map([](bool rok, int tg) { return rok && tg == 0; }, row_ok, tig);
-        const auto idx = W::map([&](i64 ii) { return p.lse.offset(work.b, work.h, ii, 0); }, i);
+        const auto ok = W::map([](Row r, int tg) { return r.valid && tg == 0; }, pr, tig);
+        const auto idx = W::map([&](Row r) { return p.lse.offset(b, r.h, r.i, 0); }, pr);
         W::store_if(static_cast<float*>(const_cast<void*>(p.lse.data)), idx, W::map([](core::Finish f) { return f.lse; }, fin), ok);
       }
     }

@@ -53,6 +53,37 @@ ATTN_HD constexpr i64 block_linear(BlockWork w, i64 Hq, i64 Sq, i64 block_m) {
 // GQA / MQA: query head h reads KV head h / group (group = Hq / Hkv).
 ATTN_HD constexpr i64 kv_head(i64 h, i64 group) { return h / group; }
 
+// ---- GQA packing: the query heads of a KV head in one block ---------------------------------------------------
+// The forward kernel's blocks take rows of a KV head's packed sequence: its `group` query heads one after the
+// other, each head's Sq rows padded to Sr rows. Sr = Sq when Sq < block_m, so that the heads of a decode step
+// (or of a few speculative tokens) share one block and each K/V tile is read once for the whole group; else Sr
+// is Sq rounded up to block_m, so that a block never straddles two heads (a prefill's blocks are then the
+// per-head blocks above, in the same order).
+ATTN_HD constexpr i64 packed_rows_per_head(i64 Sq, i64 block_m) { return Sq < block_m ? Sq : ceil_div(Sq, block_m) * block_m; }
+ATTN_HD constexpr i64 packed_row_blocks(i64 group, i64 Sq, i64 block_m) {
+  return ceil_div(group * packed_rows_per_head(Sq, block_m), block_m);
+}
+ATTN_HD constexpr i64 packed_grid_blocks(i64 B, i64 Hkv, i64 group, i64 Sq, i64 block_m) {
+  return B * Hkv * packed_row_blocks(group, Sq, block_m);
+}
+// A block's work: packed rows [rblock·block_m, +block_m) of KV head hk of batch b.
+struct PackedWork {
+  i64 b = 0, hk = 0, rblock = 0;
+};
+ATTN_HD constexpr PackedWork packed_work(i64 linear, i64 Hkv, i64 group, i64 Sq, i64 block_m) {
+  const i64 nr = packed_row_blocks(group, Sq, block_m);
+  return {linear / (Hkv * nr), (linear / nr) % Hkv, linear % nr};
+}
+// Packed row r of KV head hk: query head h, query row i, and whether it is a real row (not padding).
+struct PackedRow {
+  i64 h = 0, i = 0;
+  bool valid = false;
+};
+ATTN_HD constexpr PackedRow packed_row(i64 r, i64 hk, i64 group, i64 Sq, i64 Sr) {
+  const i64 local = r / Sr, i = r % Sr;
+  return {hk * group + local, i, local < group && i < Sq};
+}
+
 // ---- the allowed keys of a row -------------------------------------------------------------------------
 
 struct KeyInterval {
