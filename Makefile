@@ -113,33 +113,19 @@ FUZZ_CPU_SECONDS ?= 3600
 fuzz-campaign:
 	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_CPU_SECONDS=$(FUZZ_CPU_SECONDS) FUZZ_TARGETS="$(FUZZ_TARGETS)" scripts/fuzz_campaign.sh
 
-# On a machine with an NVIDIA GPU (sm_80 or later), driver and CUDA toolkit: configures $(GPU_BUILD) with the CUDA
-# backend required (ATTN_CUDA=ON; the tools and MPI parts off; the tests on where GoogleTest is installed), then
-#   1. the layout self-test (tests/cuda/gpu_selftest.cc: the real mma.sync / ldmatrix against src/cuda/fragment.h,
-#      and the host model's per-warp code against the device), JSON under $(GPU_RESULTS), a short table;
-#   2. every bf16/f16 registry case through attention() on the GPU against the fp64 reference
-#      (tests/test_cuda_forward.cc, CudaForwardDevice), $(GPU_RESULTS)/registry.json;
-#   3. compute-sanitizer memcheck and racecheck on the first GPU_SANITIZE_CASES of them, where it is installed.
-# Without a GPU it stops at step 1 with one line, "no CUDA device (...)", and a non-zero exit.
+# On a machine with an NVIDIA GPU (sm_80 or later), driver and CUDA toolkit (scripts/test-gpu.sh): configures
+# $(GPU_BUILD) with the CUDA backend required (the tools and MPI parts off; the tests on where GoogleTest is
+# installed), then the layout self-test (the real mma.sync / ldmatrix against src/cuda/fragment.h, the host model's
+# per-warp code against the device), every bf16/f16 registry case through attention() on the GPU against the
+# fp64 reference, and compute-sanitizer memcheck and racecheck on the first GPU_SANITIZE_CASES of them; JSON and
+# logs under $(GPU_RESULTS), a short table of every step last. Without a GPU it stops with one line,
+# "no CUDA device (...)", and exit status 77.
 GPU_BUILD ?= $(BUILD)-gpu
 GPU_RESULTS ?= $(GPU_BUILD)/gpu-results
 GPU_SANITIZE_CASES ?= 6
-GPU_TESTS := $(if $(wildcard /usr/include/gtest/gtest.h),ON,OFF)
 .PHONY: test-gpu
 test-gpu:
-	cmake -S . -B $(GPU_BUILD) -DCMAKE_BUILD_TYPE=Release -DATTN_CUDA=ON -DATTN_BUILD_TESTS=$(GPU_TESTS) \
-	  -DATTN_BUILD_TOOLS=OFF -DATTN_BUILD_DIST=OFF $(CMAKE_FLAGS)
-	cmake --build $(GPU_BUILD) -j $(JOBS) --target attn_gpu_selftest $(if $(filter ON,$(GPU_TESTS)),test_cuda_forward)
-	$(GPU_BUILD)/tests/cuda/attn_gpu_selftest --out $(GPU_RESULTS)
-ifeq ($(GPU_TESTS),ON)
-	$(GPU_BUILD)/tests/test_cuda_forward --gtest_filter='CudaForwardDevice.*' --gtest_output=json:$(GPU_RESULTS)/registry.json
-	if command -v compute-sanitizer >/dev/null; then for tool in memcheck racecheck; do \
-	  ATTN_DEVICE_CASES=$(GPU_SANITIZE_CASES) compute-sanitizer --tool $$tool --error-exitcode 1 \
-	    $(GPU_BUILD)/tests/test_cuda_forward --gtest_filter='CudaForwardDevice.*' || exit 1; done; \
-	  else echo "test-gpu: compute-sanitizer not found: memcheck and racecheck not run"; fi
-else
-	@echo "test-gpu: GoogleTest is not installed: the registry on the GPU was not run"
-endif
+	scripts/test-gpu.sh $(GPU_BUILD) $(GPU_RESULTS) $(JOBS) $(GPU_SANITIZE_CASES) $(CMAKE_FLAGS)
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-sanitize $(BUILD)-gpu build-python $(FUZZ_BUILD) $(VENV)
