@@ -384,8 +384,8 @@ ATTN_UNROLL
 
 // The kernels there are: operand type (bf16, f16) x padded head dim (64, 128, 256) x variant (plain: no dense
 // mask and no score transform, the scale folded into the exponent; general: any dense mask, softcap, ALiBi,
-// dropout). with_config calls f.template operator()<C, V>() for the one a problem takes, after
-// supports() has accepted it: the device launcher and the host model choose through this one function.
+// dropout). cuda/forward_config.h's with_config calls f(Config{}, Variant{}) for the one a problem takes, after
+// supports() has accepted it: the device launcher and the host model choose through that one function.
 using PlainVariant = core::Variant<core::NoDenseMask, core::Identity>;
 using GeneralVariant = core::ModsVariant;
 
