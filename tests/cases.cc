@@ -420,6 +420,34 @@ double Instance::max_abs_v() const {
   return m;
 }
 
+Outputs run_poisoned(Instance& in, const std::function<Status(Instance&)>& run, bool with_lse) {
+  in.out.poison();
+  in.lse.poison();
+  const std::vector<unsigned char> poisoned = in.out.storage;
+  const Status s = run(in);
+  EXPECT_TRUE(s.ok()) << s.message();
+  // Nothing outside the output view may change.
+  const std::vector<bool> covered = covered_bytes(in.out);
+  for (std::size_t i = 0; i < covered.size(); ++i)
+    if (!covered[i]) EXPECT_EQ(in.out.storage[i], poisoned[i]) << "byte " << i << " outside the view was written";
+  Outputs r;
+  in.out.for_each_index([&](auto b, auto h, auto i, auto d) { r.out.push_back(in.out.get(b, h, i, d)); });
+  if (with_lse) in.lse.for_each_index([&](auto b, auto h, auto i, auto) { r.lse.push_back(in.lse.get(b, h, i)); });
+  return r;
+}
+
+void expect_matches_reference(const Case& c, const Instance& in, const reference::Result& ref,
+                              const reference::Result& naive, const Outputs& r, bool with_lse, const std::string& what) {
+  const Agreement o = agree(ref.out, [&](std::size_t i) { return r.out[i]; },
+                            [&](std::size_t i) { return round_to(c.dtype, naive.out[i]); },
+                            forward_atol(c.dtype, ref, in.max_abs_v()));
+  EXPECT_TRUE(o.ok()) << what << ": out: " << o.describe();
+  if (!with_lse) return;
+  const Agreement l = agree(ref.lse, [&](std::size_t i) { return r.lse[i]; }, [&](std::size_t i) { return naive.lse[i]; },
+                            lse_atol(ref), /*exact_inf=*/true);
+  EXPECT_TRUE(l.ok()) << what << ": lse: " << l.describe();
+}
+
 Status Instance::run(Backend backend, int threads, bool with_lse) {
   Params p = params;
   p.backend = backend;

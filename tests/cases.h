@@ -65,6 +65,18 @@ struct Instance {
   Status problem(Backend backend, int threads, bool with_lse, core::Problem* p) const;
 };
 Instance instantiate(const Case& c);
+
+// The outputs of one run, as doubles in index order (out over [B, Hq, Sq, Dv], the LSE over [B, Hq, Sq]).
+struct Outputs {
+  std::vector<double> out, lse;
+};
+// Poisons out and lse with NaN, runs `run` (which must succeed), checks that no byte of out's storage outside its
+// view changed, and reads the results (the LSE only with with_lse).
+Outputs run_poisoned(Instance& in, const std::function<Status(Instance&)>& run, bool with_lse = true);
+// The tolerance rule on a run's out (and LSE, with with_lse) against the fp64 reference `ref`, the naive
+// same-precision result `naive` as the yardstick; `what` names the run in a failure.
+void expect_matches_reference(const Case& c, const Instance& in, const reference::Result& ref,
+                              const reference::Result& naive, const Outputs& r, bool with_lse, const std::string& what);
 // The same from an explicit seed; `adjust` (if set) may change values (q, k, v, mask) before a paged case
 // scatters K and V over its pages.
 Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void(Instance&, std::mt19937_64&)>& adjust);

@@ -16,25 +16,8 @@
 namespace attn::test {
 namespace {
 
-struct Outputs {
-  std::vector<double> out, lse;
-};
-
-Outputs run_backend(const Case& c, Instance& in, Backend backend, int threads, bool with_lse = true) {
-  in.out.poison();
-  in.lse.poison();
-  const std::vector<unsigned char> poisoned = in.out.storage;
-  const Status s = in.run(backend, threads, with_lse);
-  EXPECT_TRUE(s.ok()) << s.message();
-  // Nothing outside the output view may change.
-  const std::vector<bool> covered = covered_bytes(in.out);
-  for (std::size_t i = 0; i < covered.size(); ++i)
-    if (!covered[i]) EXPECT_EQ(in.out.storage[i], poisoned[i]) << "byte " << i << " outside the view was written";
-  Outputs r;
-  in.out.for_each_index([&](auto b, auto h, auto i, auto d) { r.out.push_back(in.out.get(b, h, i, d)); });
-  if (with_lse) in.lse.for_each_index([&](auto b, auto h, auto i, auto) { r.lse.push_back(in.lse.get(b, h, i)); });
-  (void)c;
-  return r;
+Outputs run_backend(const Case&, Instance& in, Backend backend, int threads, bool with_lse = true) {
+  return run_poisoned(in, [&](Instance& x) { return x.run(backend, threads, with_lse); }, with_lse);
 }
 
 class AttentionCase : public ::testing::TestWithParam<Case> {};
@@ -48,18 +31,9 @@ TEST_P(AttentionCase, MatchesFp64Reference) {
   const reference::Result ref = reference::attention<double>(prob);
   const reference::Result naive = reference::attention<float>(prob);
 
-  const double atol_out = forward_atol(c.dtype, ref, in.max_abs_v());
-  const double atol_lse = lse_atol(ref);
-
   auto check = [&](Backend backend, bool with_lse = true) {
     const Outputs r = run_backend(c, in, backend, 0, with_lse);
-    const Agreement o = agree(ref.out, [&](std::size_t i) { return r.out[i]; },
-                              [&](std::size_t i) { return round_to(c.dtype, naive.out[i]); }, atol_out);
-    EXPECT_TRUE(o.ok()) << "out" << (with_lse ? "" : " (no LSE requested)") << ": " << o.describe();
-    if (!with_lse) return;
-    const Agreement l = agree(ref.lse, [&](std::size_t i) { return r.lse[i]; },
-                              [&](std::size_t i) { return naive.lse[i]; }, atol_lse, /*exact_inf=*/true);
-    EXPECT_TRUE(l.ok()) << "lse: " << l.describe();
+    expect_matches_reference(c, in, ref, naive, r, with_lse, with_lse ? "with LSE" : "no LSE requested");
   };
   for (cpu::Isa isa : supported_isas()) {
     SCOPED_TRACE(std::string("flash, ") + cpu::isa_name(isa));

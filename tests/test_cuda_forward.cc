@@ -64,43 +64,29 @@ std::vector<Case> gpu_cases() {
   return out;
 }
 
-// Runs case c through `run` (the host model, or the device) with the outputs poisoned first, and checks them
-// against the fp64 reference by the tolerance rule; nothing outside the output view may change.
-void check_case(const Case& c, const std::function<Status(Instance&, const core::Problem&)>& run) {
+// Runs case c through `run` (the host model, or the device) with the outputs poisoned first (cases.h
+// run_poisoned: nothing outside the output view may change), and checks them against the fp64 reference by the
+// tolerance rule.
+void check_case(const Case& c, const std::function<Status(Instance&)>& run) {
   Instance in = instantiate(c);
   core::Problem p;
   ASSERT_TRUE(in.problem(Backend::flash, 1, true, &p).ok());
   const reference::Result ref = reference::attention<double>(p);
   const reference::Result naive = reference::attention<float>(p);
-  in.out.poison();
-  in.lse.poison();
-  const std::vector<unsigned char> poisoned = in.out.storage;
   ASSERT_TRUE(cuda::fwd::supports(p).ok()) << cuda::fwd::supports(p).message();
-  SCOPED_TRACE(cuda::fwd::kernel_name(p));
-  const Status s = run(in, p);
-  ASSERT_TRUE(s.ok()) << s.message();
-  const std::vector<bool> covered = covered_bytes(in.out);
-  for (std::size_t i = 0; i < covered.size(); ++i)
-    if (!covered[i]) {
-      ASSERT_EQ(in.out.storage[i], poisoned[i]) << "byte " << i << " outside the output view was written";
-    }
-  std::vector<double> out, lse;
-  in.out.for_each_index([&](auto b, auto h, auto i, auto d) { out.push_back(in.out.get(b, h, i, d)); });
-  in.lse.for_each_index([&](auto b, auto h, auto i, auto) { lse.push_back(in.lse.get(b, h, i)); });
-  const Agreement o = agree(ref.out, [&](std::size_t i) { return out[i]; },
-                            [&](std::size_t i) { return round_to(c.dtype, naive.out[i]); },
-                            forward_atol(c.dtype, ref, in.max_abs_v()));
-  EXPECT_TRUE(o.ok()) << "out: " << o.describe();
-  const Agreement l = agree(ref.lse, [&](std::size_t i) { return lse[i]; }, [&](std::size_t i) { return naive.lse[i]; },
-                            lse_atol(ref), /*exact_inf=*/true);
-  EXPECT_TRUE(l.ok()) << "lse: " << l.describe();
+  const Outputs r = run_poisoned(in, run);
+  expect_matches_reference(c, in, ref, naive, r, /*with_lse=*/true, cuda::fwd::kernel_name(p));
 }
 
 class CudaForwardModel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaForwardModel, MatchesFp64Reference) {
   ATTN_SKIP_UNLESS_SAMPLED();
-  check_case(GetParam(), [](Instance&, const core::Problem& p) { return run_host_model(p); });
+  check_case(GetParam(), [](Instance& in) {
+    core::Problem p;  // the problem over the poisoned outputs' memory
+    if (Status s = in.problem(Backend::flash, 1, true, &p); !s) return s;
+    return run_host_model(p);
+  });
 }
 
 // A case's tensors on CUDA device 0: each storage copied to a device buffer, the views (and the Params' views)
@@ -168,7 +154,7 @@ TEST(CudaForwardDevice, RegistryMatchesFp64Reference) {
   if (limit) cases.resize(std::min(cases.size(), static_cast<std::size_t>(std::strtoul(limit, nullptr, 10))));
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name());
-    check_case(c, [](Instance& in, const core::Problem&) {
+    check_case(c, [](Instance& in) {
       OnDevice dev(in);
       if (Status s = dev.move(); !s) return s;
       const Status run = in.run(Backend::flash, 0, true);

@@ -118,7 +118,6 @@ template <class C, class V, class W>
 struct ForwardBlock {
   using F32 = typename W::template Reg<float>;
   using U32 = typename W::template Reg<std::uint32_t>;
-  using I32 = typename W::template Reg<int>;
   using I64 = typename W::template Reg<i64>;
   using State = core::OnlineSoftmax<WarpLanes<W>>;
   static constexpr bool kPerElement = V::kPerElement;
@@ -223,24 +222,12 @@ ATTN_UNROLL
 ATTN_UNROLL
     for (int ks = 0; ks < C::kKSteps; ++ks) {
       U32 a[frag::kARegs];
-      w.ldmatrix(a, base + W::map(
-                               [=](int l) {
-                                 const frag::Coord q = frag::ldsm_a_x4(l);
-                                 return static_cast<std::uint32_t>(2 * (C::kQ + (16 * wi + q.row) * C::kLd + 16 * ks + q.col));
-                               },
-                               lane));
+      w.ldmatrix(a, ldsm_address(base, C::kQ, 16 * wi, 16 * ks, [](int l) { return frag::ldsm_a_x4(l); }));
 ATTN_UNROLL
       for (int n2 = 0; n2 < C::kSBlocks / 2; ++n2) {
         U32 kb[4];
-        w.ldmatrix(kb, base + W::map(
-                                  [=](int l) {
-                                    const frag::Coord q = frag::ldsm_b_nk(l, 4);
-                                    return static_cast<std::uint32_t>(2 * (C::kK + (16 * n2 + q.row) * C::kLd + 16 * ks + q.col));
-                                  },
-                                  lane));
-        const U32 b0[frag::kBRegs] = {kb[0], kb[1]}, b1[frag::kBRegs] = {kb[2], kb[3]};
-        w.mma(MmaTag<C::kType>{}, s[2 * n2], a, b0, s[2 * n2]);
-        w.mma(MmaTag<C::kType>{}, s[2 * n2 + 1], a, b1, s[2 * n2 + 1]);
+        w.ldmatrix(kb, ldsm_address(base, C::kK, 16 * n2, 16 * ks, [](int l) { return frag::ldsm_b_nk(l, 4); }));
+        mma_pair(w, s[2 * n2], s[2 * n2 + 1], a, kb);
       }
     }
 
@@ -323,15 +310,8 @@ ATTN_UNROLL
 ATTN_UNROLL
       for (int d2 = 0; d2 < C::kOBlocks / 2; ++d2) {
         U32 vb[4];
-        w.ldmatrix_trans(vb, base + W::map(
-                                        [=](int l) {
-                                          const frag::Coord q = frag::ldsm_b_kn_trans(l, 4);
-                                          return static_cast<std::uint32_t>(2 * (C::kV + (16 * kk + q.row) * C::kLd + 16 * d2 + q.col));
-                                        },
-                                        lane));
-        const U32 b0[frag::kBRegs] = {vb[0], vb[1]}, b1[frag::kBRegs] = {vb[2], vb[3]};
-        w.mma(MmaTag<C::kType>{}, st.o[2 * d2], pa, b0, st.o[2 * d2]);
-        w.mma(MmaTag<C::kType>{}, st.o[2 * d2 + 1], pa, b1, st.o[2 * d2 + 1]);
+        w.ldmatrix_trans(vb, ldsm_address(base, C::kV, 16 * kk, 16 * d2, [](int l) { return frag::ldsm_b_kn_trans(l, 4); }));
+        mma_pair(w, st.o[2 * d2], st.o[2 * d2 + 1], pa, vb);
       }
     }
   }
@@ -370,6 +350,27 @@ ATTN_UNROLL
   }
 
  private:
+  // The shared-memory address each lane gives ldmatrix for the operand tile at (row0, col0) of the region starting
+  // at element `region`: the lane's (row, col) within the tile from `at`, one of cuda/fragment.h's ldsm_* layouts.
+  template <class At>
+  ATTN_HD static U32 ldsm_address(std::uint32_t base, int region, int row0, int col0, At at) {
+    return base + W::map(
+                      [=](int l) {
+                        const frag::Coord q = at(l);
+                        return static_cast<std::uint32_t>(2 * (region + (row0 + q.row) * C::kLd + col0 + q.col));
+                      },
+                      W::lane());
+  }
+
+  // Two n-blocks of 8 from one x4 ldmatrix of B (registers 0, 1: the first n-block's fragment; 2, 3: the
+  // second's): d0 += a·B0, d1 += a·B1.
+  ATTN_HD static void mma_pair(const W& w, F32 (&d0)[frag::kCRegs], F32 (&d1)[frag::kCRegs],
+                               const U32 (&a)[frag::kARegs], const U32 (&b)[4]) {
+    const U32 b0[frag::kBRegs] = {b[0], b[1]}, b1[frag::kBRegs] = {b[2], b[3]};
+    w.mma(MmaTag<C::kType>{}, d0, a, b0, d0);
+    w.mma(MmaTag<C::kType>{}, d1, a, b1, d1);
+  }
+
   ATTN_HD void store_out(const I64& idx, const F32& val, const typename W::template Reg<bool>& ok) const {
     void* out = const_cast<void*>(p.out.data);
     if (p.out.dtype == DType::f32) {
