@@ -36,7 +36,7 @@ TENSOR_CORE_KERNELS = [
 BUDGETS = [
     (r"attn::cuda::selftest::", 96),
     # The forward (cuda/forward_block.h): 16 query rows per warp with D/2 fp32 accumulators per lane (128 at
-    # D = 256) and the key tile's scores. 160-245 today: one or two blocks of 128 threads per SM, the first
+    # D = 256) and the key tile's scores. 127-241 today: one or two blocks of 128 threads per SM, the first
     # thing to measure on a GPU (tile shapes, Q fragments kept or reloaded).
     (r"fwd::.*forward_kernel", 248),
     (r".", 255),
