@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The short table `make test-gpu` prints last (scripts/test-gpu.sh): one line per step, from the files the steps
-left in the results folder (selftest.json, registry.json from GoogleTest, <tool>.status)."""
+left in the results folder (selftest.json, registry.json from GoogleTest, bench.status, peers.status,
+<tool>.status)."""
 import json
 import os
 import sys
@@ -48,6 +49,9 @@ def main():
             rows.append(("registry on the GPU, compute-sanitizer", f.read().strip()))
     else:
         rows.append(("registry on the GPU vs the fp64 reference", registry_line(os.path.join(results, "registry.json"))))
+        for name, key in (("benchmark (attn_gpu_bench)", "bench"), ("PyTorch SDPA peers, fp64 at full size", "peers")):
+            p = os.path.join(results, f"{key}.status")
+            rows.append((name, open(p).read().strip() if os.path.exists(p) else "not run"))
         for tool in ("memcheck", "racecheck"):
             p = os.path.join(results, f"{tool}.status")
             text = open(p).read().strip() if os.path.exists(p) else "not run"

@@ -5,30 +5,68 @@
 #    GoogleTest is installed) and build the GPU programs;
 # 2. the layout self-test (attn_gpu_selftest): without a usable GPU it says so in one line and this exits 77;
 # 3. every bf16/f16 registry case through attention() on the GPU against the fp64 reference (CudaForwardDevice);
-# 4. compute-sanitizer memcheck and racecheck on the first SANITIZE_CASES of them, where it is installed;
+# 4. the benchmark: attn_gpu_bench on bench/gpu/shapes.json (CUDA events), then, where PyTorch with CUDA is
+#    installed, bench/gpu/peers.py: PyTorch's SDPA backends on the same inputs in the same run, the machine's
+#    measured ceilings, and attn's output at full size against an fp64 reference;
+# 5. compute-sanitizer memcheck and racecheck on the first SANITIZE_CASES registry cases, where it is installed;
 # then a short table of every step (scripts/gpu_summary.py), last, whatever failed. Everything lands in RESULTS_DIR.
+# ATTN_GPU_PREBUILT=1: BUILD_DIR already holds the three programs (tests/cuda/attn_gpu_selftest, tests/cuda/
+# attn_gpu_bench and, where GoogleTest was there, tests/test_cuda_forward), built on another machine: nothing is
+# configured or built (a GPU machine without GoogleTest, or one whose time is short).
 set -uo pipefail
 build=$1 results=$2 jobs=$3 sanitize_cases=$4
 shift 4
-tests=OFF
-[ -f /usr/include/gtest/gtest.h ] && tests=ON
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTN_CUDA=ON -DATTN_BUILD_TESTS=$tests -DATTN_BUILD_TOOLS=OFF \
-  -DATTN_BUILD_DIST=OFF "$@" || exit 1
-targets=(attn_gpu_selftest)
-[ $tests = ON ] && targets+=(test_cuda_forward)
-cmake --build "$build" -j "$jobs" --target "${targets[@]}" || exit 1
+here=$(cd "$(dirname "$0")" && pwd)
+export PATH="$PATH:/usr/local/cuda/bin"
+step_timeout=${GPU_STEP_TIMEOUT:-300}
+if [ -n "${ATTN_GPU_PREBUILT:-}" ]; then
+  tests=OFF
+  [ -x "$build/tests/test_cuda_forward" ] && tests=ON
+else
+  tests=OFF
+  [ -f /usr/include/gtest/gtest.h ] && tests=ON
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTN_CUDA=ON -DATTN_BUILD_TESTS=$tests -DATTN_BUILD_TOOLS=OFF \
+    -DATTN_BUILD_DIST=OFF "$@" || exit 1
+  targets=(attn_gpu_selftest attn_gpu_bench)
+  [ $tests = ON ] && targets+=(test_cuda_forward)
+  cmake --build "$build" -j "$jobs" --target "${targets[@]}" || exit 1
+fi
 mkdir -p "$results"
-rm -f "$results"/registry.json "$results"/*.status
-"$build/tests/cuda/attn_gpu_selftest" --out "$results"
+rm -f "$results"/registry.json "$results"/*.status "$results"/attn-bench.json "$results"/gpu-bench.json
+timeout "$step_timeout" "$build/tests/cuda/attn_gpu_selftest" --out "$results"
 status=$?
 [ $status -eq 77 ] && exit 77
 if [ $tests = ON ]; then
-  "$build/tests/test_cuda_forward" --gtest_filter='CudaForwardDevice.*' --gtest_output=json:"$results/registry.json" ||
+  timeout "$step_timeout" "$build/tests/test_cuda_forward" --gtest_filter='CudaForwardDevice.*' \
+    --gtest_output=json:"$results/registry.json" > "$results/registry.txt" 2>&1 || status=1
+  tail -n 5 "$results/registry.txt"
+fi
+dump=$(mktemp -d)
+if timeout "$step_timeout" "$build/tests/cuda/attn_gpu_bench" --shapes bench/gpu/shapes.json \
+    --out "$results/attn-bench.json" --dump "$dump"; then
+  echo "pass" > "$results/bench.status"
+else
+  echo "FAIL (see attn-bench.json)" > "$results/bench.status"
+  status=1
+fi
+if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  if timeout "$step_timeout" python3 bench/gpu/peers.py --attn "$results/attn-bench.json" --dump "$dump" \
+      --out "$results/gpu-bench.json" > "$results/peers.txt" 2>&1; then
+    echo "pass (attn's outputs within the tolerance rule at full size)" > "$results/peers.status"
+  else
+    echo "FAIL (see peers.txt)" > "$results/peers.status"
     status=1
+  fi
+  cat "$results/peers.txt"
+else
+  echo "not run (no PyTorch with CUDA)" > "$results/peers.status"
+fi
+rm -rf "$dump"
+if [ $tests = ON ]; then
   for tool in memcheck racecheck; do
     if ! command -v compute-sanitizer >/dev/null; then
       echo "not installed" > "$results/$tool.status"
-    elif ATTN_DEVICE_CASES=$sanitize_cases compute-sanitizer --tool $tool --error-exitcode 1 \
+    elif ATTN_DEVICE_CASES=$sanitize_cases timeout "$step_timeout" compute-sanitizer --tool $tool --error-exitcode 1 \
         "$build/tests/test_cuda_forward" --gtest_filter='CudaForwardDevice.*' > "$results/$tool.txt" 2>&1; then
       echo "pass" > "$results/$tool.status"
     else
@@ -39,5 +77,5 @@ if [ $tests = ON ]; then
 else
   echo "GoogleTest is not installed: the registry on the GPU and compute-sanitizer were not run" > "$results/tests.status"
 fi
-python3 "$(dirname "$0")/gpu_summary.py" "$results" "$sanitize_cases"
+python3 "$here/gpu_summary.py" "$results" "$sanitize_cases"
 exit $status

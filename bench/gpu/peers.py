@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""PyTorch's SDPA backends on the shapes of bench/gpu/shapes.json, joined with attn_gpu_bench's rows, in one table.
+
+Run by `make test-gpu` (scripts/test-gpu.sh) after attn_gpu_bench on the same machine, in the same run:
+  1. the machine's two ceilings, measured here: a bf16 matrix product (8192^3, tensor cores) and a device-to-device
+     copy (bytes read + written);
+  2. for each shape, torch.nn.functional.scaled_dot_product_attention with each CUDA backend that takes it (flash,
+     cuDNN, memory-efficient), timed with CUDA events (median of --iters after --warmup), on the very inputs
+     attn_gpu_bench used (its --dump files);
+  3. accuracy at full size: attn's output and each peer's against an fp64 reference computed here head by head,
+     judged by the tolerance rule (max error <= 2 x the naive bf16 implementation's + 1e-3): the naive one
+     rounds the scores and the weights to bf16 as an unfused bf16 attention does.
+Writes --out (JSON) and prints the table last. Exit 1 when attn's output fails the rule or a row failed.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+DEVICE = "cuda"  # the tests of this script set "cpu"
+
+
+def timed(fn, warmup, iters):
+    """Median milliseconds of fn() over iters calls, each between two CUDA events, after warmup calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def ceilings(warmup, iters):
+    n = 8192
+    a = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
+    ms = timed(lambda: a @ b, warmup, iters)
+    matmul = 2 * n**3 / (ms * 1e-3) / 1e12
+    src = torch.empty(1 << 30, device=DEVICE, dtype=torch.uint8).random_()  # 1 GiB, not zeros
+    dst = torch.empty_like(src)
+    ms = timed(lambda: dst.copy_(src), warmup, iters)
+    copy = 2 * src.numel() / (ms * 1e-3) / 1e9
+    del a, b, src, dst
+    torch.cuda.empty_cache()
+    return {"bf16_matmul_tflops": matmul, "copy_gbps": copy}
+
+
+def load(path, shape):
+    """A raw bf16 file of attn_gpu_bench --dump as a CUDA tensor of the given shape."""
+    with open(path, "rb") as f:
+        raw = bytearray(f.read())
+    t = torch.frombuffer(raw, dtype=torch.bfloat16).reshape(shape)
+    return t.to(DEVICE)
+
+
+def inputs(s, dump):
+    qs = (s["B"], s["Hq"], s["Sq"], s["D"])
+    ks = (s["B"], s["Hkv"], s["Skv"], s["D"])
+    base = os.path.join(dump, s["id"]) if dump else None
+    if base and os.path.exists(base + ".q"):
+        return load(base + ".q", qs), load(base + ".k", ks), load(base + ".v", ks), load(base + ".o", qs)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    rnd = lambda sh: (torch.rand(sh, device=DEVICE, generator=g) * 2 - 1).to(torch.bfloat16)
+    return rnd(qs), rnd(ks), rnd(ks), None
+
+
+def expand_kv(k, Hq):
+    return k.repeat_interleave(Hq // k.shape[1], dim=1)
+
+
+def reference_errors(s, q, k, v, outs):
+    """Max |out - ref| for each output, ref in fp64 head by head; also the naive bf16 implementation's."""
+    scale = 1 / math.sqrt(s["D"])
+    ke, ve = expand_kv(k, s["Hq"]), expand_kv(v, s["Hq"])
+    err = {name: 0.0 for name in outs}
+    err["naive bf16"] = 0.0
+    Sq, Skv = s["Sq"], s["Skv"]
+    mask = None
+    if s["causal"]:
+        i = torch.arange(Sq, device=DEVICE)[:, None]
+        j = torch.arange(Skv, device=DEVICE)[None, :]
+        mask = j > i + (Skv - Sq)  # bottom-right, as attn and FlashAttention align it
+    for b in range(s["B"]):
+        for h in range(s["Hq"]):
+            qd, kd, vd = q[b, h].double(), ke[b, h].double(), ve[b, h].double()
+            sc = (qd @ kd.T) * scale
+            if mask is not None:
+                sc = sc.masked_fill(mask, -math.inf)
+            ref = torch.softmax(sc, dim=-1) @ vd
+            # naive bf16: scores from a bf16 product rounded to bf16, softmax in fp32, weights rounded to bf16
+            sn = (q[b, h] @ ke[b, h].T).float() * scale
+            if mask is not None:
+                sn = sn.masked_fill(mask, -math.inf)
+            pn = torch.softmax(sn.to(torch.bfloat16).float(), dim=-1).to(torch.bfloat16)
+            naive = (pn @ ve[b, h]).double()
+            err["naive bf16"] = max(err["naive bf16"], (naive - ref).abs().max().item())
+            for name, o in outs.items():
+                e = (o[b, h].double() - ref).abs().max().item()
+                err[name] = max(err[name], e if math.isfinite(e) else math.inf)
+    return err
+
+
+BACKENDS = [("flash", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION"), ("efficient", "EFFICIENT_ATTENTION")]
+
+
+def run_peers(s, q, k, v, warmup, iters):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gqa = s["Hq"] != s["Hkv"]
+    causal = s["causal"]
+    rows, outs = {}, {}
+    for name, attr in BACKENDS:
+        backend = getattr(SDPBackend, attr, None)
+        if backend is None:
+            rows[name] = {"error": "not in this PyTorch"}
+            continue
+
+        def call():
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+        try:
+            outs[name] = call()
+            torch.cuda.synchronize()
+            rows[name] = {"ms": timed(call, warmup, iters)}
+        except Exception as e:  # a backend that refuses the shape says why
+            rows[name] = {"error": str(e).splitlines()[0][:160]}
+            torch.cuda.synchronize()
+    return rows, outs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=os.path.join(os.path.dirname(__file__), "shapes.json"))
+    ap.add_argument("--attn", required=True, help="attn_gpu_bench's --out JSON")
+    ap.add_argument("--dump", default="", help="attn_gpu_bench's --dump folder")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--no-accuracy", action="store_true")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("peers.py: no CUDA device for PyTorch")
+        return 77
+    shapes = json.load(open(a.shapes))["shapes"]
+    attn_rows = {r["id"]: r for r in json.load(open(a.attn))["rows"]} if os.path.exists(a.attn) else {}
+    ceil = ceilings(a.warmup, a.iters)
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "ceilings": ceil, "rows": []}
+    failed = False
+    for s in shapes:
+        mine = attn_rows.get(s["id"], {})
+        q, k, v, o = inputs(s, a.dump)
+        peers, outs = run_peers(s, q, k, v, a.warmup, a.iters)
+        row = {"id": s["id"], "what": s.get("what", ""), "attn": mine, "peers": peers}
+        if not a.no_accuracy and o is not None:
+            outs = dict(outs)
+            outs["attn"] = o
+            err = reference_errors(s, q, k, v, outs)
+            row["max_error"] = err
+            row["attn_passes"] = err["attn"] <= 2 * err["naive bf16"] + 1e-3
+            failed |= not row["attn_passes"]
+        failed |= not mine.get("ok", False)
+        result["rows"].append(row)
+        del q, k, v, o, outs
+        torch.cuda.empty_cache()
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+    print_table(result)
+    return 1 if failed else 0
+
+
+def print_table(result):
+    c = result["ceilings"]
+    print(f"\nattn vs PyTorch {result['torch']} SDPA on {result['device']} (bf16; median ms, CUDA events)")
+    print(f"ceilings measured here: bf16 matmul {c['bf16_matmul_tflops']:.0f} TFLOP/s, copy {c['copy_gbps']:.0f} GB/s")
+    print(f"{'shape':<6}{'attn ms':>9}{'TFLOP/s':>9}{'%mm':>5}{'GB/s':>7}{'%cp':>5}"
+          f"{'flash':>9}{'cudnn':>9}{'effic':>9}{'best/attn':>10}  {'err attn':>9}{'naive':>9} ok")
+    for r in result["rows"]:
+        m = r["attn"]
+        ms = m.get("median_ms", 0) if m.get("ok") else 0
+        peer_ms = [p["ms"] for p in r["peers"].values() if "ms" in p]
+        ratio = f"{min(peer_ms) / ms:10.2f}" if ms and peer_ms else f"{'-':>10}"
+        cols = "".join(f"{r['peers'][n]['ms']:9.3f}" if "ms" in r["peers"].get(n, {}) else f"{'n/a':>9}"
+                       for n, _ in BACKENDS)
+        e = r.get("max_error", {})
+        ok = {True: "yes", False: "NO"}.get(r.get("attn_passes"), "-")
+        if ms:
+            print(f"{r['id']:<6}{ms:9.3f}{m['tflops']:9.1f}{100 * m['tflops'] / c['bf16_matmul_tflops']:5.0f}"
+                  f"{m['gbps']:7.0f}{100 * m['gbps'] / c['copy_gbps']:5.0f}{cols}{ratio}  "
+                  f"{e.get('attn', float('nan')):9.2e}{e.get('naive bf16', float('nan')):9.2e} {ok}")
+        else:
+            print(f"{r['id']:<6}{'FAILED':>9} {m.get('error', 'not run')[:60]}{cols}")
+    print("best/attn > 1: attn is faster than the fastest PyTorch backend by that factor. %mm, %cp: of the ceilings.")
+    for r in result["rows"]:
+        for n, p in r["peers"].items():
+            if "error" in p:
+                print(f"  {r['id']} {n}: {p['error']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
