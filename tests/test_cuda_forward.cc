@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,9 +31,16 @@ using attn::cuda::HostWarp;
 // The grid of the kernel launch (cuda/forward.cu), block after block, its four warps in turn; each barrier of the
 // kernel is the end of a loop over the warps here. Shared memory starts as NaN (0xffff in bf16 and f16), so a
 // fragment read before it is written shows.
-Status run_host_model(const core::Problem& p) {
+// splits > 1: split-KV, as the launch runs it (the parts in blockIdx.y, then the combine step, one element at a time).
+Status run_host_model(const core::Problem& p, std::int64_t splits = 1) {
   if (Status s = cuda::fwd::supports(p); !s) return s;
-  const cuda::DeviceProblem dp = cuda::device_problem(p, p.kv_len.data());
+  cuda::DeviceProblem dp = cuda::device_problem(p, p.kv_len.data());
+  std::vector<float> parts;
+  if (splits > 1) {
+    const std::int64_t rows = splits * p.B * p.Hq * p.Sq;
+    parts.assign(static_cast<std::size_t>(rows * (p.Dv + 1)), std::numeric_limits<float>::quiet_NaN());
+    dp.splits = splits, dp.part_o = parts.data(), dp.part_lse = parts.data() + rows * p.Dv;
+  }
   cuda::fwd::with_config(p, [&](auto cfg, auto variant) {
     using C = decltype(cfg);
     using Block = cuda::fwd::ForwardBlock<C, decltype(variant), HostWarp>;
@@ -39,17 +48,27 @@ Status run_host_model(const core::Problem& p) {
     const HostWarp w(smem.data(), smem.size() * sizeof(std::uint16_t));
     std::vector<typename Block::Warp> warps(C::kWarps);
     const std::int64_t blocks = cuda::sched::packed_grid_blocks(p.B, p.Hkv, p.group, p.Sq, C::kBlockM);
-    for (std::int64_t id = 0; id < blocks; ++id) {
-      const Block block(dp, smem.data(), id);
+    for (std::int64_t id = 0; id < blocks * dp.splits; ++id) {
+      const Block block(dp, smem.data(), id % blocks, id / blocks);
       for (int wi = 0; wi < C::kWarps; ++wi) block.begin(w, wi, warps[wi]);
       const cuda::sched::TileRange tiles = block.tiles();
+      if (tiles.first < tiles.end)
+        for (int wi = 0; wi < C::kWarps; ++wi) block.load_kv(w, wi, tiles.first, 0);
       for (std::int64_t t = tiles.first; t < tiles.end; ++t) {
-        for (int wi = 0; wi < C::kWarps; ++wi) block.load_kv(w, wi, t);
-        for (int wi = 0; wi < C::kWarps; ++wi) block.compute(w, wi, warps[wi], t, tiles.masked(t));
+        const int stage = static_cast<int>((t - tiles.first) & 1);
+        if (t + 1 < tiles.end)
+          for (int wi = 0; wi < C::kWarps; ++wi) block.load_kv(w, wi, t + 1, stage ^ 1);
+        for (int wi = 0; wi < C::kWarps; ++wi) block.compute(w, wi, warps[wi], t, stage, tiles.masked(t));
       }
       for (int wi = 0; wi < C::kWarps; ++wi) block.finish(w, wi, warps[wi]);
     }
   });
+  if (splits > 1)
+    for (std::int64_t b = 0; b < p.B; ++b)
+      for (std::int64_t h = 0; h < p.Hq; ++h)
+        for (std::int64_t i = 0; i < p.Sq; ++i)
+          for (std::int64_t d = 0; d < p.Dv; ++d)
+            cuda::fwd::store_combined(dp, b, h, i, d, cuda::fwd::combine_split(dp, b, h, i, d));
   return Status::Ok();
 }
 
@@ -86,6 +105,18 @@ TEST_P(CudaForwardModel, MatchesFp64Reference) {
     core::Problem p;  // the problem over the poisoned outputs' memory
     if (Status s = in.problem(Backend::flash, 1, true, &p); !s) return s;
     return run_host_model(p);
+  });
+}
+
+// Split-KV: the keys in 3 parts (parts of whole tiles, some empty where a row has few), merged by the combine
+// step; every registry case, sinks and LSE included. The part buffers start as NaN: a part row the combine reads
+// but no block wrote shows.
+TEST_P(CudaForwardModel, SplitKvMatchesFp64Reference) {
+  ATTN_SKIP_UNLESS_SAMPLED();
+  check_case(GetParam(), [](Instance& in) {
+    core::Problem p;
+    if (Status s = in.problem(Backend::flash, 1, true, &p); !s) return s;
+    return run_host_model(p, 3);
   });
 }
 
@@ -165,6 +196,28 @@ TEST(CudaForwardDevice, RegistryMatchesFp64Reference) {
   }
 }
 
+// The same with the keys split into 3 parts (split-KV and its combine kernel; the launch's heuristic splits only
+// long key ranges, which the registry's cases are not).
+TEST(CudaForwardDevice, SplitKvRegistryMatchesFp64Reference) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda::probe().error << ")";
+  const char* limit = std::getenv("ATTN_DEVICE_CASES");
+  std::vector<Case> cases = gpu_cases();
+  if (limit) cases.resize(std::min(cases.size(), static_cast<std::size_t>(std::strtoul(limit, nullptr, 10))));
+  setenv("ATTN_CUDA_KV_SPLITS", "3", 1);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name());
+    check_case(c, [](Instance& in) {
+      OnDevice dev(in);
+      if (Status s = dev.move(); !s) return s;
+      const Status run = in.run(Backend::flash, 0, true);
+      if (Status s = dev.back(); !s) return s;
+      return run;
+    });
+    if (HasFatalFailure()) break;
+  }
+  unsetenv("ATTN_CUDA_KV_SPLITS");
+}
+
 INSTANTIATE_TEST_SUITE_P(Registry, CudaForwardModel, ::testing::ValuesIn(gpu_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 
@@ -182,6 +235,27 @@ TEST(CudaForwardModel, CoversTheRegistrysKinds) {
   }
   EXPECT_GT(cases.size(), 100u);
   EXPECT_TRUE(paged && additive && keep && window && softcap && alibi && sinks && dropout && gqa && lens && d256 && f16);
+}
+
+// Both ways of filling shared memory run: 16-byte copies (aligned rows) and element by element (any other view),
+// for Q and for K/V, contiguous and paged.
+TEST(CudaForwardModel, CoversBothCopyPaths) {
+  int vec_q = 0, vec_kv = 0, vec_paged = 0, scalar_q = 0, scalar_kv = 0;
+  for (const Case& c : gpu_cases()) {
+    Instance in = instantiate(c);
+    core::Problem p;
+    ASSERT_TRUE(in.problem(Backend::flash, 1, true, &p).ok());
+    const cuda::DeviceProblem d = cuda::device_problem(p, p.kv_len.data());
+    vec_q += d.vec_q, scalar_q += !d.vec_q, vec_kv += d.vec_kv, scalar_kv += !d.vec_kv;
+    vec_paged += d.vec_kv && p.paged.has_value();
+  }
+  EXPECT_GT(vec_q, 10);
+  EXPECT_GT(vec_kv, 10);
+  EXPECT_GT(vec_paged, 0);
+  EXPECT_GT(scalar_q, 10);
+  EXPECT_GT(scalar_kv, 10);
+  std::printf("copy paths: Q %d in 16-byte pieces, %d by element; K/V %d (%d paged), %d\n", vec_q, scalar_q, vec_kv,
+              vec_paged, scalar_kv);
 }
 
 // What the kernel refuses, by name.

@@ -33,6 +33,20 @@ struct DeviceProblem {
   float softcap = 0;
   core::Dropout dropout;
   bool stats_from_forward = false;
+  // Whether Q's rows, and K's and V's, may be copied to shared memory in 16-byte pieces (cp.async): 16-bit
+  // elements, unit column stride, head dims and every other stride multiples of 8 elements, a 16-byte-aligned
+  // base (rows_copy16). Else the kernels copy element by element.
+  bool vec_q = false, vec_kv = false;
+  // Split-KV (splits > 1): blockIdx.y is the part of the keys a block attends (sched::split_tiles); each part
+  // writes its rows' normalised output and LSE, without the sink, to part_o [splits, B, Hq, Sq, Dv] and part_lse
+  // [splits, B, Hq, Sq] (f32, contiguous, device memory), and the combine step (cuda/forward_block.h
+  // combine_split) merges them into out and lse.
+  std::int64_t splits = 1;
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+  ATTN_HD std::int64_t part_row(std::int64_t s, std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return ((s * B + b) * Hq + h) * Sq + i;
+  }
 
   ATTN_HD std::int64_t key_len(std::int64_t b) const { return kv_len[b]; }
   ATTN_HD float alibi_slope(std::int64_t b, std::int64_t h) const {
@@ -52,6 +66,14 @@ struct DeviceProblem {
   }
 };
 
+// Whether every row [0, d) of a 16-bit tensor view starts 16 bytes aligned and is contiguous, in whole 16-byte
+// chunks: what a copy of the rows in 16-byte pieces needs.
+inline bool rows_copy16(const core::Strided& t, std::int64_t d) {
+  const bool strides = t.stride[0] % 8 == 0 && t.stride[1] % 8 == 0 && t.stride[2] % 8 == 0;
+  return dtype_size(t.dtype) == 2 && t.stride[3] == 1 && d % 8 == 0 && strides &&
+         reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0;
+}
+
 // The device view of p, with kv_len pointing at a copy of p.kv_len (in device memory for a kernel, in host memory
 // for the host model).
 inline DeviceProblem device_problem(const core::Problem& p, const std::int64_t* kv_len) {
@@ -65,6 +87,8 @@ inline DeviceProblem device_problem(const core::Problem& p, const std::int64_t* 
   if (p.sinks) d.sinks = *p.sinks;
   if (p.paged) d.paged = *p.paged;
   d.softcap = p.softcap, d.dropout = p.dropout, d.stats_from_forward = p.stats_from_forward;
+  d.vec_q = rows_copy16(p.q, p.Dk);
+  d.vec_kv = rows_copy16(p.k, p.Dk) && rows_copy16(p.v, p.Dv);
   return d;
 }
 

@@ -3,6 +3,7 @@
 // dynamic shared memory.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "cuda/forward.h"
@@ -17,17 +18,46 @@ __global__ void __launch_bounds__(C::kThreads) forward_kernel(DeviceProblem p) {
   auto* smem = reinterpret_cast<std::uint16_t*>(shared_bytes);
   const DeviceWarp w;
   const int wi = static_cast<int>(threadIdx.x) / frag::kWarp;
-  const ForwardBlock<C, V, DeviceWarp> blk(p, smem, static_cast<i64>(blockIdx.x));
+  const ForwardBlock<C, V, DeviceWarp> blk(p, smem, static_cast<i64>(blockIdx.x), static_cast<i64>(blockIdx.y));
   typename ForwardBlock<C, V, DeviceWarp>::Warp st;
+  // Two stages: tile t + 1's copies are in flight while tile t is computed (cp.async; the element-by-element
+  // copies of unaligned views are done when load_kv returns). The host model (tests/test_cuda_forward.cc) runs
+  // the same steps in the same order.
   blk.begin(w, wi, st);
   const sched::TileRange tiles = blk.tiles();
+  if (tiles.first < tiles.end) blk.load_kv(w, wi, tiles.first, 0);
+  DeviceWarp::commit();
   for (i64 t = tiles.first; t < tiles.end; ++t) {
-    __syncthreads();  // every warp is done with the previous tile's K and V
-    blk.load_kv(w, wi, t);
-    __syncthreads();
-    blk.compute(w, wi, st, t, tiles.masked(t));
+    const int stage = static_cast<int>((t - tiles.first) & 1);
+    if (t + 1 < tiles.end) {
+      blk.load_kv(w, wi, t + 1, stage ^ 1);  // its stage was last read by tile t - 1, before the barrier below
+      DeviceWarp::commit();
+      DeviceWarp::wait<1>();  // this thread's copies of Q and tile t are done
+    } else {
+      DeviceWarp::wait<0>();
+    }
+    __syncthreads();  // ... and every thread's
+    blk.compute(w, wi, st, t, stage, tiles.masked(t));
+    __syncthreads();  // every warp is done with this stage before it is loaded again
   }
+  DeviceWarp::wait<0>();
   blk.finish(w, wi, st);
+}
+
+// Split-KV's combine step: one thread per output element (cuda/forward_block.h combine_split).
+__global__ void __launch_bounds__(256) combine_kernel(DeviceProblem p) {
+  const i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= p.B * p.Hq * p.Sq * p.Dv) return;
+  const i64 d = e % p.Dv, row = e / p.Dv;
+  const i64 i = row % p.Sq, h = (row / p.Sq) % p.Hq, b = row / (p.Sq * p.Hq);
+  store_combined(p, b, h, i, d, combine_split(p, b, h, i, d));
+}
+
+// ATTN_CUDA_KV_SPLITS=n (tests): every launch splits the keys into n parts, whatever the heuristic says.
+i64 forced_splits() {
+  const char* v = std::getenv("ATTN_CUDA_KV_SPLITS");
+  const long n = v ? std::strtol(v, nullptr, 10) : 0;
+  return n > 0 && n <= 1024 ? n : 0;
 }
 
 Status launch_error(cudaError_t e, const char* what) {
@@ -53,23 +83,47 @@ Status launch(const core::Problem& p) {
   const std::size_t bytes = p.kv_len.size() * sizeof(std::int64_t);
   if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&kv_len), bytes, stream); e != cudaSuccess)
     return launch_error(e, "cudaMallocAsync of the key lengths");
+  float* parts = nullptr;  // split-KV's partial results
   cudaError_t e = cudaMemcpyAsync(kv_len, p.kv_len.data(), bytes, cudaMemcpyHostToDevice, stream);
   if (e == cudaSuccess) {
-    const DeviceProblem dp = device_problem(p, kv_len);
+    DeviceProblem dp = device_problem(p, kv_len);
     with_config(p, [&](auto cfg, auto variant) {
       using C = decltype(cfg);
       using V = decltype(variant);
       const auto kernel = forward_kernel<C, V>;
       e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
       if (e != cudaSuccess) return;
-      const auto blocks = static_cast<unsigned>(sched::packed_grid_blocks(p.B, p.Hkv, p.group, p.Sq, C::kBlockM));
-      kernel<<<blocks, C::kThreads, C::kSmemBytes, stream>>>(dp);
+      const i64 blocks = sched::packed_grid_blocks(p.B, p.Hkv, p.group, p.Sq, C::kBlockM);
+      // Split-KV where the grid alone leaves SMs idle (a decode step, few heads, long keys).
+      int per_sm = 0, sms = 0;
+      (void)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, C::kSmemBytes);
+      (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.index);
+      i64 longest = 0;
+      for (i64 n : p.kv_len) longest = n > longest ? n : longest;
+      const i64 forced = forced_splits();
+      dp.splits = forced > 0 ? forced
+                             : sched::kv_splits(blocks, sched::ceil_div(longest, C::kBlockN),
+                                                         static_cast<i64>(per_sm) * sms);
+      if (dp.splits > 1) {
+        const i64 rows = dp.splits * p.B * p.Hq * p.Sq;
+        e = cudaMallocAsync(reinterpret_cast<void**>(&parts), static_cast<std::size_t>(rows * (p.Dv + 1)) * 4, stream);
+        if (e != cudaSuccess) return;
+        dp.part_o = parts, dp.part_lse = parts + rows * p.Dv;
+      }
+      kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(dp.splits)), C::kThreads, C::kSmemBytes,
+               stream>>>(dp);
+      e = cudaGetLastError();
+      if (e != cudaSuccess || dp.splits == 1) return;
+      const i64 elems = p.B * p.Hq * p.Sq * p.Dv;
+      combine_kernel<<<static_cast<unsigned>(sched::ceil_div(elems, 256)), 256, 0, stream>>>(dp);
       e = cudaGetLastError();
     });
   }
   const cudaError_t freed = cudaFreeAsync(kv_len, stream);
+  const cudaError_t freed_parts = parts ? cudaFreeAsync(parts, stream) : cudaSuccess;
   if (e != cudaSuccess) return launch_error(e, "the launch");
   if (freed != cudaSuccess) return launch_error(freed, "cudaFreeAsync of the key lengths");
+  if (freed_parts != cudaSuccess) return launch_error(freed_parts, "cudaFreeAsync of the split-KV parts");
   return Status::Ok();
 }
 

@@ -27,7 +27,10 @@ void with_config(const core::Problem& p, F&& f);
 
 #if ATTN_HAVE_CUDA
 // Runs the kernel on p's device and stream (Problem::stream); p must be supported. Defined in cuda/forward.cu.
+// Where the grid alone would leave SMs idle (sched::kv_splits: a decode step, few heads, long keys) the keys are
+// split into parts, each its own block, and a second kernel merges the parts (split-KV).
 Status launch(const core::Problem& p);
+// ATTN_CUDA_KV_SPLITS=n (tests) forces n parts.
 #endif
 
 }  // namespace attn::cuda::fwd

@@ -56,12 +56,21 @@ struct Config {
   static constexpr int kBlockM = 16 * kWarps;            // query rows per block, 16 per warp
   static constexpr int kBlockN = BlockN;  // keys per tile (D = 256: fewer, for the registers and shared memory)
   static_assert(BlockN % 16 == 0 && BlockN <= 128, "key tiles of whole k-steps");
-  // 16-bit elements per shared-memory row: 16 bytes of padding keep each row 16-byte aligned (ldmatrix) and put
-  // the eight rows of an ldmatrix matrix in different banks.
+  // 16-bit elements per shared-memory row: 16 bytes of padding keep each row 16-byte aligned (ldmatrix, cp.async)
+  // and put the eight rows of an ldmatrix matrix in different banks.
   static constexpr int kLd = D + 8;
-  static constexpr int kQ = 0, kK = kBlockM * kLd, kV = kK + kBlockN * kLd;
-  static constexpr int kSmemElems = kV + kBlockN * kLd;
+  // Q, then two stages of (K, V): tile t + 1 is copied into one while tile t is computed from the other.
+  static constexpr int kStages = 2;
+  static constexpr int kQ = 0;
+  static constexpr int kStageElems = 2 * kBlockN * kLd;
+  ATTN_HD static constexpr int k_at(int stage) { return kBlockM * kLd + stage * kStageElems; }
+  ATTN_HD static constexpr int v_at(int stage) { return k_at(stage) + kBlockN * kLd; }
+  static constexpr int kSmemElems = kBlockM * kLd + kStages * kStageElems;
   static constexpr int kSmemBytes = 2 * kSmemElems;
+  // 16-byte chunks (8 elements) of a row, and of a K or V tile per thread.
+  static constexpr int kChunks = D / 8;
+  static constexpr int kTileChunksPerThread = kBlockN * kChunks / kThreads;
+  static_assert(kBlockN * kChunks % kThreads == 0, "a K/V tile's chunks share out evenly over the threads");
   static constexpr int kSBlocks = kBlockN / 8;  // n-blocks of S (8 keys each)
   static constexpr int kOBlocks = D / 8;        // n-blocks of O (8 dims each)
   static constexpr int kKSteps = D / 16;        // k-steps of Q·Kᵀ
@@ -137,10 +146,12 @@ struct ForwardBlock {
   i64 Sr = 0, r0 = 0;      // packed rows per head; the block's first packed row
   i64 i_lo = 0, i_hi = 0;  // the query rows (within a head) the block's rows lie in
   i64 len = 0;
+  i64 split = 0;  // the part of the keys (split-KV; 0 without)
   float c = 0;   // score units -> log2 units
   double k = 0;  // score units -> natural-log units
 
-  ATTN_HD ForwardBlock(const DeviceProblem& problem, std::uint16_t* shared, i64 block) : p(problem), smem(shared) {
+  ATTN_HD ForwardBlock(const DeviceProblem& problem, std::uint16_t* shared, i64 block, i64 part = 0)
+      : p(problem), smem(shared), split(part) {
     const sched::PackedWork work = sched::packed_work(block, p.Hkv, p.group, p.Sq, C::kBlockM);
     b = work.b, hk = work.hk;
     Sr = sched::packed_rows_per_head(p.Sq, C::kBlockM);
@@ -158,16 +169,31 @@ struct ForwardBlock {
   ATTN_HD Row row_at(i64 rr) const { return sched::packed_row(r0 + rr, hk, p.group, p.Sq, Sr); }
   ATTN_HD i64 head_or_first(const Row& r) const { return r.valid ? r.h : hk * p.group; }
 
-  ATTN_HD sched::TileRange tiles() const { return sched::key_tiles(masks_of(p), len, i_lo, i_hi, C::kBlockN); }
+  ATTN_HD sched::TileRange tiles() const {
+    return sched::split_tiles(sched::key_tiles(masks_of(p), len, i_lo, i_hi, C::kBlockN), split, p.splits);
+  }
 
   // The warp's accumulators cleared and its 16 query rows copied to shared memory (zeros past Sq and Dk).
-  ATTN_HD void begin(const W&, int wi, Warp& st) const {
+  ATTN_HD void begin(const W& w, int wi, Warp& st) const {
     for (int d = 0; d < C::kOBlocks; ++d)
       for (int r = 0; r < frag::kCRegs; ++r) st.o[d][r] = F32(0.0f);
     st.row[0] = State();
     st.row[1] = State();
     const auto lane = W::lane();
     const auto* q = static_cast<const std::uint16_t*>(p.q.data);
+    if (p.vec_q) {  // 16-byte copies (cp.async), the warp's 16 rows x kChunks chunks, lane by lane
+      for (int c0 = 0; c0 < 16 * C::kChunks; c0 += frag::kWarp) {
+        const auto id = lane + c0;
+        const auto rr = W::map([](int x) { return x / C::kChunks; }, id);
+        const auto col = W::map([](int x) { return 8 * (x % C::kChunks); }, id);
+        const auto row = W::map([&](int r) { return row_at(16 * wi + r); }, rr);
+        const auto ok = W::map([&](Row r, int cc) { return r.valid && cc < p.Dk; }, row, col);
+        const auto src = W::map(
+            [&](Row r, int cc, bool in) { return q + (in ? p.q.offset(b, r.h, r.i, cc) : 0); }, row, col, ok);
+        w.copy16(smem, W::map([&](int r, int cc) { return C::kQ + (16 * wi + r) * C::kLd + cc; }, rr, col), src, ok);
+      }
+      return;
+    }
     for (int r = 0; r < 16; ++r) {
       const Row row = row_at(16 * wi + r);
       for (int c0 = 0; c0 < C::kD; c0 += frag::kWarp) {
@@ -183,12 +209,31 @@ struct ForwardBlock {
     W::sync();
   }
 
-  // Key tile t's K and V rows to shared memory, rows shared out over the warps (the caller synchronises the block
-  // before and after).
-  ATTN_HD void load_kv(const W&, int wi, i64 t) const {
+  // Key tile t's K and V rows to shared-memory stage `stage`. With 16-byte-aligned rows (p.vec_kv) as 16-byte
+  // asynchronous copies, the tile's chunks shared out over the block's threads (the caller commits them and waits
+  // before the barrier that precedes compute); else element by element, rows shared out over the warps.
+  ATTN_HD void load_kv(const W& w, int wi, i64 t, int stage) const {
     const auto lane = W::lane();
     const auto* kp = static_cast<const std::uint16_t*>(p.k.data);
     const auto* vp = static_cast<const std::uint16_t*>(p.v.data);
+    if (p.vec_kv) {
+ATTN_UNROLL
+      for (int it = 0; it < C::kTileChunksPerThread; ++it) {
+        const auto id = lane + (frag::kWarp * wi + C::kThreads * it);
+        const auto r = W::map([](int x) { return x / C::kChunks; }, id);
+        const auto col = W::map([](int x) { return 8 * (x % C::kChunks); }, id);
+        const auto j = W::map([&](int rr) { return t * C::kBlockN + rr; }, r);
+        const auto in = W::map([&](i64 jj) { return jj < len; }, j);
+        const auto krow = W::map([&](i64 jj, bool ok) { return ok ? p.kv_row_offset(p.k, b, hk, jj) : i64{0}; }, j, in);
+        const auto vrow = W::map([&](i64 jj, bool ok) { return ok ? p.kv_row_offset(p.v, b, hk, jj) : i64{0}; }, j, in);
+        const auto dst = W::map([](int rr, int cc) { return rr * C::kLd + cc; }, r, col);
+        w.copy16(smem, C::k_at(stage) + dst, W::map([=](i64 o, int cc) { return kp + o + cc; }, krow, col),
+                 W::map([&](bool ok, int cc) { return ok && cc < p.Dk; }, in, col));
+        w.copy16(smem, C::v_at(stage) + dst, W::map([=](i64 o, int cc) { return vp + o + cc; }, vrow, col),
+                 W::map([&](bool ok, int cc) { return ok && cc < p.Dv; }, in, col));
+      }
+      return;
+    }
     for (int r = wi; r < C::kBlockN; r += C::kWarps) {
       const i64 j = t * C::kBlockN + r;
       const bool in = j < len;
@@ -200,15 +245,15 @@ struct ForwardBlock {
             [&](int cc) { return in && cc < p.Dk ? kp[krow + cc * p.k.stride[3]] : std::uint16_t{0}; }, col);
         const auto vv = W::map(
             [&](int cc) { return in && cc < p.Dv ? vp[vrow + cc * p.v.stride[3]] : std::uint16_t{0}; }, col);
-        W::store(smem + C::kK, r * C::kLd + col, kv);
-        W::store(smem + C::kV, r * C::kLd + col, vv);
+        W::store(smem + C::k_at(stage), r * C::kLd + col, kv);
+        W::store(smem + C::v_at(stage), r * C::kLd + col, vv);
       }
     }
   }
 
-  // One key tile for one warp: S = Q·Kᵀ, scores, online softmax, O += P·V. `masked`: the tile needs the
-  // per-element interval mask (TileRange::masked).
-  ATTN_HD void compute(const W& w, int wi, Warp& st, i64 t, bool masked) const {
+  // One key tile for one warp, its K and V in shared-memory stage `stage`: S = Q·Kᵀ, scores, online softmax,
+  // O += P·V. `masked`: the tile needs the per-element interval mask (TileRange::masked).
+  ATTN_HD void compute(const W& w, int wi, Warp& st, i64 t, int stage, bool masked) const {
     const auto lane = W::lane();
     const std::uint32_t base = w.smem_address(smem);
     const i64 j0 = t * C::kBlockN;
@@ -226,7 +271,7 @@ ATTN_UNROLL
 ATTN_UNROLL
       for (int n2 = 0; n2 < C::kSBlocks / 2; ++n2) {
         U32 kb[4];
-        w.ldmatrix(kb, ldsm_address(base, C::kK, 16 * n2, 16 * ks, [](int l) { return frag::ldsm_b_nk(l, 4); }));
+        w.ldmatrix(kb, ldsm_address(base, C::k_at(stage), 16 * n2, 16 * ks, [](int l) { return frag::ldsm_b_nk(l, 4); }));
         mma_pair(w, s[2 * n2], s[2 * n2 + 1], a, kb);
       }
     }
@@ -310,16 +355,18 @@ ATTN_UNROLL
 ATTN_UNROLL
       for (int d2 = 0; d2 < C::kOBlocks / 2; ++d2) {
         U32 vb[4];
-        w.ldmatrix_trans(vb, ldsm_address(base, C::kV, 16 * kk, 16 * d2, [](int l) { return frag::ldsm_b_kn_trans(l, 4); }));
+        w.ldmatrix_trans(vb, ldsm_address(base, C::v_at(stage), 16 * kk, 16 * d2, [](int l) { return frag::ldsm_b_kn_trans(l, 4); }));
         mma_pair(w, st.o[2 * d2], st.o[2 * d2 + 1], pa, vb);
       }
     }
   }
 
-  // The warp's rows finished and stored: O in the output's dtype, the LSE (fp32) when asked for.
+  // The warp's rows finished and stored: O in the output's dtype, the LSE (fp32) when asked for. A part of
+  // split-KV stores its normalised O and its LSE (f32) in part_o / part_lse instead, the sink left to the combine.
   ATTN_HD void finish(const W&, int wi, Warp& st) const {
     const auto lane = W::lane();
     const auto g = lane >> 2, tig = lane & 3;
+    const bool part = p.splits > 1;
 ATTN_UNROLL
     for (int h = 0; h < 2; ++h) {
       F32 l = st.row[h].l;
@@ -328,20 +375,31 @@ ATTN_UNROLL
       const F32 m = st.row[h].m;
       const auto pr = W::map([&](int gg) { return row_at(16 * wi + gg + 8 * h); }, g);
       const auto fin = W::map(
-          [&](float mm, float ll, Row r) { return core::finish_with_sink(mm, ll, k, p.sink(head_or_first(r))); }, m, l,
-          pr);
+          [&](float mm, float ll, Row r) {
+            return core::finish_with_sink(mm, ll, k, part ? core::kNegInf : p.sink(head_or_first(r)));
+          },
+          m, l, pr);
 ATTN_UNROLL
       for (int d = 0; d < C::kOBlocks; ++d)
 ATTN_UNROLL
         for (int e = 0; e < 2; ++e) {
           const auto col = W::map([=](int tg) { return 8 * d + 2 * tg + e; }, tig);
           const auto ok = W::map([&](Row r, int cc) { return r.valid && cc < p.Dv; }, pr, col);
-          const auto idx = W::map([&](Row r, int cc) { return p.out.offset(b, r.h, r.i, cc); }, pr, col);
           const F32 val = W::map([](float o, float ll, core::Finish f) { return core::finish_output(o, ll, f.factor); },
                                  st.o[d][2 * h + e], l, fin);
-          store_out(idx, val, ok);
+          if (part) {
+            const auto idx = W::map([&](Row r, int cc) { return p.part_row(split, b, r.h, r.i) * p.Dv + cc; }, pr, col);
+            W::store_if(p.part_o, idx, val, ok);
+          } else {
+            const auto idx = W::map([&](Row r, int cc) { return p.out.offset(b, r.h, r.i, cc); }, pr, col);
+            store_out(idx, val, ok);
+          }
         }
-      if (p.lse.data != nullptr) {
+      if (part) {
+        const auto ok = W::map([](Row r, int tg) { return r.valid && tg == 0; }, pr, tig);
+        const auto idx = W::map([&](Row r) { return p.part_row(split, b, r.h, r.i); }, pr);
+        W::store_if(p.part_lse, idx, W::map([](core::Finish f) { return f.lse; }, fin), ok);
+      } else if (p.lse.data != nullptr) {
         const auto ok = W::map([](Row r, int tg) { return r.valid && tg == 0; }, pr, tig);
         const auto idx = W::map([&](Row r) { return p.lse.offset(b, r.h, r.i, 0); }, pr);
         W::store_if(static_cast<float*>(const_cast<void*>(p.lse.data)), idx, W::map([](core::Finish f) { return f.lse; }, fin), ok);
@@ -382,6 +440,40 @@ ATTN_UNROLL
     }
   }
 };
+
+// ---- split-KV: the combine step ------------------------------------------------------------------------------
+
+// Element (b, h, i, d) of the output and the row's LSE from the parts of split-KV: the parts' finished rows merged
+// as core::merge merges states (state_from_lse: each part a state in natural-log units), then the sink absorbed
+// (core::finish_with_sink), as the CPU's split-KV finishes a row. One thread per element on the device.
+struct Combined {
+  float out, lse;
+};
+ATTN_HD Combined combine_split(const DeviceProblem& p, i64 b, i64 h, i64 i, i64 d) {
+  core::RowState st;
+  float acc = 0.0f;
+  for (i64 s = 0; s < p.splits; ++s) {
+    const i64 row = p.part_row(s, b, h, i);
+    const core::Merged r = core::merge_weights(st, core::state_from_lse(p.part_lse[row]), static_cast<float>(core::kLog2e));
+    if (r.take == core::Merged::Take::b) acc = p.part_o[row * p.Dv + d];
+    if (r.take == core::Merged::Take::both) acc = acc * r.wa + p.part_o[row * p.Dv + d] * r.wb;
+    st = r.state;
+  }
+  const core::Finish f = core::finish_with_sink(st.m, st.l, 1.0, p.sink(h));
+  return {core::finish_output(acc, st.l, f.factor), f.lse};
+}
+
+// Stores the combined element (and, for d = 0, the LSE when asked for) in the caller's output dtype and strides.
+ATTN_HD void store_combined(const DeviceProblem& p, i64 b, i64 h, i64 i, i64 d, Combined v) {
+  void* out = const_cast<void*>(p.out.data);
+  const i64 at = p.out.offset(b, h, i, d);
+  if (p.out.dtype == DType::f32) {
+    static_cast<float*>(out)[at] = v.out;
+  } else {
+    static_cast<std::uint16_t*>(out)[at] = p.out.dtype == DType::bf16 ? float_to_bf16(v.out) : float_to_f16(v.out);
+  }
+  if (d == 0 && p.lse.data != nullptr) static_cast<float*>(const_cast<void*>(p.lse.data))[p.lse.offset(b, h, i, 0)] = v.lse;
+}
 
 // The kernels there are: operand type (bf16, f16) x padded head dim (64, 128, 256) x variant (plain: no dense
 // mask and no score transform, the scale folded into the exponent; general: any dense mask, softcap, ALiBi,

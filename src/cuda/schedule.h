@@ -141,6 +141,31 @@ ATTN_HD constexpr TileRange key_tiles(const Masks& m, i64 len, i64 q0, i64 q1, i
   return t;
 }
 
+// ---- split-KV ---------------------------------------------------------------------------------------------
+
+// Part s of `splits` contiguous parts of a block's key tiles (split-KV: each part is its own block, and the
+// parts' results are merged afterwards): per = ceil(count / splits) tiles each, the last ones possibly short or
+// empty. full_first/full_end stay the whole range's, so masked() answers as before.
+ATTN_HD constexpr TileRange split_tiles(TileRange t, i64 s, i64 splits) {
+  if (splits <= 1) return t;
+  const i64 per = ceil_div(t.count(), splits);
+  TileRange r = t;
+  r.first = min64(t.end, t.first + s * per);
+  r.end = min64(t.end, r.first + per);
+  return r;
+}
+
+// How many parts to split the keys into when the grid alone leaves the GPU idle: `blocks` blocks, `slots` the
+// blocks the whole GPU holds at once, `key_tiles` the most key tiles a block visits. Enough parts for about two
+// full waves, each part at least `min_tiles` tiles, at most `max_splits`; 1 (no split) when the grid fills the
+// GPU already.
+ATTN_HD constexpr i64 kv_splits(i64 blocks, i64 key_tiles, i64 slots, i64 min_tiles = 4, i64 max_splits = 128) {
+  if (blocks <= 0 || blocks >= slots) return 1;
+  const i64 want = ceil_div(2 * slots, blocks);
+  const i64 can = max64(key_tiles / min_tiles, 1);
+  return max64(min64(min64(want, can), max_splits), 1);
+}
+
 // Whether key j is allowed for row i (the per-element mask of a masked tile).
 ATTN_HD constexpr bool key_allowed(const Masks& m, i64 len, i64 i, i64 j) {
   const KeyInterval r = key_interval(m, len, i);

@@ -226,6 +226,29 @@ class HostWarp {
     for (int l = 0; l < frag::kWarp; ++l)
       if (ok[l]) base[idx[l]] = v[l];
   }
+  // cp.async.cg.shared.global of 16 bytes, zero-filling (src-size 0) where ok is false: each lane copies the
+  // 16 bytes at src to shared element dst of smem (16-bit elements), or writes 16 zero bytes there. The model
+  // copies at once (commit and wait order nothing here) and insists on what the instruction requires: both
+  // addresses 16-byte aligned, the destination inside the model's shared memory.
+  void copy16(std::uint16_t* smem, const Reg<int>& dst, const Reg<const std::uint16_t*>& src,
+              const Reg<bool>& ok) const {
+    for (int l = 0; l < frag::kWarp; ++l) {
+      const std::uint32_t a = smem_address(smem + dst[l]);
+      if (a % 16 != 0 || std::size_t{a} + 16 > bytes_)
+        throw std::out_of_range("HostWarp::copy16: destination " + std::to_string(a) +
+                                " is not a 16-byte aligned chunk inside the model's shared memory");
+      if (!ok[l]) {
+        std::memset(smem_ + a, 0, 16);
+        continue;
+      }
+      if (reinterpret_cast<std::uintptr_t>(src[l]) % 16 != 0)
+        throw std::invalid_argument("HostWarp::copy16: source address not 16-byte aligned");
+      std::memcpy(smem_ + a, src[l], 16);
+    }
+  }
+  static void commit() {}
+  template <int N>
+  static void wait() {}
   // __syncwarp(): the model runs the lanes in lock step already.
   static void sync() {}
 
@@ -343,6 +366,19 @@ struct DeviceWarp {
   template <class T, class I>
   __device__ __forceinline__ static void store_if(T* base, I idx, T v, bool ok) {
     if (ok) base[idx] = v;
+  }
+  // cp.async.cg (L2 only: K/V tiles are read once per block) with src-size 0 where !ok: 16 zero bytes, nothing
+  // read. Completion is ordered by commit() / wait<N>() (cp.async.commit_group / wait_group N) and made visible to
+  // the other threads by the barrier after the wait.
+  __device__ __forceinline__ void copy16(std::uint16_t* smem, int dst, const std::uint16_t* src, bool ok) const {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem + dst)), "l"(src),
+                 "r"(ok ? 16 : 0)
+                 : "memory");
+  }
+  __device__ __forceinline__ static void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+  template <int N>
+  __device__ __forceinline__ static void wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
   }
   __device__ __forceinline__ static void sync() { __syncwarp(); }
 };
