@@ -28,7 +28,7 @@ using namespace attn;
 using namespace attn::test;  // NOLINT
 using attn::cuda::HostWarp;
 
-// The grid of the kernel launch (cuda/forward.cu), block after block, its four warps in turn; each barrier of the
+// The grid of the kernel launch (cuda/forward.cu), block after block, its eight warps in turn; each barrier of the
 // kernel is the end of a loop over the warps here. Shared memory starts as NaN (0xffff in bf16 and f16), so a
 // fragment read before it is written shows.
 // splits > 1: split-KV, as the launch runs it (the parts in blockIdx.y, then the combine step, one element at a time).

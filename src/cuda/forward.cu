@@ -1,5 +1,5 @@
 // The device kernel of attn's own forward (cuda/forward_block.h's block program with DeviceWarp) and its launch:
-// one thread block per 64 packed query rows of one (batch, KV head) (cuda/schedule.h), 128 threads, the tiles in
+// one thread block per 128 packed query rows of one (batch, KV head) (cuda/schedule.h), 256 threads, the tiles in
 // dynamic shared memory.
 #include <cuda_runtime.h>
 

@@ -3,9 +3,10 @@
 // (tests/test_cuda_forward.cc) run the very same functions with HostWarp, warp by warp, against the fp64
 // reference on the registry's cases.
 //
-// A thread block takes C::kBlockM = 64 rows of one KV head's packed query rows (cuda/schedule.h: its query
+// A thread block takes C::kBlockM = 128 rows of one KV head's packed query rows (cuda/schedule.h: its query
 // heads one after the other; a decode step's whole GQA group shares a block and each K/V tile is read once for
-// it): four warps of 16 rows each, each lane's rows with their own query head and row. It walks the key tiles
+// it): eight warps of 16 rows each (a warp whose rows are all padding, as most are in a decode step's block,
+// copies its share of the tiles and computes nothing), each lane's rows with their own query head and row. It walks the key tiles
 // of C::kBlockN keys its rows may attend (cuda/schedule.h key_tiles: causal, window and
 // key-length bounds; tiles allowed whole skip the per-element mask), and for each tile:
 //
@@ -52,7 +53,8 @@ struct Config {
   static_assert(D % 16 == 0 && D >= 16 && D <= 256, "head dims are padded to a multiple of 16, at most 256");
   static constexpr MmaType kType = T;
   static constexpr int kD = D;
-  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
+  // Eight warps: a K/V tile in shared memory serves 128 query rows (half the copies per row of four warps).
+  static constexpr int kWarps = 8, kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16 * kWarps;            // query rows per block, 16 per warp
   static constexpr int kBlockN = BlockN;  // keys per tile (D = 256: fewer, for the registers and shared memory)
   static_assert(BlockN % 16 == 0 && BlockN <= 128, "key tiles of whole k-steps");
@@ -70,7 +72,9 @@ struct Config {
   // 16-byte chunks (8 elements) of a row, and of a K or V tile per thread.
   static constexpr int kChunks = D / 8;
   static constexpr int kTileChunksPerThread = kBlockN * kChunks / kThreads;
-  static_assert(kBlockN * kChunks % kThreads == 0, "a K/V tile's chunks share out evenly over the threads");
+  static_assert(kBlockN * kChunks % kThreads == 0 && kThreads % kChunks == 0,
+                "a K/V tile's chunks share out evenly over the threads, whole rows at a time");
+  static constexpr int kRowStep = kThreads / kChunks;  // rows between a thread's chunks
   static constexpr int kSBlocks = kBlockN / 8;  // n-blocks of S (8 keys each)
   static constexpr int kOBlocks = D / 8;        // n-blocks of O (8 dims each)
   static constexpr int kKSteps = D / 16;        // k-steps of Q·Kᵀ
@@ -83,9 +87,13 @@ ATTN_HD constexpr int padded_head_dim(i64 Dk, i64 Dv) {
   return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
 }
 
+// 2^x: on the device the bare MUFU.EX2 (ex2.approx.ftz: about 2 ulp, results below 2^-126 flushed to 0, which a
+// softmax weight that small is anyway after the sum); on the host std::exp2.
 ATTN_HD float exp2_approx(float x) {
 #if ATTN_DEVICE_PASS
-  return exp2f(x);  // MUFU.EX2 with range handling: within 2 ulp
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 #else
   return std::exp2(x);
 #endif
@@ -216,7 +224,28 @@ struct ForwardBlock {
     const auto lane = W::lane();
     const auto* kp = static_cast<const std::uint16_t*>(p.k.data);
     const auto* vp = static_cast<const std::uint16_t*>(p.v.data);
-    if (p.vec_kv) {
+    if (p.vec_kv && !p.is_paged()) {
+      // The thread's chunks: one column, rows r0, r0 + kRowStep, ...; row j's address one multiply-add away.
+      const auto id = lane + frag::kWarp * wi;
+      const auto col = W::map([](int x) { return 8 * (x % C::kChunks); }, id);
+      const auto r0 = W::map([](int x) { return x / C::kChunks; }, id);
+      const i64 kb = p.k.offset(b, hk, 0, 0), vb = p.v.offset(b, hk, 0, 0), ks = p.k.stride[2], vs = p.v.stride[2];
+      const auto kok = W::map([&](int cc) { return cc < p.Dk; }, col);
+      const auto vok = W::map([&](int cc) { return cc < p.Dv; }, col);
+ATTN_UNROLL
+      for (int it = 0; it < C::kTileChunksPerThread; ++it) {
+        const auto r = r0 + C::kRowStep * it;
+        const auto j = W::map([&](int rr) { return t * C::kBlockN + rr; }, r);
+        const auto in = W::map([&](i64 jj) { return jj < len; }, j);
+        const auto dst = W::map([](int rr, int cc) { return rr * C::kLd + cc; }, r, col);
+        w.copy16(smem, C::k_at(stage) + dst,
+                 W::map([=](i64 jj, int cc) { return kp + (kb + jj * ks + cc); }, j, col), in && kok);
+        w.copy16(smem, C::v_at(stage) + dst,
+                 W::map([=](i64 jj, int cc) { return vp + (vb + jj * vs + cc); }, j, col), in && vok);
+      }
+      return;
+    }
+    if (p.vec_kv) {  // paged: each row through the page table
 ATTN_UNROLL
       for (int it = 0; it < C::kTileChunksPerThread; ++it) {
         const auto id = lane + (frag::kWarp * wi + C::kThreads * it);
@@ -254,6 +283,7 @@ ATTN_UNROLL
   // One key tile for one warp, its K and V in shared-memory stage `stage`: S = Q·Kᵀ, scores, online softmax,
   // O += P·V. `masked`: the tile needs the per-element interval mask (TileRange::masked).
   ATTN_HD void compute(const W& w, int wi, Warp& st, i64 t, int stage, bool masked) const {
+    if (!row_at(16 * wi).valid) return;  // padding rows only (they are a block's last rows): nothing to compute
     const auto lane = W::lane();
     const std::uint32_t base = w.smem_address(smem);
     const i64 j0 = t * C::kBlockN;
