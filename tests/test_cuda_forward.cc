@@ -28,13 +28,15 @@ using namespace attn;
 using namespace attn::test;  // NOLINT
 using attn::cuda::HostWarp;
 
-// The grid of the kernel launch (cuda/forward.cu), block after block, its eight warps in turn; each barrier of the
+// The grid of the kernel launch (cuda/forward.cu), block after block, its four warps in turn; each barrier of the
 // kernel is the end of a loop over the warps here. Shared memory starts as NaN (0xffff in bf16 and f16), so a
 // fragment read before it is written shows.
 // splits > 1: split-KV, as the launch runs it (the parts in blockIdx.y, then the combine step, one element at a time).
 Status run_host_model(const core::Problem& p, std::int64_t splits = 1) {
   if (Status s = cuda::fwd::supports(p); !s) return s;
-  cuda::DeviceProblem dp = cuda::device_problem(p, p.kv_len.data());
+  // As the launch does: no key-length array where every length is Skv.
+  const bool uniform = std::all_of(p.kv_len.begin(), p.kv_len.end(), [&](std::int64_t n) { return n == p.Skv; });
+  cuda::DeviceProblem dp = cuda::device_problem(p, uniform ? nullptr : p.kv_len.data());
   std::vector<float> parts;
   if (splits > 1) {
     const std::int64_t rows = splits * p.B * p.Hq * p.Sq;

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -109,6 +110,7 @@ bool ok(cudaError_t e, const char* what, std::string* error) {
 struct Result {
   std::string kernel, error;
   double median_ms = 0, min_ms = 0, max_ms = 0;
+  double host_us = 0;  // median host time of one call (validation, launch): what a step of many small calls pays
   std::size_t nonfinite = 0;
 };
 
@@ -178,10 +180,12 @@ Result run_shape(const Shape& s, int warmup, int iters, const std::string& dump)
       r.error = "--dump: cannot write " + base + ".*";
   }
   for (int i = 0; i < warmup; ++i) attn::attention(tq, tk, tv, to, p);
-  std::vector<double> ms;
+  std::vector<double> ms, host;
   for (int i = 0; i < iters && r.error.empty(); ++i) {
     cudaEventRecord(start);
+    const auto t0 = std::chrono::steady_clock::now();
     const attn::Status st = attn::attention(tq, tk, tv, to, p);
+    host.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     cudaEventRecord(stop);
     if (!st) r.error = "attention: " + st.message();
     if (!ok(cudaEventSynchronize(stop), "timed call", &r.error)) break;
@@ -193,6 +197,8 @@ Result run_shape(const Shape& s, int warmup, int iters, const std::string& dump)
   if (!ms.empty()) {
     std::sort(ms.begin(), ms.end());
     r.median_ms = ms[ms.size() / 2], r.min_ms = ms.front(), r.max_ms = ms.back();
+    std::sort(host.begin(), host.end());
+    r.host_us = host[host.size() / 2];
   }
   return r;
 }
@@ -240,7 +246,7 @@ int main(int argc, char** argv) {
   json << "{\n  \"program\": \"attn_gpu_bench\",\n  \"device\": \"" << prop.name << "\",\n  \"warmup\": " << warmup
        << ",\n  \"iters\": " << iters << ",\n  \"rows\": [";
   bool all_ok = true, first = true;
-  std::printf("%-10s %-48s %10s %10s %9s\n", "shape", "kernel", "median ms", "TFLOP/s", "GB/s");
+  std::printf("%-10s %-48s %10s %10s %9s %8s\n", "shape", "kernel", "median ms", "TFLOP/s", "GB/s", "host us");
   for (const Shape& s : shapes) {
     if (!only.empty() && only.find("," + s.id + ",") == std::string::npos) continue;
     const Result r = run_shape(s, warmup, iters, dump);
@@ -252,13 +258,14 @@ int main(int argc, char** argv) {
     const double tflops = good ? flops / (r.median_ms * 1e-3) / 1e12 : 0;
     const double gbps = good ? bytes / (r.median_ms * 1e-3) / 1e9 : 0;
     if (good)
-      std::printf("%-10s %-48s %10.4f %10.1f %9.0f\n", s.id.c_str(), r.kernel.c_str(), r.median_ms, tflops, gbps);
+      std::printf("%-10s %-48s %10.4f %10.1f %9.0f %8.1f\n", s.id.c_str(), r.kernel.c_str(), r.median_ms, tflops, gbps,
+                  r.host_us);
     else
       std::printf("%-10s FAILED: %s (%zu non-finite outputs)\n", s.id.c_str(), r.error.c_str(), r.nonfinite);
     json << (first ? "\n" : ",\n") << "    {\"id\": \"" << s.id << "\", \"kernel\": \"" << r.kernel
          << "\", \"ok\": " << (good ? "true" : "false") << ", \"error\": \"" << quoted(r.error) << "\", \"nonfinite\": "
          << r.nonfinite << ", \"median_ms\": " << r.median_ms << ", \"min_ms\": " << r.min_ms
-         << ", \"max_ms\": " << r.max_ms << ", \"flops\": " << flops << ", \"bytes\": " << bytes
+         << ", \"max_ms\": " << r.max_ms << ", \"host_us\": " << r.host_us << ", \"flops\": " << flops << ", \"bytes\": " << bytes
          << ", \"tflops\": " << tflops << ", \"gbps\": " << gbps << "}";
     first = false;
   }

@@ -23,7 +23,7 @@ struct DeviceProblem {
   double scale = 1.0;
   Causal causal = Causal::none;
   Window window;
-  const std::int64_t* kv_len = nullptr;  // [B] key lengths (device memory on the device)
+  const std::int64_t* kv_len = nullptr;  // [B] key lengths (device memory on the device); null: every batch has Skv
   core::MaskKind mask_kind = core::MaskKind::none;
   core::Strided q, k, v, mask, out;
   core::Strided lse;               // data null: no LSE output
@@ -48,7 +48,7 @@ struct DeviceProblem {
     return ((s * B + b) * Hq + h) * Sq + i;
   }
 
-  ATTN_HD std::int64_t key_len(std::int64_t b) const { return kv_len[b]; }
+  ATTN_HD std::int64_t key_len(std::int64_t b) const { return kv_len ? kv_len[b] : Skv; }
   ATTN_HD float alibi_slope(std::int64_t b, std::int64_t h) const {
     return alibi.data ? static_cast<const float*>(alibi.data)[b * alibi.stride[0] + h * alibi.stride[1]] : 0.0f;
   }
@@ -75,7 +75,7 @@ inline bool rows_copy16(const core::Strided& t, std::int64_t d) {
 }
 
 // The device view of p, with kv_len pointing at a copy of p.kv_len (in device memory for a kernel, in host memory
-// for the host model).
+// for the host model; null where every length is Skv).
 inline DeviceProblem device_problem(const core::Problem& p, const std::int64_t* kv_len) {
   DeviceProblem d;
   d.B = p.B, d.Hq = p.Hq, d.Hkv = p.Hkv, d.Sq = p.Sq, d.Skv = p.Skv, d.Dk = p.Dk, d.Dv = p.Dv, d.group = p.group;

@@ -19,7 +19,7 @@ Status supports(const core::Problem& p) {
   if (padded_head_dim(p.Dk, p.Dv) == 0)
     return Status::Unsupported("q", "with head dims " + std::to_string(p.Dk) + " and " + std::to_string(p.Dv) +
                                         " on CUDA; expected at most 256");
-  // One thread block per 128 packed query rows of each (batch, KV head) (cuda/schedule.h), a one-dimensional grid
+  // One thread block per 64 packed query rows of each (batch, KV head) (cuda/schedule.h), a one-dimensional grid
   // (split-KV's parts are its second dimension, at most 128).
   const std::int64_t blocks = sched::packed_grid_blocks(p.B, p.Hkv, p.group, p.Sq, Config<MmaType::bf16, 64>::kBlockM);
   if (blocks > std::int64_t{0x7fffffff})

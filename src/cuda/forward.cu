@@ -1,8 +1,9 @@
 // The device kernel of attn's own forward (cuda/forward_block.h's block program with DeviceWarp) and its launch:
-// one thread block per 128 packed query rows of one (batch, KV head) (cuda/schedule.h), 256 threads, the tiles in
+// one thread block per 64 packed query rows of one (batch, KV head) (cuda/schedule.h), 128 threads, the tiles in
 // dynamic shared memory.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -53,6 +54,8 @@ __global__ void __launch_bounds__(256) combine_kernel(DeviceProblem p) {
   store_combined(p, b, h, i, d, combine_split(p, b, h, i, d));
 }
 
+constexpr int kCachedDevices = 64;  // devices whose kernel attributes are remembered (more: asked every call)
+
 // ATTN_CUDA_KV_SPLITS=n (tests): every launch splits the keys into n parts, whatever the heuristic says.
 i64 forced_splits() {
   const char* v = std::getenv("ATTN_CUDA_KV_SPLITS");
@@ -78,28 +81,39 @@ Status launch(const core::Problem& p) {
   } restore{previous};
   if (cudaError_t e = cudaSetDevice(p.device.index); e != cudaSuccess) return launch_error(e, "cudaSetDevice");
   const auto stream = static_cast<cudaStream_t>(p.stream);
-  // The key lengths (a host vector in the problem) go to the device with the launch, on its stream.
+  // The key lengths (a host vector in the problem) go to the device with the launch, on its stream, unless every
+  // one is Skv (DeviceProblem::key_len reads a null pointer as Skv).
   std::int64_t* kv_len = nullptr;
-  const std::size_t bytes = p.kv_len.size() * sizeof(std::int64_t);
-  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&kv_len), bytes, stream); e != cudaSuccess)
-    return launch_error(e, "cudaMallocAsync of the key lengths");
+  i64 longest = 0;
+  bool uniform = true;
+  for (i64 n : p.kv_len) longest = n > longest ? n : longest, uniform &= n == p.Skv;
+  const std::size_t bytes = uniform ? 0 : p.kv_len.size() * sizeof(std::int64_t);
+  if (bytes > 0)
+    if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&kv_len), bytes, stream); e != cudaSuccess)
+      return launch_error(e, "cudaMallocAsync of the key lengths");
   float* parts = nullptr;  // split-KV's partial results
-  cudaError_t e = cudaMemcpyAsync(kv_len, p.kv_len.data(), bytes, cudaMemcpyHostToDevice, stream);
+  cudaError_t e = bytes > 0 ? cudaMemcpyAsync(kv_len, p.kv_len.data(), bytes, cudaMemcpyHostToDevice, stream) : cudaSuccess;
   if (e == cudaSuccess) {
     DeviceProblem dp = device_problem(p, kv_len);
     with_config(p, [&](auto cfg, auto variant) {
       using C = decltype(cfg);
       using V = decltype(variant);
       const auto kernel = forward_kernel<C, V>;
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
-      if (e != cudaSuccess) return;
+      // Once per kernel and device: its shared-memory limit raised, and how many of its blocks an SM holds.
+      static std::atomic<int> resident[kCachedDevices];
+      const int dev = p.device.index;
+      int per_sm = dev < kCachedDevices ? resident[dev].load(std::memory_order_relaxed) : 0;
+      if (per_sm == 0) {
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+        if (e != cudaSuccess) return;
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, C::kSmemBytes);
+        if (e != cudaSuccess) return;
+        if (dev < kCachedDevices) resident[dev].store(per_sm, std::memory_order_relaxed);
+      }
       const i64 blocks = sched::packed_grid_blocks(p.B, p.Hkv, p.group, p.Sq, C::kBlockM);
       // Split-KV where the grid alone leaves SMs idle (a decode step, few heads, long keys).
-      int per_sm = 0, sms = 0;
-      (void)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, C::kSmemBytes);
-      (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.index);
-      i64 longest = 0;
-      for (i64 n : p.kv_len) longest = n > longest ? n : longest;
+      int sms = 0;
+      (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
       const i64 forced = forced_splits();
       dp.splits = forced > 0 ? forced
                              : sched::kv_splits(blocks, sched::ceil_div(longest, C::kBlockN),
@@ -119,7 +133,7 @@ Status launch(const core::Problem& p) {
       e = cudaGetLastError();
     });
   }
-  const cudaError_t freed = cudaFreeAsync(kv_len, stream);
+  const cudaError_t freed = kv_len ? cudaFreeAsync(kv_len, stream) : cudaSuccess;
   const cudaError_t freed_parts = parts ? cudaFreeAsync(parts, stream) : cudaSuccess;
   if (e != cudaSuccess) return launch_error(e, "the launch");
   if (freed != cudaSuccess) return launch_error(freed, "cudaFreeAsync of the key lengths");

@@ -3,9 +3,9 @@
 // (tests/test_cuda_forward.cc) run the very same functions with HostWarp, warp by warp, against the fp64
 // reference on the registry's cases.
 //
-// A thread block takes C::kBlockM = 128 rows of one KV head's packed query rows (cuda/schedule.h: its query
+// A thread block takes C::kBlockM = 64 rows of one KV head's packed query rows (cuda/schedule.h: its query
 // heads one after the other; a decode step's whole GQA group shares a block and each K/V tile is read once for
-// it): eight warps of 16 rows each (a warp whose rows are all padding, as most are in a decode step's block,
+// it): four warps of 16 rows each (a warp whose rows are all padding, as most are in a decode step's block,
 // copies its share of the tiles and computes nothing), each lane's rows with their own query head and row. It walks the key tiles
 // of C::kBlockN keys its rows may attend (cuda/schedule.h key_tiles: causal, window and
 // key-length bounds; tiles allowed whole skip the per-element mask), and for each tile:
@@ -53,8 +53,9 @@ struct Config {
   static_assert(D % 16 == 0 && D >= 16 && D <= 256, "head dims are padded to a multiple of 16, at most 256");
   static constexpr MmaType kType = T;
   static constexpr int kD = D;
-  // Eight warps: a K/V tile in shared memory serves 128 query rows (half the copies per row of four warps).
-  static constexpr int kWarps = 8, kThreads = 32 * kWarps;
+  // Four warps. Eight (128 rows sharing each K/V tile) measured slower on an H100: one block of 8 warps per SM
+  // (registers) against two of 4, whose barriers interleave (d128 prefill 1.85 ms against 1.50).
+  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16 * kWarps;            // query rows per block, 16 per warp
   static constexpr int kBlockN = BlockN;  // keys per tile (D = 256: fewer, for the registers and shared memory)
   static_assert(BlockN % 16 == 0 && BlockN <= 128, "key tiles of whole k-steps");
