@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "cuda/forward.h"
@@ -45,8 +47,10 @@ __global__ void __launch_bounds__(C::kThreads) forward_kernel(DeviceProblem p) {
   blk.finish(w, wi, st);
 }
 
-// Split-KV's combine step: one thread per output element (cuda/forward_block.h combine_split).
-__global__ void __launch_bounds__(256) combine_kernel(DeviceProblem p) {
+// Split-KV's combine step: one thread per output element (cuda/forward_block.h combine_split), blocks of 64 so
+// that a decode step's few rows still spread over many SMs.
+constexpr int kCombineThreads = 64;
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(DeviceProblem p) {
   const i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= p.B * p.Hq * p.Sq * p.Dv) return;
   const i64 d = e % p.Dv, row = e / p.Dv;
@@ -55,6 +59,34 @@ __global__ void __launch_bounds__(256) combine_kernel(DeviceProblem p) {
 }
 
 constexpr int kCachedDevices = 64;  // devices whose kernel attributes are remembered (more: asked every call)
+
+// attn's own stream-ordered memory pool on device `dev`: what a launch allocates (the key lengths, split-KV's
+// parts) stays cached in it between calls (release threshold: unlimited), so a decode step's allocation costs no
+// mapping of memory, and the device's default pool (which other libraries share) keeps its settings. It holds at
+// most what one call needed at the most. Devices past kCachedDevices use the default pool.
+cudaError_t scratch_alloc(void** ptr, std::size_t bytes, int dev, cudaStream_t stream) {
+  static std::mutex mutex;
+  static cudaMemPool_t pools[kCachedDevices] = {};
+  cudaMemPool_t pool = nullptr;
+  if (dev >= 0 && dev < kCachedDevices) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (pools[dev] == nullptr) {
+      cudaMemPoolProps props{};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = dev;
+      if (cudaMemPoolCreate(&pools[dev], &props) == cudaSuccess) {
+        std::uint64_t keep = ~std::uint64_t{0};
+        (void)cudaMemPoolSetAttribute(pools[dev], cudaMemPoolAttrReleaseThreshold, &keep);
+      } else {
+        pools[dev] = nullptr;
+        (void)cudaGetLastError();
+      }
+    }
+    pool = pools[dev];
+  }
+  return pool ? cudaMallocFromPoolAsync(ptr, bytes, pool, stream) : cudaMallocAsync(ptr, bytes, stream);
+}
 
 // ATTN_CUDA_KV_SPLITS=n (tests): every launch splits the keys into n parts, whatever the heuristic says.
 i64 forced_splits() {
@@ -89,8 +121,9 @@ Status launch(const core::Problem& p) {
   for (i64 n : p.kv_len) longest = n > longest ? n : longest, uniform &= n == p.Skv;
   const std::size_t bytes = uniform ? 0 : p.kv_len.size() * sizeof(std::int64_t);
   if (bytes > 0)
-    if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&kv_len), bytes, stream); e != cudaSuccess)
-      return launch_error(e, "cudaMallocAsync of the key lengths");
+    if (cudaError_t e = scratch_alloc(reinterpret_cast<void**>(&kv_len), bytes, p.device.index, stream);
+        e != cudaSuccess)
+      return launch_error(e, "the allocation of the key lengths");
   float* parts = nullptr;  // split-KV's partial results
   cudaError_t e = bytes > 0 ? cudaMemcpyAsync(kv_len, p.kv_len.data(), bytes, cudaMemcpyHostToDevice, stream) : cudaSuccess;
   if (e == cudaSuccess) {
@@ -120,7 +153,7 @@ Status launch(const core::Problem& p) {
                                                          static_cast<i64>(per_sm) * sms);
       if (dp.splits > 1) {
         const i64 rows = dp.splits * p.B * p.Hq * p.Sq;
-        e = cudaMallocAsync(reinterpret_cast<void**>(&parts), static_cast<std::size_t>(rows * (p.Dv + 1)) * 4, stream);
+        e = scratch_alloc(reinterpret_cast<void**>(&parts), static_cast<std::size_t>(rows * (p.Dv + 1)) * 4, dev, stream);
         if (e != cudaSuccess) return;
         dp.part_o = parts, dp.part_lse = parts + rows * p.Dv;
       }
@@ -129,7 +162,7 @@ Status launch(const core::Problem& p) {
       e = cudaGetLastError();
       if (e != cudaSuccess || dp.splits == 1) return;
       const i64 elems = p.B * p.Hq * p.Sq * p.Dv;
-      combine_kernel<<<static_cast<unsigned>(sched::ceil_div(elems, 256)), 256, 0, stream>>>(dp);
+      combine_kernel<<<static_cast<unsigned>(sched::ceil_div(elems, kCombineThreads)), kCombineThreads, 0, stream>>>(dp);
       e = cudaGetLastError();
     });
   }

@@ -476,19 +476,32 @@ ATTN_UNROLL
 
 // Element (b, h, i, d) of the output and the row's LSE from the parts of split-KV: the parts' finished rows merged
 // as core::merge merges states (state_from_lse: each part a state in natural-log units), then the sink absorbed
-// (core::finish_with_sink), as the CPU's split-KV finishes a row. One thread per element on the device.
+// (core::finish_with_sink), as the CPU's split-KV finishes a row. One thread per element on the device; the parts
+// are read kCombineBatch at a time, their loads all issued before the first merge (one memory round trip per
+// batch, not per part).
 struct Combined {
   float out, lse;
 };
+inline constexpr int kCombineBatch = 8;
 ATTN_HD Combined combine_split(const DeviceProblem& p, i64 b, i64 h, i64 i, i64 d) {
   core::RowState st;
   float acc = 0.0f;
-  for (i64 s = 0; s < p.splits; ++s) {
-    const i64 row = p.part_row(s, b, h, i);
-    const core::Merged r = core::merge_weights(st, core::state_from_lse(p.part_lse[row]), static_cast<float>(core::kLog2e));
-    if (r.take == core::Merged::Take::b) acc = p.part_o[row * p.Dv + d];
-    if (r.take == core::Merged::Take::both) acc = acc * r.wa + p.part_o[row * p.Dv + d] * r.wb;
-    st = r.state;
+  for (i64 s0 = 0; s0 < p.splits; s0 += kCombineBatch) {
+    float lse[kCombineBatch], o[kCombineBatch];
+ATTN_UNROLL
+    for (int u = 0; u < kCombineBatch; ++u) {
+      const bool in = s0 + u < p.splits;
+      const i64 row = p.part_row(in ? s0 + u : s0, b, h, i);
+      lse[u] = in ? p.part_lse[row] : core::kNegInf;  // past the last part: empty, merged as nothing
+      o[u] = in ? p.part_o[row * p.Dv + d] : 0.0f;
+    }
+ATTN_UNROLL
+    for (int u = 0; u < kCombineBatch; ++u) {
+      const core::Merged r = core::merge_weights(st, core::state_from_lse(lse[u]), static_cast<float>(core::kLog2e));
+      if (r.take == core::Merged::Take::b) acc = o[u];
+      if (r.take == core::Merged::Take::both) acc = acc * r.wa + o[u] * r.wb;
+      st = r.state;
+    }
   }
   const core::Finish f = core::finish_with_sink(st.m, st.l, 1.0, p.sink(h));
   return {core::finish_output(acc, st.l, f.factor), f.lse};
