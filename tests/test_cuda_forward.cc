@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -111,9 +112,17 @@ TEST_P(CudaForwardModel, MatchesFp64Reference) {
 }
 
 // Split-KV: the keys in 3 parts (parts of whole tiles, some empty where a row has few), merged by the combine
-// step; every registry case, sinks and LSE included. The part buffers start as NaN: a part row the combine reads
-// but no block wrote shows.
-TEST_P(CudaForwardModel, SplitKvMatchesFp64Reference) {
+// step; every other registry case (the device test takes them all), sinks and LSE included. The part buffers
+// start as NaN: a part row the combine reads but no block wrote shows.
+class CudaForwardSplitModel : public ::testing::TestWithParam<Case> {};
+
+std::vector<Case> split_cases() {
+  std::vector<Case> all = gpu_cases(), out;
+  for (std::size_t i = 0; i < all.size(); i += 2) out.push_back(all[i]);
+  return out;
+}
+
+TEST_P(CudaForwardSplitModel, SplitKvMatchesFp64Reference) {
   ATTN_SKIP_UNLESS_SAMPLED();
   check_case(GetParam(), [](Instance& in) {
     core::Problem p;
@@ -220,8 +229,71 @@ TEST(CudaForwardDevice, SplitKvRegistryMatchesFp64Reference) {
   unsetenv("ATTN_CUDA_KV_SPLITS");
 }
 
+// merge_attention on CUDA tensors (src/cuda/merge.cu) against the same call on the host: both are
+// core::merge_weights, so they agree to the last bit or two; rows with one or both sides empty (lse = -inf)
+// included, and the merge in place into side a.
+TEST(CudaForwardDevice, MergeMatchesTheHost) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda::probe().error << ")";
+  const std::int64_t B = 2, H = 3, S = 37, D = 40, rows = B * H * S;
+  std::vector<float> oa(rows * D), ob(rows * D), la(rows), lb(rows);
+  std::uint64_t x = 12345;
+  const auto rnd = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<double>(x >> 11) * 0x1p-53 * 8.0 - 4.0);
+  };
+  for (float& v : oa) v = rnd();
+  for (float& v : ob) v = rnd();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    la[r] = r % 7 == 0 ? -std::numeric_limits<float>::infinity() : rnd();
+    lb[r] = r % 5 == 0 ? -std::numeric_limits<float>::infinity() : rnd();
+  }
+  const auto view = [&](const void* d, bool lse) {
+    return lse ? TensorView::contiguous(d, DType::f32, {B, H, S}) : TensorView::contiguous(d, DType::f32, {B, H, S, D});
+  };
+  std::vector<float> host_o(rows * D, std::nanf("")), host_l(rows, std::nanf(""));
+  ASSERT_TRUE(merge_attention(view(oa.data(), false), view(la.data(), true), view(ob.data(), false),
+                              view(lb.data(), true), view(host_o.data(), false), view(host_l.data(), true))
+                  .ok());
+  cuda::DeviceBuffer doa, dla, dob, dlb;
+  ASSERT_TRUE(cuda::DeviceBuffer::create(0, oa.data(), oa.size() * 4, &doa).ok());
+  ASSERT_TRUE(cuda::DeviceBuffer::create(0, la.data(), la.size() * 4, &dla).ok());
+  ASSERT_TRUE(cuda::DeviceBuffer::create(0, ob.data(), ob.size() * 4, &dob).ok());
+  ASSERT_TRUE(cuda::DeviceBuffer::create(0, lb.data(), lb.size() * 4, &dlb).ok());
+  const Device gpu = Device::cuda(0);
+  const Status s = merge_attention(view(doa.data(), false).on(gpu), view(dla.data(), true).on(gpu),
+                                   view(dob.data(), false).on(gpu), view(dlb.data(), true).on(gpu),
+                                   view(doa.data(), false).on(gpu), view(dla.data(), true).on(gpu));
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<float> dev_o(rows * D), dev_l(rows);
+  ASSERT_TRUE(doa.read(dev_o.data()).ok());
+  ASSERT_TRUE(dla.read(dev_l.data()).ok());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (std::isinf(host_l[r])) {
+      EXPECT_EQ(dev_l[r], host_l[r]) << "row " << r;
+    } else {
+      EXPECT_NEAR(dev_l[r], host_l[r], 1e-6f * (1 + std::fabs(host_l[r]))) << "row " << r;
+    }
+    for (std::int64_t d = 0; d < D; ++d)
+      EXPECT_NEAR(dev_o[r * D + d], host_o[r * D + d], 1e-6f * (1 + std::fabs(host_o[r * D + d])))
+          << "row " << r << " dim " << d;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Registry, CudaForwardModel, ::testing::ValuesIn(gpu_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Registry, CudaForwardSplitModel, ::testing::ValuesIn(split_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
+
+// The split-KV half of the registry still has every kind the parts could get wrong: sinks (absorbed once),
+// paged K/V, key lengths (empty parts), causal and windowed ranges, dropout.
+TEST(CudaForwardSplitModel, CoversTheKindsThatMatter) {
+  bool paged = false, sinks = false, lens = false, window = false, dropout = false, causal = false;
+  for (const Case& c : split_cases()) {
+    paged |= c.page_size > 0, sinks |= c.sinks, lens |= c.kv_lens, dropout |= c.dropout > 0;
+    window |= c.window.left >= 0 || c.window.right >= 0, causal |= c.causal != Causal::none;
+  }
+  EXPECT_TRUE(paged && sinks && lens && window && dropout && causal);
+}
 
 // Every kind of registry case the CPU takes in bf16/f16 is among them: masks, windows, variants, paging, GQA.
 TEST(CudaForwardModel, CoversTheRegistrysKinds) {
