@@ -18,8 +18,9 @@ semantics as FlashAttention:
 Gradients flow through flash_attn_func, the packed forms and flash_attn_varlen_func (attn's deterministic
 backward; `deterministic` is accepted and always true). flash_attn_with_kvcache appends k and v to the cache in
 place and has no backward, as in FlashAttention.
-Not implemented (a NotImplementedError naming the argument): rotary embedding (rotary_cos / rotary_sin: apply it
-to q and k first), cache_batch_idx, cache_leftpad, block_table in the varlen form. return_attn_probs gives
+flash_attn_with_kvcache takes FlashAttention's rotary embedding (rotary_cos / rotary_sin, interleaved or
+half-split, rotary_dim <= headdim), cache_batch_idx and cache_leftpad; flash_attn_varlen_func takes block_table
+(paged keys and values, forward only). return_attn_probs gives
 FlashAttention's S_dmask from flash_attn_func and the packed forms (the softmax weights, negated where dropout
 dropped them, so that FlashAttention's tests can read the dropout mask), None from the varlen form.
 """
@@ -55,12 +56,6 @@ def _flash_lse(lse):
     """attn's -inf for a row without keys as FlashAttention's +inf."""
     torch = _torch()
     return torch.where(lse == float("-inf"), torch.full_like(lse, float("inf")), lse)
-
-
-def _not_implemented(**kwargs):
-    for name, value in kwargs.items():
-        if value is not None:
-            raise NotImplementedError(f"{name}: not implemented by attn's FlashAttention API on the CPU")
 
 
 def _attend(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, seed=None, kv_lens=None):
@@ -155,7 +150,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return_attn_probs, (out, softmax_lse [nheads, total_q], None). With dropout, sequence b draws its mask from
     the seed (one draw from torch's generator per call) plus b times a fixed odd constant, so sequences differ."""
     torch = _torch()
-    _not_implemented(block_table=block_table)
+    if block_table is not None:
+        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                             causal, window_size, softcap, alibi_slopes, return_attn_probs, block_table)
     for name, x in (("q", q), ("k", k), ("v", v)):
         _tensor(name, x, 3, "[total, nheads, headdim]")
     starts_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, max_seqlen_q, q.shape[0])
@@ -186,20 +183,97 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return out, _flash_lse(lse), None
 
 
+def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+                  window_size, softcap, alibi_slopes, return_attn_probs, block_table):
+    """flash_attn_varlen_func with block_table (chunked prefill over a paged cache, as FlashAttention takes it):
+    k, v [num_blocks, page_block_size, nheads_k, headdim] pages; block_table [batch, max_blocks] (int32): page n
+    of sequence b; cu_seqlens_k the cumulative key counts (each sequence's keys are the first ones of its pages).
+    Forward only, no dropout (as in FlashAttention)."""
+    torch = _torch()
+    _tensor("q", q, 3, "[total_q, nheads, headdim]")
+    _tensor("k", k, 4, "[num_blocks, page_block_size, nheads_k, headdim] with block_table")
+    _tensor("v", v, 4, "[num_blocks, page_block_size, nheads_k, headdim] with block_table")
+    _tensor("block_table", block_table, 2, "[batch, max_blocks_per_seq]")
+    if dropout_p and dropout_p > 0:
+        raise ValueError(f"dropout_p: {dropout_p} with block_table; expected 0 (the paged form is for inference)")
+    starts_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, max_seqlen_q, q.shape[0])
+    if not isinstance(cu_seqlens_k, torch.Tensor) or cu_seqlens_k.dim() != 1:
+        raise TypeError("cu_seqlens_k: expected a 1-D int32 torch.Tensor [batch + 1] of cumulative key counts")
+    starts_k = [int(x) for x in cu_seqlens_k.tolist()]
+    batch = len(starts_q) - 1
+    if len(starts_k) != batch + 1 or starts_k[0] != 0 or any(b < a for a, b in zip(starts_k, starts_k[1:])):
+        raise ValueError(f"cu_seqlens_k: {starts_k}; expected {batch + 1} non-decreasing offsets from 0")
+    if block_table.shape[0] != batch:
+        raise ValueError(f"block_table: {block_table.shape[0]} rows; expected batch = {batch}")
+    capacity = block_table.shape[1] * k.shape[1]
+    outs, lses = [], []
+    with torch.no_grad():
+        for b in range(batch):
+            n = starts_k[b + 1] - starts_k[b]
+            if n > capacity or n > int(max_seqlen_k):
+                raise ValueError(f"cu_seqlens_k: sequence {b} has {n} keys; expected at most max_seqlen_k = "
+                                 f"{int(max_seqlen_k)} and the {capacity} slots of its block_table row")
+            qs = q[starts_q[b]:starts_q[b + 1]].unsqueeze(0)
+            slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+            out, lse = attention_paged(qs.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_table[b:b + 1],
+                                       torch.tensor([n], dtype=torch.int64), is_causal=bool(causal),
+                                       causal_alignment="bottom_right", scale=softmax_scale,
+                                       window=_window(window_size), return_lse=True, softcap=softcap,
+                                       alibi_slopes=slopes)
+            outs.append(out.transpose(1, 2)[0])
+            lses.append(lse[0])
+    out = torch.cat(outs, 0) if outs else q.new_empty((0, q.shape[1], v.shape[3]))
+    if not return_attn_probs:
+        return out
+    lse = torch.cat(lses, 1) if lses else q.new_empty((q.shape[1], 0), dtype=torch.float32)
+    return out, _flash_lse(lse), None
+
+
+def _rotary(x, cos, sin, positions, interleaved):
+    """FlashAttention's rotary embedding of x [batch, seqlen, nheads, headdim] at positions [batch, seqlen] (rows
+    of cos/sin [seqlen_ro, rotary_dim / 2]): the first rotary_dim dims turned in pairs, (0, 1), (2, 3), ... when
+    interleaved (GPT-J), (i, i + rotary_dim / 2) otherwise (GPT-NeoX); the other dims unchanged. In float32,
+    rounded once to x's dtype, as FlashAttention's kernel does."""
+    torch = _torch()
+    half = cos.shape[1]
+    c = cos[positions].float().unsqueeze(2)  # [batch, seqlen, 1, half]
+    s = sin[positions].float().unsqueeze(2)
+    xr = x[..., :2 * half].float()
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        turned = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :half], xr[..., half:]
+        turned = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((turned.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
+
+def _index_list(name, t, batch, what):
+    torch = _torch()
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: expected a 1-D int32 torch.Tensor [batch] ({what})")
+    if t.shape[0] != batch:
+        raise ValueError(f"{name}: {t.shape[0]} entries; expected batch = {batch}")
+    return [int(x) for x in t.tolist()]
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
     """Decode (and chunked prefill) against a KV cache. q [batch, seqlen_q, nheads, headdim]; the cache is
     k_cache, v_cache [batch, seqlen_cache, nheads_k, headdim], or pages [num_blocks, block_size, nheads_k, headdim]
-    with block_table [batch, max_blocks] (int32). cache_seqlens (int or [batch] int32): the keys already in the
-    cache (None: the whole cache). k, v [batch, seqlen_new, nheads_k, headdim], when given, are written into the
-    cache in place after them, and attention runs over cache_seqlens + seqlen_new keys. num_splits is ignored
-    (attn chooses its own split-KV). Returns out [batch, seqlen_q, nheads, headdim] (and softmax_lse
-    [batch, nheads, seqlen_q] with return_softmax_lse). No autograd."""
+    with block_table [batch, max_blocks] (int32). cache_seqlens (int or [batch] int32): where each sequence's
+    cached keys end (None: the whole cache). k, v [batch, seqlen_new, nheads_k, headdim], when given, are written
+    into the cache in place from there, and attention runs over the keys [cache_leftpad, cache_seqlens +
+    seqlen_new) of the sequence's cache row. cache_batch_idx [batch] (int32): the cache row of each sequence
+    (None: row b; not with block_table). cache_leftpad [batch] (int32): where each row's keys start (None: 0;
+    causal and windows are aligned to the keys that remain). rotary_cos, rotary_sin [seqlen_ro, rotary_dim / 2]
+    (needs k and v): k is turned at positions cache_seqlens + t before it is written; q at cache_seqlens + t when
+    causal or windowed, else every query at cache_seqlens (FlashAttention's meaning); rotary_interleaved picks
+    the pairing (_rotary). num_splits is ignored (attn chooses its own split-KV). Returns out [batch, seqlen_q,
+    nheads, headdim] (and softmax_lse [batch, nheads, seqlen_q] with return_softmax_lse). No autograd."""
     torch = _torch()
-    _not_implemented(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
-                     cache_leftpad=cache_leftpad)
     _tensor("q", q, 4, "[batch, seqlen_q, nheads, headdim]")
     _tensor("k_cache", k_cache, 4, "[batch, seqlen_cache, nheads_k, headdim] or [num_blocks, block_size, nheads_k, headdim]")
     _tensor("v_cache", v_cache, 4, "like k_cache")
@@ -211,8 +285,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError(f"block_table: {block_table.shape[0]} rows; expected batch = {batch}")
         capacity = block_table.shape[1] * k_cache.shape[1]
     else:
-        if k_cache.shape[0] != batch:
-            raise ValueError(f"k_cache: batch {k_cache.shape[0]}; expected q's batch {batch}")
         capacity = k_cache.shape[1]
     if cache_seqlens is None:
         lens = [0 if k is not None else capacity] * batch
@@ -234,7 +306,48 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError(f"cache_seqlens: {n} (+ {new} new keys) for batch {b}; expected 0 <= length and "
                              f"length + seqlen_new <= the cache's {capacity} slots")
     total = [n + new for n in lens]
+    rows = list(range(batch))
+    if cache_batch_idx is not None:
+        if paged:
+            raise ValueError("cache_batch_idx: not with block_table (the block table already maps each sequence)")
+        rows = _index_list("cache_batch_idx", cache_batch_idx, batch, "each sequence's row of the cache")
+        for b, r in enumerate(rows):
+            if not 0 <= r < k_cache.shape[0]:
+                raise ValueError(f"cache_batch_idx: {r} for batch {b}; expected a row in [0, {k_cache.shape[0]})")
+    elif not paged and k_cache.shape[0] != batch:
+        raise ValueError(f"k_cache: batch {k_cache.shape[0]}; expected q's batch {batch}")
+    starts = [0] * batch
+    if cache_leftpad is not None:
+        if paged:
+            raise ValueError("cache_leftpad: not with block_table (give each sequence's pages from its first key)")
+        starts = _index_list("cache_leftpad", cache_leftpad, batch, "where each row's keys start")
+        for b, (a, n) in enumerate(zip(starts, lens)):
+            if not 0 <= a <= n:
+                raise ValueError(f"cache_leftpad: {a} for batch {b}; expected 0 <= leftpad <= cache_seqlens ({n})")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos: rotary_cos and rotary_sin come together; expected both or neither")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("rotary_cos: the rotary embedding turns the new keys; expected k and v to be given")
+        _tensor("rotary_cos", rotary_cos, 2, "[seqlen_ro, rotary_dim / 2]")
+        _tensor("rotary_sin", rotary_sin, 2, "[seqlen_ro, rotary_dim / 2]")
+        if rotary_sin.shape != rotary_cos.shape:
+            raise ValueError(f"rotary_sin: shape {list(rotary_sin.shape)}; expected rotary_cos's "
+                             f"{list(rotary_cos.shape)}")
+        if not 0 < 2 * rotary_cos.shape[1] <= q.shape[3]:
+            raise ValueError(f"rotary_cos: rotary_dim {2 * rotary_cos.shape[1]}; expected 0 < rotary_dim <= headdim "
+                             f"({q.shape[3]})")
+        last = max(lens) + max(new, q.shape[1]) - 1
+        if last >= rotary_cos.shape[0]:
+            raise ValueError(f"rotary_cos: {rotary_cos.shape[0]} positions; expected more than {last} (the last "
+                             "position turned: cache_seqlens + seqlen_new - 1)")
     with torch.no_grad():
+        if rotary_cos is not None:
+            at = torch.tensor(lens, dtype=torch.int64)[:, None]
+            k = _rotary(k, rotary_cos, rotary_sin, at + torch.arange(new), rotary_interleaved)
+            per_token = bool(causal) or _window(window_size) is not None
+            q_pos = at + (torch.arange(q.shape[1]) if per_token else torch.zeros(q.shape[1], dtype=torch.int64))
+            q = _rotary(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
         if k is not None:  # append in place
             for b in range(batch):
                 for t in range(new):
@@ -244,10 +357,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                         k_cache[blk, pos % k_cache.shape[1]] = k[b, t]
                         v_cache[blk, pos % k_cache.shape[1]] = v[b, t]
                     else:
-                        k_cache[b, pos] = k[b, t]
-                        v_cache[b, pos] = v[b, t]
+                        k_cache[rows[b], pos] = k[b, t]
+                        v_cache[rows[b], pos] = v[b, t]
         seq = torch.tensor(total, dtype=torch.int64)
-        if paged:
+        if not paged and (cache_batch_idx is not None or any(starts)):
+            # each sequence over its own row's keys [leftpad, end): views of the cache, no copy
+            outs, lses = [], []
+            for b in range(batch):
+                ks = k_cache[rows[b], starts[b]:total[b]].unsqueeze(0)
+                vs = v_cache[rows[b], starts[b]:total[b]].unsqueeze(0)
+                slopes = alibi_slopes[b:b + 1] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+                out, lse = _attend(q[b:b + 1], ks, vs, 0.0, softmax_scale, causal, window_size, softcap, slopes)
+                outs.append(out)
+                lses.append(lse)
+            out, lse = torch.cat(outs, 0), torch.cat(lses, 0)
+        elif paged:
             out, lse = attention_paged(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
                                        block_table, seq, is_causal=bool(causal), causal_alignment="bottom_right",
                                        scale=softmax_scale, window=_window(window_size), return_lse=True,

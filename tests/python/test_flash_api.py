@@ -126,8 +126,39 @@ def test_varlen_equals_one_call_per_sequence():
         torch.testing.assert_close(lse[:, cu_q[b]:cu_q[b + 1]], want_lse[0], rtol=0, atol=0)
     with pytest.raises(ValueError, match="^cu_seqlens_q: "):
         attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 16, 30)  # a sequence longer than max_seqlen_q
-    with pytest.raises(NotImplementedError, match="^block_table: "):
-        attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 17, 30, block_table=torch.zeros(4, 1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_over_pages_equals_contiguous(causal):
+    """flash_attn_varlen_func with block_table (chunked prefill over a paged cache): each sequence's keys in its
+    pages (a shuffled pool), the same result as the packed contiguous keys."""
+    gen = torch.Generator().manual_seed(11)
+    h, hk, d, block = 4, 2, 32, 8
+    lens_q, lens_k = [3, 1, 7], [9, 0, 23]
+    cu_q = torch.tensor([0, 3, 4, 11], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 9, 32], dtype=torch.int32)
+    q = torch.randn(11, h, d, generator=gen)
+    k = torch.randn(32, hk, d, generator=gen)
+    v = torch.randn(32, hk, d, generator=gen)
+    max_blocks = 3
+    pool = len(lens_k) * max_blocks
+    table = torch.randperm(pool, generator=gen).reshape(len(lens_k), max_blocks).to(torch.int32)
+    k_pages = torch.randn(pool, block, hk, d, generator=gen)  # unused slots hold noise, never read
+    v_pages = torch.randn(pool, block, hk, d, generator=gen)
+    for b, n in enumerate(lens_k):
+        for j in range(n):
+            k_pages[table[b, j // block], j % block] = k[cu_k[b] + j]
+            v_pages[table[b, j // block], j % block] = v[cu_k[b] + j]
+    want, want_lse, _ = attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 23, causal=causal, return_attn_probs=True)
+    out, lse, _ = attn.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 7, 23, causal=causal,
+                                              return_attn_probs=True, block_table=table)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="^cu_seqlens_k: "):
+        attn.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, torch.tensor([0, 9, 9, 40], dtype=torch.int32), 7, 40,
+                                    block_table=table)  # 31 keys in 3 pages of 8
+    with pytest.raises(ValueError, match="^dropout_p: "):
+        attn.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 7, 23, dropout_p=0.1, block_table=table)
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -167,8 +198,8 @@ def test_kvcache_appends_in_place_and_attends(paged):
             pos = n + t
             got = k_cache[table[s, pos // block], pos % block] if paged else k_cache[s, pos]
             torch.testing.assert_close(got, k_new[s, t], rtol=0, atol=0)
-    with pytest.raises(NotImplementedError, match="^rotary_cos: "):
-        attn.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(1), rotary_sin=torch.ones(1),
+    with pytest.raises(ValueError, match="^rotary_cos: "):  # rotary turns the new keys: k and v are needed
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(8, 4), rotary_sin=torch.ones(8, 4),
                                      cache_seqlens=cache_lens, block_table=table)
     with pytest.raises(ValueError, match="^cache_seqlens: "):
         attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cap - 1, block_table=table)
@@ -231,3 +262,86 @@ def test_dropout_as_flashattention_tests_it(causal, softcap, alibi, seqlens):
     expected = torch.autograd.grad(want, leaves, dout)
     for name, g, e in zip("qkv", got, expected):
         torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4, msg=lambda m: f"d{name}: {m}")
+
+
+def _rotary_reference(x, cos, sin, positions, interleaved):
+    """Rotary embedding written independently of attn.flash._rotary: each pair (a, b) of dims turned by the angle
+    whose cosine and sine sit at the token's position, in float64, element by element."""
+    out = x.double().clone()
+    half = cos.shape[1]
+    for bb in range(x.shape[0]):
+        for t in range(x.shape[1]):
+            p = int(positions[bb][t])
+            for i in range(half):
+                a, b = (2 * i, 2 * i + 1) if interleaved else (i, i + half)
+                c, s_ = float(cos[p, i]), float(sin[p, i])
+                xa, xb = x[bb, t, :, a].double(), x[bb, t, :, b].double()
+                out[bb, t, :, a] = xa * c - xb * s_
+                out[bb, t, :, b] = xa * s_ + xb * c
+    return out.to(x.dtype)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("rotary_fraction", [0.5, 1.0])
+def test_kvcache_rotary_batch_idx_and_leftpad(interleaved, causal, rotary_fraction):
+    """FlashAttention's rotary_cos/rotary_sin, cache_batch_idx and cache_leftpad: the new keys are turned at
+    positions cache_seqlens + t and written to row cache_batch_idx[b] from cache_seqlens[b]; the queries are turned
+    at cache_seqlens + t (causal) or all at cache_seqlens (not causal); each sequence attends its row's keys
+    [cache_leftpad, cache_seqlens + seqlen_new), causal aligned to those."""
+    gen = torch.Generator().manual_seed(21)
+    b, h, hk, d, cap, sq, new = 3, 4, 2, 32, 40, 2, 2
+    rotary_dim = int(d * rotary_fraction)
+    angles = torch.rand(cap + 4, rotary_dim // 2, generator=gen, dtype=torch.float64) * 6.3
+    cos, sin = angles.cos().float(), angles.sin().float()
+    cache_lens = torch.tensor([10, 3, 25], dtype=torch.int32)
+    leftpad = torch.tensor([4, 0, 25], dtype=torch.int32)  # the last sequence: only its new keys
+    rows = torch.tensor([2, 0, 4], dtype=torch.int32)  # a cache of 5 rows, sequences in rows 2, 0, 4
+    k_full = torch.randn(5, cap, hk, d, generator=gen)
+    v_full = torch.randn(5, cap, hk, d, generator=gen)
+    q = torch.randn(b, sq, h, d, generator=gen)
+    k_new = torch.randn(b, new, hk, d, generator=gen)
+    v_new = torch.randn(b, new, hk, d, generator=gen)
+    k_cache, v_cache = k_full.clone(), v_full.clone()
+    out, lse = attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                            cache_seqlens=cache_lens, cache_batch_idx=rows, cache_leftpad=leftpad,
+                                            causal=causal, rotary_interleaved=interleaved, return_softmax_lse=True)
+    at = [[int(cache_lens[s]) + t for t in range(new)] for s in range(b)]
+    k_ro = _rotary_reference(k_new, cos, sin, at, interleaved)
+    q_at = [[int(cache_lens[s]) + (t if causal else 0) for t in range(sq)] for s in range(b)]
+    q_ro = _rotary_reference(q, cos, sin, q_at, interleaved)
+    for s in range(b):
+        r, n, a = int(rows[s]), int(cache_lens[s]), int(leftpad[s])
+        ks = torch.cat([k_full[r, a:n], k_ro[s]])[None]
+        vs = torch.cat([v_full[r, a:n], v_new[s]])[None]
+        want, want_lse, _ = attn.flash_attn_func(q_ro[s:s + 1], ks, vs, causal=causal, return_attn_probs=True)
+        torch.testing.assert_close(out[s:s + 1], want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lse[s:s + 1], want_lse, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k_cache[r, n:n + new], k_ro[s], rtol=1e-6, atol=1e-6)  # written turned
+        torch.testing.assert_close(v_cache[r, n:n + new], v_new[s], rtol=0, atol=0)
+    untouched = [i for i in range(5) if i not in rows.tolist()]
+    torch.testing.assert_close(k_cache[untouched], k_full[untouched], rtol=0, atol=0)
+
+
+def test_kvcache_options_refused_clearly():
+    gen = torch.Generator().manual_seed(22)
+    q = torch.randn(2, 1, 2, 16, generator=gen)
+    k_cache = torch.randn(2, 8, 2, 16, generator=gen)
+    v_cache = torch.randn(2, 8, 2, 16, generator=gen)
+    k_new = torch.randn(2, 1, 2, 16, generator=gen)
+    cos = torch.ones(8, 4)
+    lens = torch.tensor([3, 5], dtype=torch.int32)
+    call = attn.flash_attn_with_kvcache
+    with pytest.raises(ValueError, match="^rotary_cos: "):  # only one of the pair
+        call(q, k_cache, v_cache, k_new, k_new, rotary_cos=cos, cache_seqlens=lens)
+    with pytest.raises(ValueError, match="^rotary_cos: "):  # rotary_dim 24 > headdim 16
+        call(q, k_cache, v_cache, k_new, k_new, rotary_cos=torch.ones(8, 12), rotary_sin=torch.ones(8, 12),
+             cache_seqlens=lens)
+    with pytest.raises(ValueError, match="^rotary_cos: "):  # position 5 needs 6 rows
+        call(q, k_cache, v_cache, k_new, k_new, rotary_cos=cos[:5], rotary_sin=cos[:5], cache_seqlens=lens)
+    with pytest.raises(ValueError, match="^cache_batch_idx: "):
+        call(q, k_cache, v_cache, cache_seqlens=lens, cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="^cache_leftpad: "):
+        call(q, k_cache, v_cache, cache_seqlens=lens, cache_leftpad=torch.tensor([4, 0], dtype=torch.int32))
+    with pytest.raises(TypeError, match="^cache_leftpad: "):
+        call(q, k_cache, v_cache, cache_seqlens=lens, cache_leftpad=[0, 0])
