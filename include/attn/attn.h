@@ -4,6 +4,7 @@
 #include "attn/additive.h"
 #include "attn/backward.h"
 #include "attn/info.h"
+#include "attn/rotary.h"
 #include "attn/sdpa.h"
 #include "attn/status.h"
 #include "attn/tensor.h"

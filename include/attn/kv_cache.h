@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "attn/rotary.h"
 #include "attn/sdpa.h"
 #include "attn/status.h"
 #include "attn/tensor.h"
@@ -52,6 +53,9 @@ class KVCache {
 
   // Appends T tokens: k [1, Hkv, T, Dk], v [1, Hkv, T, Dv], f32, bf16 or f16, any strides.
   Status append(const TensorView& k, const TensorView& v);
+  // The same with the keys turned by a rotary embedding as they are written (attn/rotary.h), token t at position
+  // length() + t; the values as given.
+  Status append(const TensorView& k, const TensorView& v, const Rotary& rotary);
   // The cached keys [1, Hkv, length, Dk] and values [1, Hkv, length, Dv] in the storage dtype, viewing the
   // cache's storage (valid until the cache is destroyed or moved); for an i8 cache their scales [1, Hkv, length]
   // (f32; an empty view otherwise): what Params::k_scale / v_scale take.
@@ -69,6 +73,7 @@ class KVCache {
   Status truncate(std::int64_t length);
 
  private:
+  Status append_impl(const TensorView& k, const TensorView& v, const Rotary* rotary);
   std::int64_t hkv_ = 0, dk_ = 0, dv_ = 0, capacity_ = 0, length_ = 0;
   DType dtype_ = DType::f32;
   std::vector<unsigned char> k_, v_;   // [Hkv, capacity, Dk] and [Hkv, capacity, Dv] in dtype_
@@ -108,6 +113,9 @@ class PagedKVCache {
   // Appends T tokens to sequence `id`: k [1, Hkv, T, Dk], v [1, Hkv, T, Dv], f32, bf16 or f16, any strides.
   // Takes pages from the free list as needed; an exhausted pool is an error and nothing changes.
   Status append(std::int64_t id, const TensorView& k, const TensorView& v);
+  // The same with the keys turned by a rotary embedding as they are written (attn/rotary.h), token t at the
+  // sequence's position length + t.
+  Status append(std::int64_t id, const TensorView& k, const TensorView& v, const Rotary& rotary);
   // The pool: k_pages [P, Hkv, page_size, Dk], v_pages [P, Hkv, page_size, Dv] in the storage dtype; for an i8
   // pool the scales [P, Hkv, page_size] (f32; an empty view otherwise).
   TensorView k_pages() const;
@@ -125,6 +133,7 @@ class PagedKVCache {
                 const Params& params = decode_params(), const std::optional<TensorView>& lse = std::nullopt) const;
 
  private:
+  Status append_impl(std::int64_t id, const TensorView& k, const TensorView& v, const Rotary* rotary);
   struct Sequence {
     std::int64_t length = 0;
     std::vector<std::int32_t> pages;

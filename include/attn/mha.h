@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attn/kv_cache.h"
+#include "attn/rotary.h"
 #include "attn/sdpa.h"
 #include "attn/status.h"
 #include "attn/tensor.h"
@@ -94,6 +95,11 @@ class MultiHeadAttention {
   // `cache` and their queries attend to the whole cache (params default to decode_params()).
   Status forward_cached(const TensorView& x, KVCache& cache, const TensorView& out,
                         const Params& params = decode_params()) const;
+  // The same with a rotary embedding (attn/rotary.h, rotary_dim <= head_dim): the new tokens' queries and keys
+  // turned at their positions cache.length() + t (the keys as the cache stores them), so a model's whole decode
+  // step is this one call.
+  Status forward_cached(const TensorView& x, KVCache& cache, const TensorView& out, const Rotary& rotary,
+                        const Params& params = decode_params()) const;
   // A batched decode step: x [B, T, d_model], row b the new tokens of sequence ids[b] of `cache`.
   Status forward_paged(const TensorView& x, PagedKVCache& cache, const std::vector<std::int64_t>& ids,
                        const TensorView& out, const Params& params = decode_params()) const;
@@ -105,6 +111,8 @@ class MultiHeadAttention {
  private:
   Status forward_impl(const TensorView& x_q, const TensorView& x_kv, const TensorView& out, const Params& params,
                       MhaSaved* saved) const;
+  Status forward_cached_impl(const TensorView& x, KVCache& cache, const TensorView& out, const Rotary* rotary,
+                             const Params& params) const;
 
   MhaConfig config_;
   MhaWeights weights_;

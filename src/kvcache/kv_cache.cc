@@ -1,6 +1,8 @@
 // KV caches: contiguous per sequence, and paged (a pool of pages with a free list).
 #include "attn/kv_cache.h"
 
+#include "kvcache/rotary_row.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -186,16 +188,19 @@ Status as_cache_error(const Status& s) {
 
 // Rows t0 .. t0+count-1 of head h of src [1, H, T, dim] into storage rows `row0`.. of `dst` (dim values each, in
 // `dtype`); for i8 each row quantised symmetrically with its scale s = max|x| / 127 into scale[row].
+// With `rotary`, each key row is turned at position position0 + t first (attn/rotary.h), then stored: the new keys
+// are rotated as they are written, never in a second pass over the cache.
 void store_rows(const TensorView& src, std::int64_t h, std::int64_t t0, std::int64_t count, DType dtype,
-                std::vector<unsigned char>& dst, std::vector<float>& scale, std::int64_t row0) {
+                std::vector<unsigned char>& dst, std::vector<float>& scale, std::int64_t row0,
+                const Rotary* rotary = nullptr, std::int64_t position0 = 0) {
   const std::int64_t dim = src.shape[3];
   std::vector<float> x(static_cast<std::size_t>(dim));
   for (std::int64_t t = 0; t < count; ++t) {
-    float amax = 0;
-    for (std::int64_t d = 0; d < dim; ++d) {
+    for (std::int64_t d = 0; d < dim; ++d)
       x[d] = core::float_at(src, h * src.strides[1] + (t0 + t) * src.strides[2] + d * src.strides[3]);
-      amax = std::max(amax, std::fabs(x[d]));
-    }
+    if (rotary) kvcache::rotate_row(x.data(), *rotary, position0 + t);
+    float amax = 0;
+    for (std::int64_t d = 0; d < dim; ++d) amax = std::max(amax, std::fabs(x[d]));
     const std::int64_t row = row0 + t;
     unsigned char* out = dst.data() + row * dim * static_cast<std::int64_t>(dtype_size(dtype));
     const float s = amax / 127.0f;  // (i8: the row's scale)
@@ -249,14 +254,22 @@ Status KVCache::create(std::int64_t kv_heads, std::int64_t head_dim, std::int64_
   return Status::Ok();
 }
 
-Status KVCache::append(const TensorView& k, const TensorView& v) {
+Status KVCache::append(const TensorView& k, const TensorView& v) { return append_impl(k, v, nullptr); }
+
+Status KVCache::append(const TensorView& k, const TensorView& v, const Rotary& rotary) {
+  return append_impl(k, v, &rotary);
+}
+
+Status KVCache::append_impl(const TensorView& k, const TensorView& v, const Rotary* rotary) {
   std::int64_t t = 0;
   if (Status s = check_pair(k, v, hkv_, dk_, dv_, dtype_, &t); !s) return s;
   if (t > capacity_ - length_)
     return Status::Invalid("k", "appending " + str(t) + " tokens to a cache holding " + str(length_) + " of " +
                                     str(capacity_) + "; expected at most " + str(capacity_ - length_));
+  if (rotary)
+    if (Status s = kvcache::check_rotary(*rotary, dk_, length_, t); !s) return s;
   for (std::int64_t h = 0; h < hkv_; ++h) {
-    store_rows(k, h, 0, t, dtype_, k_, k_scale_, h * capacity_ + length_);
+    store_rows(k, h, 0, t, dtype_, k_, k_scale_, h * capacity_ + length_, rotary, length_);
     store_rows(v, h, 0, t, dtype_, v_, v_scale_, h * capacity_ + length_);
   }
   length_ += t;
@@ -399,10 +412,20 @@ Status PagedKVCache::pages(std::int64_t id, std::vector<std::int32_t>* out) cons
 }
 
 Status PagedKVCache::append(std::int64_t id, const TensorView& k, const TensorView& v) {
+  return append_impl(id, k, v, nullptr);
+}
+
+Status PagedKVCache::append(std::int64_t id, const TensorView& k, const TensorView& v, const Rotary& rotary) {
+  return append_impl(id, k, v, &rotary);
+}
+
+Status PagedKVCache::append_impl(std::int64_t id, const TensorView& k, const TensorView& v, const Rotary* rotary) {
   const Sequence* found = nullptr;
   if (Status s = find(id, &found); !s) return s;
   std::int64_t t = 0;
   if (Status s = check_pair(k, v, hkv_, dk_, dv_, dtype_, &t); !s) return s;
+  if (rotary)
+    if (Status s = kvcache::check_rotary(*rotary, dk_, found->length, t); !s) return s;
   Sequence& seq = seqs_[id];
   const std::int64_t need = (seq.length + t + page_size_ - 1) / page_size_ - static_cast<std::int64_t>(seq.pages.size());
   if (need > free_pages())
@@ -421,7 +444,7 @@ Status PagedKVCache::append(std::int64_t id, const TensorView& k, const TensorVi
     const std::int64_t run = std::min(t - done, page_size_ - slot);
     const std::int64_t page = seq.pages[static_cast<std::size_t>(pos / page_size_)];
     for (std::int64_t h = 0; h < hkv_; ++h) {
-      store_rows(k, h, done, run, dtype_, k_, k_scale_, (page * hkv_ + h) * page_size_ + slot);
+      store_rows(k, h, done, run, dtype_, k_, k_scale_, (page * hkv_ + h) * page_size_ + slot, rotary, pos);
       store_rows(v, h, done, run, dtype_, v_, v_scale_, (page * hkv_ + h) * page_size_ + slot);
     }
     done += run;

@@ -318,6 +318,16 @@ Status MultiHeadAttention::backward(const TensorView& x_q, const TensorView& x_k
 
 Status MultiHeadAttention::forward_cached(const TensorView& x, KVCache& cache, const TensorView& out,
                                           const Params& params) const {
+  return forward_cached_impl(x, cache, out, nullptr, params);
+}
+
+Status MultiHeadAttention::forward_cached(const TensorView& x, KVCache& cache, const TensorView& out,
+                                          const Rotary& rotary, const Params& params) const {
+  return forward_cached_impl(x, cache, out, &rotary, params);
+}
+
+Status MultiHeadAttention::forward_cached_impl(const TensorView& x, KVCache& cache, const TensorView& out,
+                                               const Rotary* rotary, const Params& params) const {
   if (Status s = check_weights(); !s) return s;
   const MhaConfig& c = config_;
   Seq sx, so;
@@ -333,10 +343,14 @@ Status MultiHeadAttention::forward_cached(const TensorView& x, KVCache& cache, c
   std::vector<float> q, k, v;
   if (Status s = project_qkv(x, &q, &k, &v); !s) return s;
   const std::int64_t before = cache.length();
-  if (Status s = cache.append(TensorView::bshd(k.data(), DType::f32, 1, T, c.kv_heads, c.head_dim),
-                              TensorView::bshd(v.data(), DType::f32, 1, T, c.kv_heads, c.v_head_dim));
-      !s)
-    return s;
+  const TensorView kv_k = TensorView::bshd(k.data(), DType::f32, 1, T, c.kv_heads, c.head_dim);
+  const TensorView kv_v = TensorView::bshd(v.data(), DType::f32, 1, T, c.kv_heads, c.v_head_dim);
+  if (Status s = rotary ? cache.append(kv_k, kv_v, *rotary) : cache.append(kv_k, kv_v); !s) return s;
+  if (rotary)  // the queries at the positions their keys were written at (checked by the append)
+    if (Status s = apply_rotary(TensorView::bshd(q.data(), DType::f32, 1, T, c.heads, c.head_dim), *rotary, before); !s) {
+      (void)cache.truncate(before);
+      return s;
+    }
   std::vector<float> y(sz(T * wo), 0.0f);
   if (Status s = cache.attend(TensorView::bshd(q.data(), DType::f32, 1, T, c.heads, c.head_dim),
                               TensorView::bshd(y.data(), DType::f32, 1, T, c.heads, c.v_head_dim), params);
