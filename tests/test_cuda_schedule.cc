@@ -2,6 +2,7 @@
 // key_range, core/problem.h's kv_row_offset) on many random shapes, and the key-tile ranges against brute force.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -195,6 +196,44 @@ TEST(CudaSchedule, KvRowOffsetAgreesWithTheCpu) {
 // The functions are constexpr: a kernel can size its loops from them at compile time.
 static_assert(key_interval(Masks{100, CausalMode::bottom_right, -1, -1, true}, 80, 30).hi == 11);
 static_assert(key_tiles(Masks{128, CausalMode::top_left, -1, -1, true}, 128, 64, 128, 64).full_end == 1);
+
+// Split-KV: the parts of a block's key tiles cover its range exactly once, in order, each of at most
+// ceil(count / splits) tiles (empty ones at the end), and keep the range's masked() answers; the heuristic splits
+// only a grid that leaves the GPU idle, into parts of at least min_tiles, never more than max_splits.
+TEST(CudaSchedule, SplitTilesCoverTheRangeOnce) {
+  for (const TileRange whole : {TileRange{0, 0, 0, 0}, TileRange{0, 1, 0, 1}, TileRange{3, 17, 5, 16},
+                                TileRange{0, 512, 0, 512}, TileRange{7, 8, 8, 8}})
+    for (i64 splits = 1; splits <= 70; ++splits) {
+      i64 next = whole.first;
+      const i64 per = splits <= 1 ? whole.count() : ceil_div(whole.count(), splits);
+      for (i64 s = 0; s < splits; ++s) {
+        const TileRange part = split_tiles(whole, s, splits);
+        EXPECT_EQ(part.first, std::min(next, whole.end)) << splits << " " << s;
+        EXPECT_LE(part.count(), per);
+        EXPECT_GE(part.count(), 0);
+        for (i64 t = part.first; t < part.end; ++t) EXPECT_EQ(part.masked(t), whole.masked(t));
+        next = std::max(next, part.end);
+      }
+      EXPECT_EQ(next, whole.end) << splits;
+    }
+}
+
+TEST(CudaSchedule, KvSplitsOnlyWhereTheGridLeavesTheGpuIdle) {
+  EXPECT_EQ(kv_splits(512, 64, 264), 1);   // a 64-sequence decode fills an H100 already
+  EXPECT_EQ(kv_splits(8, 512, 264), 66);   // one sequence, 8 KV heads, 32k keys: about two waves
+  EXPECT_EQ(kv_splits(8, 12, 264), 3);     // short keys: parts of at least 4 tiles
+  EXPECT_EQ(kv_splits(8, 3, 264), 1);      // too short to split
+  EXPECT_EQ(kv_splits(1, 100000, 264), 128);  // at most max_splits
+  EXPECT_EQ(kv_splits(0, 100, 264), 1);
+  for (i64 blocks = 1; blocks < 600; blocks += 7)
+    for (i64 tiles = 1; tiles < 2000; tiles += 37) {
+      const i64 s = kv_splits(blocks, tiles, 264);
+      EXPECT_GE(s, 1);
+      EXPECT_LE(s, 128);
+      if (s > 1) EXPECT_GE(tiles / s, 4 - 1) << blocks << " " << tiles;  // parts of about min_tiles or more
+      if (blocks >= 264) EXPECT_EQ(s, 1);
+    }
+}
 
 }  // namespace
 
