@@ -62,8 +62,9 @@ constexpr int kCachedDevices = 64;  // devices whose kernel attributes are remem
 
 // attn's own stream-ordered memory pool on device `dev`: what a launch allocates (the key lengths, split-KV's
 // parts) stays cached in it between calls (release threshold: unlimited), so a decode step's allocation costs no
-// mapping of memory, and the device's default pool (which other libraries share) keeps its settings. It holds at
-// most what one call needed at the most. Devices past kCachedDevices use the default pool.
+// mapping of memory, and the device's default pool (which other libraries share) keeps its settings. It keeps at
+// most the largest amount the calls in flight at one time have needed. Devices past kCachedDevices use the default
+// pool.
 cudaError_t scratch_alloc(void** ptr, std::size_t bytes, int dev, cudaStream_t stream) {
   static std::mutex mutex;
   static cudaMemPool_t pools[kCachedDevices] = {};
