@@ -117,9 +117,11 @@ fuzz-campaign:
 # $(GPU_BUILD) with the CUDA backend required (the tools and MPI parts off; the tests on where GoogleTest is
 # installed), then the layout self-test (the real mma.sync / ldmatrix against src/cuda/fragment.h, the host model's
 # per-warp code against the device), every bf16/f16 registry case through attention() on the GPU against the
-# fp64 reference, and compute-sanitizer memcheck and racecheck on the first GPU_SANITIZE_CASES of them; JSON and
-# logs under $(GPU_RESULTS), a short table of every step last. Without a GPU it stops with one line,
-# "no CUDA device (...)", and exit status 77.
+# fp64 reference (whole and split-KV), the benchmark against PyTorch's SDPA backends on the same inputs where
+# PyTorch with CUDA is installed (bench/gpu: attn_gpu_bench, peers.py; attn's outputs judged against fp64 at full
+# size), and compute-sanitizer memcheck and racecheck on the first GPU_SANITIZE_CASES cases; JSON and logs under
+# $(GPU_RESULTS), a short table of every step last. Without a GPU it stops with one line, "no CUDA device (...)",
+# and exit status 77. ATTN_GPU_PREBUILT=1 make test-gpu GPU_BUILD=dir runs programs built elsewhere.
 GPU_BUILD ?= $(BUILD)-gpu
 GPU_RESULTS ?= $(GPU_BUILD)/gpu-results
 GPU_SANITIZE_CASES ?= 6

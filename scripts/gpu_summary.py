@@ -49,13 +49,13 @@ def main():
             rows.append(("registry on the GPU, compute-sanitizer", f.read().strip()))
     else:
         rows.append(("registry on the GPU vs the fp64 reference", registry_line(os.path.join(results, "registry.json"))))
-        for name, key in (("benchmark (attn_gpu_bench)", "bench"), ("PyTorch SDPA peers, fp64 at full size", "peers")):
-            p = os.path.join(results, f"{key}.status")
-            rows.append((name, open(p).read().strip() if os.path.exists(p) else "not run"))
         for tool in ("memcheck", "racecheck"):
             p = os.path.join(results, f"{tool}.status")
             text = open(p).read().strip() if os.path.exists(p) else "not run"
             rows.append((f"compute-sanitizer {tool} (first {sanitize_cases} cases)", text))
+    for name, key in (("benchmark (attn_gpu_bench)", "bench"), ("PyTorch SDPA peers, fp64 at full size", "peers")):
+        p = os.path.join(results, f"{key}.status")
+        rows.append((name, open(p).read().strip() if os.path.exists(p) else "not run"))
     width = max(len(r[0]) for r in rows)
     print(f"\nmake test-gpu on {device}")
     for name, result in rows:
