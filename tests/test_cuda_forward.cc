@@ -61,7 +61,8 @@ Status run_host_model(const core::Problem& p, std::int64_t splits = 1) {
         const int stage = static_cast<int>((t - tiles.first) & 1);
         if (t + 1 < tiles.end)
           for (int wi = 0; wi < C::kWarps; ++wi) block.load_kv(w, wi, t + 1, stage ^ 1);
-        for (int wi = 0; wi < C::kWarps; ++wi) block.compute(w, wi, warps[wi], t, stage, tiles.masked(t));
+        for (int wi = 0; wi < C::kWarps; ++wi)
+          if (block.warp_active(wi)) block.compute(w, wi, warps[wi], t, stage, tiles.masked(t));
       }
       for (int wi = 0; wi < C::kWarps; ++wi) block.finish(w, wi, warps[wi]);
     }

@@ -27,6 +27,7 @@ __global__ void __launch_bounds__(C::kThreads) forward_kernel(DeviceProblem p) {
   // copies of unaligned views are done when load_kv returns). The host model (tests/test_cuda_forward.cc) runs
   // the same steps in the same order.
   blk.begin(w, wi, st);
+  const bool active = blk.warp_active(wi);
   const sched::TileRange tiles = blk.tiles();
   if (tiles.first < tiles.end) blk.load_kv(w, wi, tiles.first, 0);
   DeviceWarp::commit();
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(C::kThreads) forward_kernel(DeviceProblem p) {
       DeviceWarp::wait<0>();
     }
     __syncthreads();  // ... and every thread's
-    blk.compute(w, wi, st, t, stage, tiles.masked(t));
+    if (active) blk.compute(w, wi, st, t, stage, tiles.masked(t));
     __syncthreads();  // every warp is done with this stage before it is loaded again
   }
   DeviceWarp::wait<0>();

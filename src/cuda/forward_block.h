@@ -178,6 +178,11 @@ struct ForwardBlock {
   ATTN_HD Row row_at(i64 rr) const { return sched::packed_row(r0 + rr, hk, p.group, p.Sq, Sr); }
   ATTN_HD i64 head_or_first(const Row& r) const { return r.valid ? r.h : hk * p.group; }
 
+  // Whether warp wi holds any real row (padding rows are a block's last rows): a warp of padding rows only, as most
+  // of a decode step's block are, copies its share of the tiles and skips compute(). Asked once per block (a
+  // 64-bit division).
+  ATTN_HD bool warp_active(int wi) const { return row_at(16 * wi).valid; }
+
   ATTN_HD sched::TileRange tiles() const {
     return sched::split_tiles(sched::key_tiles(masks_of(p), len, i_lo, i_hi, C::kBlockN), split, p.splits);
   }
@@ -284,7 +289,6 @@ ATTN_UNROLL
   // One key tile for one warp, its K and V in shared-memory stage `stage`: S = Q·Kᵀ, scores, online softmax,
   // O += P·V. `masked`: the tile needs the per-element interval mask (TileRange::masked).
   ATTN_HD void compute(const W& w, int wi, Warp& st, i64 t, int stage, bool masked) const {
-    if (!row_at(16 * wi).valid) return;  // padding rows only (they are a block's last rows): nothing to compute
     const auto lane = W::lane();
     const std::uint32_t base = w.smem_address(smem);
     const i64 j0 = t * C::kBlockN;
