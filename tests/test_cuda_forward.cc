@@ -189,9 +189,18 @@ class OnDevice {
 
 // The same cases on the GPU through attention() / attention_paged() (make test-gpu), when there is one: one
 // test over all of them, so that machines without a GPU pay one skipped test.
-TEST(CudaForwardDevice, RegistryMatchesFp64Reference) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda::probe().error << ")";
-  // ATTN_DEVICE_CASES=n: the first n cases only (make test-gpu's compute-sanitizer runs).
+// Every GPU case on device 0 (ATTN_DEVICE_CASES=n: the first n only, for make test-gpu's compute-sanitizer runs);
+// `splits` > 0 forces that many split-KV parts (ATTN_CUDA_KV_SPLITS) for the duration.
+void registry_on_device(const char* splits) {
+  struct ForcedSplits {
+    explicit ForcedSplits(const char* n) : on(n != nullptr) {
+      if (on) setenv("ATTN_CUDA_KV_SPLITS", n, 1);
+    }
+    ~ForcedSplits() {
+      if (on) unsetenv("ATTN_CUDA_KV_SPLITS");
+    }
+    bool on;
+  } forced(splits);
   const char* limit = std::getenv("ATTN_DEVICE_CASES");
   std::vector<Case> cases = gpu_cases();
   if (limit) cases.resize(std::min(cases.size(), static_cast<std::size_t>(std::strtoul(limit, nullptr, 10))));
@@ -204,30 +213,20 @@ TEST(CudaForwardDevice, RegistryMatchesFp64Reference) {
       if (Status s = dev.back(); !s) return s;
       return run;
     });
-    if (HasFatalFailure()) return;
+    if (::testing::Test::HasFatalFailure()) return;
   }
+}
+
+TEST(CudaForwardDevice, RegistryMatchesFp64Reference) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda::probe().error << ")";
+  registry_on_device(nullptr);
 }
 
 // The same with the keys split into 3 parts (split-KV and its combine kernel; the launch's heuristic splits only
 // long key ranges, which the registry's cases are not).
 TEST(CudaForwardDevice, SplitKvRegistryMatchesFp64Reference) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda::probe().error << ")";
-  const char* limit = std::getenv("ATTN_DEVICE_CASES");
-  std::vector<Case> cases = gpu_cases();
-  if (limit) cases.resize(std::min(cases.size(), static_cast<std::size_t>(std::strtoul(limit, nullptr, 10))));
-  setenv("ATTN_CUDA_KV_SPLITS", "3", 1);
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name());
-    check_case(c, [](Instance& in) {
-      OnDevice dev(in);
-      if (Status s = dev.move(); !s) return s;
-      const Status run = in.run(Backend::flash, 0, true);
-      if (Status s = dev.back(); !s) return s;
-      return run;
-    });
-    if (HasFatalFailure()) break;
-  }
-  unsetenv("ATTN_CUDA_KV_SPLITS");
+  registry_on_device("3");
 }
 
 // merge_attention on CUDA tensors (src/cuda/merge.cu) against the same call on the host: both are

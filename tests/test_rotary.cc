@@ -144,6 +144,17 @@ TEST(Rotary, CachesTurnKeysAsTheyAreWritten) {
                                  t.rotary(interleaved), pos)
                         .ok());
         ASSERT_TRUE(plain_cache.append(TensorView::contiguous(k_turned.data(), DType::f32, {1, Hkv, n, D}), vv).ok());
+        if (dtype == DType::f32) {  // the stored rows against the rotation written out in double, too
+          const TensorView keys = turned_cache.keys();
+          for (std::int64_t h = 0; h < Hkv; ++h)
+            for (std::int64_t s = 0; s < n; ++s) {
+              const std::vector<double> row(k.begin() + (h * n + s) * D, k.begin() + (h * n + s + 1) * D);
+              const std::vector<double> want = turned(row, t, pos + s, interleaved);
+              for (std::int64_t e = 0; e < D; ++e)
+                EXPECT_NEAR(static_cast<const float*>(keys.data)[h * keys.strides[1] + (pos + s) * keys.strides[2] + e],
+                            want[e], 1e-6 * (1 + std::fabs(want[e])));
+            }
+        }
         pos += n;
       }
       const std::size_t es = dtype_size(dtype);

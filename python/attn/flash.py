@@ -169,14 +169,25 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         qs = q[starts_q[b]:starts_q[b + 1]].unsqueeze(0)
         ks = k[starts_k[b]:starts_k[b + 1]].unsqueeze(0)
         vs = v[starts_k[b]:starts_k[b + 1]].unsqueeze(0)
-        slopes = alibi_slopes
-        if alibi_slopes is not None and alibi_slopes.dim() == 2:
-            slopes = alibi_slopes[b]
         seed_b = None if seed is None else (seed + b * 0x9E3779B97F4A7C15) % 2**64
-        out, lse = _attend(qs, ks, vs, dropout_p, softmax_scale, causal, window_size, softcap, slopes, seed=seed_b)
+        out, lse = _attend(qs, ks, vs, dropout_p, softmax_scale, causal, window_size, softcap,
+                           _slopes_of(alibi_slopes, b), seed=seed_b)
         outs.append(out[0])
         lses.append(lse[0])
-    out = torch.cat(outs, 0) if outs else q.new_empty((0, q.shape[1], v.shape[2]))
+    return _packed_result(outs, lses, q, v.shape[-1], return_attn_probs)
+
+
+def _slopes_of(alibi_slopes, b):
+    """Sequence b's ALiBi slopes: [nheads] for all, or row b of [batch, nheads]."""
+    return alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+
+
+def _packed_result(outs, lses, q, dv, return_attn_probs):
+    """The varlen forms' result from each sequence's out [seqlen_q, nheads, dv] and lse [nheads, seqlen_q]:
+    out [total_q, nheads, dv] (and, with return_attn_probs, FlashAttention's softmax_lse [nheads, total_q] and
+    None for S_dmask)."""
+    torch = _torch()
+    out = torch.cat(outs, 0) if outs else q.new_empty((0, q.shape[1], dv))
     if not return_attn_probs:
         return out
     lse = torch.cat(lses, 1) if lses else q.new_empty((q.shape[1], 0), dtype=torch.float32)
@@ -214,19 +225,14 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                 raise ValueError(f"cu_seqlens_k: sequence {b} has {n} keys; expected at most max_seqlen_k = "
                                  f"{int(max_seqlen_k)} and the {capacity} slots of its block_table row")
             qs = q[starts_q[b]:starts_q[b + 1]].unsqueeze(0)
-            slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
             out, lse = attention_paged(qs.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_table[b:b + 1],
                                        torch.tensor([n], dtype=torch.int64), is_causal=bool(causal),
                                        causal_alignment="bottom_right", scale=softmax_scale,
                                        window=_window(window_size), return_lse=True, softcap=softcap,
-                                       alibi_slopes=slopes)
+                                       alibi_slopes=_slopes_of(alibi_slopes, b))
             outs.append(out.transpose(1, 2)[0])
             lses.append(lse[0])
-    out = torch.cat(outs, 0) if outs else q.new_empty((0, q.shape[1], v.shape[3]))
-    if not return_attn_probs:
-        return out
-    lse = torch.cat(lses, 1) if lses else q.new_empty((q.shape[1], 0), dtype=torch.float32)
-    return out, _flash_lse(lse), None
+    return _packed_result(outs, lses, q, v.shape[-1], return_attn_probs)
 
 
 def _rotary(x, cos, sin, positions, interleaved):
@@ -366,8 +372,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             for b in range(batch):
                 ks = k_cache[rows[b], starts[b]:total[b]].unsqueeze(0)
                 vs = v_cache[rows[b], starts[b]:total[b]].unsqueeze(0)
-                slopes = alibi_slopes[b:b + 1] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
-                out, lse = _attend(q[b:b + 1], ks, vs, 0.0, softmax_scale, causal, window_size, softcap, slopes)
+                out, lse = _attend(q[b:b + 1], ks, vs, 0.0, softmax_scale, causal, window_size, softcap,
+                                   _slopes_of(alibi_slopes, b))
                 outs.append(out)
                 lses.append(lse)
             out, lse = torch.cat(outs, 0), torch.cat(lses, 0)

@@ -1,5 +1,6 @@
 // Checks of strided views shared by every entry point's validation (core/validate.cc, core/merge.cc), and one
-// element of a float view read as fp32 (the KV caches' appends, ring attention's packing).
+// element of a float view read as fp32 or written from it (the KV caches' appends, ring attention's packing, the
+// rotary embedding).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,15 @@ inline float float_at(const TensorView& t, std::int64_t off) {
     case DType::bf16: return to_float(static_cast<const bf16*>(t.data)[off]);
     case DType::f16: return to_float(static_cast<const f16*>(t.data)[off]);
     default: return static_cast<const float*>(t.data)[off];
+  }
+}
+
+// Element `off` of a float view (f32, bf16 or f16) set to x, rounded once to the view's dtype (to nearest).
+inline void store_float(const TensorView& t, std::int64_t off, float x) {
+  switch (t.dtype) {
+    case DType::bf16: static_cast<bf16*>(t.data)[off] = from_float<bf16>(x); break;
+    case DType::f16: static_cast<f16*>(t.data)[off] = from_float<f16>(x); break;
+    default: static_cast<float*>(t.data)[off] = x;
   }
 }
 

@@ -46,19 +46,11 @@ void for_each_element(const TensorView& t, F f) {
         for (std::int64_t d = 0; d < n[3]; ++d) f(a * st[0] + b * st[1] + c * st[2] + d * st[3], lin++);
 }
 
-void store(const TensorView& t, std::int64_t off, float x) {
-  switch (t.dtype) {
-    case DType::bf16: static_cast<core::bf16*>(t.data)[off] = core::from_float<core::bf16>(x); break;
-    case DType::f16: static_cast<core::f16*>(t.data)[off] = core::from_float<core::f16>(x); break;
-    default: static_cast<float*>(t.data)[off] = x;
-  }
-}
-
 void to_f32(const TensorView& t, float* dst) {
   for_each_element(t, [&](std::int64_t off, std::int64_t i) { dst[i] = core::float_at(t, off); });
 }
 void from_f32(const float* src, const TensorView& t) {
-  for_each_element(t, [&](std::int64_t off, std::int64_t i) { store(t, off, src[i]); });
+  for_each_element(t, [&](std::int64_t off, std::int64_t i) { core::store_float(t, off, src[i]); });
 }
 // The view's elements, in logical order, as raw bytes (same dtype): what travels.
 void pack(const TensorView& t, unsigned char* dst) {

@@ -1,8 +1,6 @@
 // KV caches: contiguous per sequence, and paged (a pool of pages with a free list).
 #include "attn/kv_cache.h"
 
-#include "kvcache/rotary_row.h"
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -13,6 +11,7 @@
 
 #include "core/convert.h"
 #include "core/views.h"
+#include "kvcache/rotary_row.h"
 
 namespace attn {
 namespace {

@@ -5,7 +5,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/convert.h"
 #include "core/views.h"
 #include "kvcache/rotary_row.h"
 
@@ -64,14 +63,7 @@ Status apply_rotary(const TensorView& x, const Rotary& rotary, std::int64_t posi
         const std::int64_t at = b * x.strides[0] + h * x.strides[1] + t * x.strides[2];
         for (std::int64_t d = 0; d < x.shape[3]; ++d) row[d] = core::float_at(x, at + d * x.strides[3]);
         kvcache::rotate_row(row.data(), rotary, position0 + t);
-        for (std::int64_t d = 0; d < x.shape[3]; ++d) {
-          const std::int64_t o = at + d * x.strides[3];
-          switch (x.dtype) {
-            case DType::bf16: static_cast<core::bf16*>(x.data)[o] = core::from_float<core::bf16>(row[d]); break;
-            case DType::f16: static_cast<core::f16*>(x.data)[o] = core::from_float<core::f16>(row[d]); break;
-            default: static_cast<float*>(x.data)[o] = row[d];
-          }
-        }
+        for (std::int64_t d = 0; d < x.shape[3]; ++d) core::store_float(x, at + d * x.strides[3], row[d]);
       }
   return Status::Ok();
 }

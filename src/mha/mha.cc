@@ -345,12 +345,12 @@ Status MultiHeadAttention::forward_cached_impl(const TensorView& x, KVCache& cac
   const std::int64_t before = cache.length();
   const TensorView kv_k = TensorView::bshd(k.data(), DType::f32, 1, T, c.kv_heads, c.head_dim);
   const TensorView kv_v = TensorView::bshd(v.data(), DType::f32, 1, T, c.kv_heads, c.v_head_dim);
-  if (Status s = rotary ? cache.append(kv_k, kv_v, *rotary) : cache.append(kv_k, kv_v); !s) return s;
-  if (rotary)  // the queries at the positions their keys were written at (checked by the append)
-    if (Status s = apply_rotary(TensorView::bshd(q.data(), DType::f32, 1, T, c.heads, c.head_dim), *rotary, before); !s) {
-      (void)cache.truncate(before);
+  // The queries turned first (the same checks the append makes of the tables; q is this call's own copy), then
+  // the keys as the cache stores them, at the same positions.
+  if (rotary)
+    if (Status s = apply_rotary(TensorView::bshd(q.data(), DType::f32, 1, T, c.heads, c.head_dim), *rotary, before); !s)
       return s;
-    }
+  if (Status s = rotary ? cache.append(kv_k, kv_v, *rotary) : cache.append(kv_k, kv_v); !s) return s;
   std::vector<float> y(sz(T * wo), 0.0f);
   if (Status s = cache.attend(TensorView::bshd(q.data(), DType::f32, 1, T, c.heads, c.head_dim),
                               TensorView::bshd(y.data(), DType::f32, 1, T, c.heads, c.v_head_dim), params);
