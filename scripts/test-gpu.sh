@@ -4,11 +4,14 @@
 # 1. configure BUILD_DIR with the CUDA backend required (ATTN_CUDA=ON; tools and MPI off; the tests on where
 #    GoogleTest is installed) and build the GPU programs;
 # 2. the layout self-test (attn_gpu_selftest): without a usable GPU it says so in one line and this exits 77;
-# 3. every bf16/f16 registry case through attention() on the GPU against the fp64 reference (CudaForwardDevice);
+# 3. every bf16/f16 registry case through attention() on the GPU against the fp64 reference (CudaForwardDevice):
+#    attn's own kernel (whole and split-KV), cuDNN's path on the cases it takes, the automatic choice, and the
+#    backward (cuDNN's) on the backward registry's bf16/f16 cases;
 # 4. the benchmark: attn_gpu_bench on bench/gpu/shapes.json (CUDA events), then, where PyTorch with CUDA is
 #    installed, bench/gpu/peers.py: PyTorch's SDPA backends on the same inputs in the same run, the machine's
 #    measured ceilings, and attn's output at full size against an fp64 reference;
-# 5. compute-sanitizer memcheck and racecheck on the first SANITIZE_CASES registry cases, where it is installed;
+# 5. compute-sanitizer memcheck and racecheck on the first SANITIZE_CASES registry cases through attn's own kernels
+#    (whole, split-KV, the merge), where it is installed (cuDNN's kernels are cuDNN's to sanitize);
 # then a short table of every step (scripts/gpu_summary.py), last, whatever failed. Everything lands in RESULTS_DIR.
 # ATTN_GPU_PREBUILT=1: BUILD_DIR already holds the three programs (tests/cuda/attn_gpu_selftest, tests/cuda/
 # attn_gpu_bench and, where GoogleTest was there, tests/test_cuda_forward), built on another machine: nothing is
@@ -31,6 +34,13 @@ else
   [ $tests = ON ] && targets+=(test_cuda_forward)
   cmake --build "$build" -j "$jobs" --target "${targets[@]}" || exit 1
 fi
+# cuDNN for the cuDNN path (loaded at run time): the toolkit's where it has one, else PyTorch's wheels'
+# (nvidia-cudnn-cu13); the cuDNN frontend also loads libcudart.so.13. Both directories go on LD_LIBRARY_PATH.
+if [ -z "${ATTN_CUDNN_LIBRARY:-}" ]; then
+  libdirs=$(python3 "$here/gpu_libdirs.py" 2>/dev/null)
+  [ -n "$libdirs" ] && export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "cuDNN and libcudart from: ${libdirs:-the default search path}"
+fi
 mkdir -p "$results"
 rm -f "$results"/registry.json "$results"/*.status "$results"/attn-bench.json "$results"/gpu-bench.json
 timeout "$step_timeout" "$build/tests/cuda/attn_gpu_selftest" --out "$results"
@@ -39,6 +49,7 @@ status=$?
 if [ $tests = ON ]; then
   timeout "$step_timeout" "$build/tests/test_cuda_forward" --gtest_filter='CudaForwardDevice.*' \
     --gtest_output=json:"$results/registry.json" > "$results/registry.txt" 2>&1 || status=1
+  grep -E '^\[ (cudnn|backward) ' "$results/registry.txt"
   tail -n 5 "$results/registry.txt"
 fi
 dump=$(mktemp -d)
@@ -67,7 +78,9 @@ if [ $tests = ON ]; then
     if ! command -v compute-sanitizer >/dev/null; then
       echo "not installed" > "$results/$tool.status"
     elif ATTN_DEVICE_CASES=$sanitize_cases timeout "$step_timeout" compute-sanitizer --tool $tool --error-exitcode 1 \
-        "$build/tests/test_cuda_forward" --gtest_filter='CudaForwardDevice.*' > "$results/$tool.txt" 2>&1; then
+        "$build/tests/test_cuda_forward" \
+        --gtest_filter='CudaForwardDevice.RegistryMatches*:CudaForwardDevice.SplitKv*:CudaForwardDevice.Merge*' \
+        > "$results/$tool.txt" 2>&1; then
       echo "pass" > "$results/$tool.status"
     else
       echo "FAIL (see $tool.txt)" > "$results/$tool.status"

@@ -17,6 +17,9 @@
 
 #include "cases.h"
 #include "core/problem.h"
+#include "core/backward_problem.h"
+#include "cuda/cudnn_sdpa.h"
+#include "cuda/exact_row.h"
 #include "cuda/forward.h"
 #include "cuda/runtime.h"
 #include "cuda/warp.h"
@@ -90,15 +93,32 @@ std::vector<Case> gpu_cases() {
 // Runs case c through `run` (the host model, or the device) with the outputs poisoned first (cases.h
 // run_poisoned: nothing outside the output view may change), and checks them against the fp64 reference by the
 // tolerance rule.
-void check_case(const Case& c, const std::function<Status(Instance&)>& run) {
+// tensor_cores: the case must be one the tensor-core kernel takes (else any: the exact path, cuDNN).
+void check_case(const Case& c, const std::function<Status(Instance&)>& run, bool tensor_cores = true) {
   Instance in = instantiate(c);
   core::Problem p;
   ASSERT_TRUE(in.problem(Backend::flash, 1, true, &p).ok());
   const reference::Result ref = reference::attention<double>(p);
   const reference::Result naive = reference::attention<float>(p);
-  ASSERT_TRUE(cuda::fwd::supports(p).ok()) << cuda::fwd::supports(p).message();
+  if (tensor_cores) ASSERT_TRUE(cuda::fwd::supports(p).ok()) << cuda::fwd::supports(p).message();
   const Outputs r = run_poisoned(in, run);
   expect_matches_reference(c, in, ref, naive, r, /*with_lse=*/true, cuda::fwd::kernel_name(p));
+}
+
+// The exact path (cuda/exact_row.h) on the host: every thread of the launch, in order.
+Status run_exact_model(const core::Problem& p) {
+  if (Status s = cuda::fwd::exact_supports(p); !s) return s;
+  const bool uniform = std::all_of(p.kv_len.begin(), p.kv_len.end(), [&](std::int64_t n) { return n == p.Skv; });
+  const cuda::DeviceProblem dp = cuda::device_problem(p, uniform ? nullptr : p.kv_len.data());
+  const std::int64_t total = cuda::exact::threads(dp);
+  for (std::int64_t t = 0; t < total; ++t) {
+    if (cuda::fwd::general_variant(p)) {
+      cuda::exact::exact_thread<cuda::fwd::GeneralVariant>(dp, t);
+    } else {
+      cuda::exact::exact_thread<cuda::fwd::PlainVariant>(dp, t);
+    }
+  }
+  return Status::Ok();
 }
 
 class CudaForwardModel : public ::testing::TestWithParam<Case> {};
@@ -132,11 +152,12 @@ TEST_P(CudaForwardSplitModel, SplitKvMatchesFp64Reference) {
   });
 }
 
-// A case's tensors on CUDA device 0: each storage copied to a device buffer, the views (and the Params' views)
-// pointed there; back() copies out and lse back into host storage and restores the host views.
+// A case's tensors on CUDA device 0 (and its gradients', for the backward): each storage copied to a device
+// buffer, the views (and the Params' views) pointed there; back() copies the outputs (out, lse, the gradients)
+// back into host storage and restores the host views.
 class OnDevice {
  public:
-  explicit OnDevice(Instance& in) : in_(in) {}
+  explicit OnDevice(Instance& in, GradInstance* g = nullptr) : in_(in), g_(g) {}
   Status move() {
     for (Tensor* t : tensors())
       if (!t->storage.empty()) {
@@ -152,10 +173,15 @@ class OnDevice {
   }
   Status back() {
     for (Moved& m : moved_) {
-      if (m.t == &in_.out || m.t == &in_.lse)
+      const bool output = g_ ? (m.t == &g_->dq || m.t == &g_->dk || m.t == &g_->dv || m.t == &g_->dsinks)
+                             : (m.t == &in_.out || m.t == &in_.lse);
+      if (output)
         if (Status s = m.buffer.read(m.t->storage.data()); !s) return s;
       m.t->view = m.host;
     }
+    for (std::optional<TensorView>* v : {&in_.params.kv_lens, &in_.params.mask, &in_.params.k_scale,
+                                         &in_.params.v_scale, &in_.params.alibi_slopes, &in_.params.sinks})
+      if (*v) **v = on_host(**v);
     return Status::Ok();
   }
 
@@ -167,8 +193,11 @@ class OnDevice {
   };
   std::vector<Tensor*> tensors() {
     Instance& i = in_;
-    return {&i.q, &i.k, &i.v, &i.out, &i.lse, &i.mask, &i.kv_lens, &i.alibi, &i.sinks, &i.k_pages, &i.v_pages,
-            &i.page_table, &i.seq_lens, &i.k_scale, &i.v_scale, &i.k_scale_pages, &i.v_scale_pages};
+    std::vector<Tensor*> all{&i.q,        &i.k,       &i.v,        &i.out,           &i.lse,          &i.mask,
+                             &i.kv_lens,  &i.alibi,   &i.sinks,    &i.k_pages,       &i.v_pages,      &i.page_table,
+                             &i.seq_lens, &i.k_scale, &i.v_scale, &i.k_scale_pages, &i.v_scale_pages};
+    if (g_) all.insert(all.end(), {&g_->dout, &g_->dq, &g_->dk, &g_->dv, &g_->dsinks});
+    return all;
   }
   // The view over the device copy of the storage that holds v's data.
   TensorView on_device(TensorView v) const {
@@ -183,15 +212,36 @@ class OnDevice {
     }
     return v;
   }
+  // The view over the host storage of a device view (the inverse of on_device).
+  TensorView on_host(TensorView v) const {
+    for (const Moved& m : moved_) {
+      const auto* base = static_cast<const unsigned char*>(m.buffer.data());
+      const auto* at = static_cast<const unsigned char*>(v.data);
+      if (at >= base && at <= base + m.buffer.bytes()) {
+        v.data = m.t->storage.data() + (at - base);
+        v.device = Device::cpu();
+        return v;
+      }
+    }
+    return v;
+  }
   Instance& in_;
+  GradInstance* g_;
   std::vector<Moved> moved_;
 };
 
 // The same cases on the GPU through attention() / attention_paged() (make test-gpu), when there is one: one
 // test over all of them, so that machines without a GPU pay one skipped test.
-// Every GPU case on device 0 (ATTN_DEVICE_CASES=n: the first n only, for make test-gpu's compute-sanitizer runs);
-// `splits` > 0 forces that many split-KV parts (ATTN_CUDA_KV_SPLITS) for the duration.
-void registry_on_device(const char* splits) {
+// Every GPU case on device 0 (ATTN_DEVICE_CASES=n: the first n only, for make test-gpu's compute-sanitizer runs)
+// through `backend`; `splits` > 0 forces that many split-KV parts (ATTN_CUDA_KV_SPLITS) for the duration. With
+// Backend::cudnn the cases cuDNN refuses (its host rule, or its graph) are counted and skipped; the rest must
+// pass. Counts the cases run and those cuDNN refused in *ran, *refused.
+// all: every registry case (fp32 and 8-bit ones through the exact path), not only the bf16/f16 ones.
+void registry_on_device(const char* splits, Backend backend = Backend::flash, int* ran = nullptr,
+                        int* refused = nullptr, bool all = false) {
+  int ran_here = 0, refused_here = 0;
+  if (!ran) ran = &ran_here;
+  if (!refused) refused = &refused_here;
   struct ForcedSplits {
     explicit ForcedSplits(const char* n) : on(n != nullptr) {
       if (on) setenv("ATTN_CUDA_KV_SPLITS", n, 1);
@@ -202,18 +252,34 @@ void registry_on_device(const char* splits) {
     bool on;
   } forced(splits);
   const char* limit = std::getenv("ATTN_DEVICE_CASES");
-  std::vector<Case> cases = gpu_cases();
+  std::vector<Case> cases = all ? registry() : gpu_cases();
   if (limit) cases.resize(std::min(cases.size(), static_cast<std::size_t>(std::strtoul(limit, nullptr, 10))));
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name());
-    check_case(c, [](Instance& in) {
-      OnDevice dev(in);
-      if (Status s = dev.move(); !s) return s;
-      const Status run = in.run(Backend::flash, 0, true);
-      if (Status s = dev.back(); !s) return s;
-      return run;
-    });
-    if (::testing::Test::HasFatalFailure()) return;
+    if (backend == Backend::cudnn) {  // does cuDNN take it? (a run on the device, its output not judged)
+      Instance probe = instantiate(c);
+      OnDevice dev(probe);
+      ASSERT_TRUE(dev.move().ok());
+      const Status s = probe.run(Backend::cudnn, 0, true);
+      (void)dev.back();
+      if (!s) {
+        ASSERT_EQ(s.code(), StatusCode::unsupported) << s.message();
+        ++*refused;
+        continue;
+      }
+    }
+    check_case(
+        c,
+        [backend](Instance& in) {
+          OnDevice dev(in);
+          if (Status s = dev.move(); !s) return s;
+          const Status run = in.run(backend, 0, true);
+          if (Status s = dev.back(); !s) return s;
+          return run;
+        },
+        /*tensor_cores=*/!all && backend == Backend::flash);
+    ++*ran;
+    if (::testing::Test::HasFatalFailure()) break;
   }
 }
 
@@ -227,6 +293,86 @@ TEST(CudaForwardDevice, RegistryMatchesFp64Reference) {
 TEST(CudaForwardDevice, SplitKvRegistryMatchesFp64Reference) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda::probe().error << ")";
   registry_on_device("3");
+}
+
+// cuDNN's path (Backend::cudnn) on every case it takes; those it refuses are counted (its host rule refuses dense
+// masks, windows, softcap, ALiBi, sinks, dropout, head dims not multiples of 8, unaligned views).
+TEST(CudaForwardDevice, CudnnRegistryMatchesFp64Reference) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda::probe().error << ")";
+  int ran = 0, refused = 0;
+  registry_on_device(nullptr, Backend::cudnn, &ran, &refused);
+  std::printf("[ cudnn    ] %d registry cases through cuDNN, %d refused (attn's own kernel takes them)\n", ran,
+              refused);
+  RecordProperty("cudnn_cases", ran);
+  RecordProperty("cudnn_refused", refused);
+  if (!std::getenv("ATTN_DEVICE_CASES")) EXPECT_GT(ran, 0);
+}
+
+// Backend::automatic on every registry case, fp32 and 8-bit K/V included: cuDNN where it takes the case, attn's
+// tensor-core kernel where it takes it, the exact path for the rest; all must pass.
+TEST(CudaForwardDevice, AutomaticRegistryMatchesFp64Reference) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda::probe().error << ")";
+  registry_on_device(nullptr, Backend::automatic, nullptr, nullptr, /*all=*/true);
+}
+
+// The exact path on every registry case (ATTN_CUDA_EXACT=1 sends the bf16/f16 ones there too).
+TEST(CudaForwardDevice, ExactRegistryMatchesFp64Reference) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda::probe().error << ")";
+  setenv("ATTN_CUDA_EXACT", "1", 1);
+  registry_on_device(nullptr, Backend::flash, nullptr, nullptr, /*all=*/true);
+  unsetenv("ATTN_CUDA_EXACT");
+}
+
+// The backward on the GPU (cuDNN's, deterministic) on the backward registry's bf16/f16 cases it takes, against
+// the fp64 reference by the gradient tolerance rule, gradients NaN-poisoned; twice, the same bits.
+TEST(CudaForwardDevice, BackwardMatchesFp64Reference) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (" << cuda::probe().error << ")";
+  int ran = 0, refused = 0;
+  for (const Case& c : backward_registry()) {
+    if (!gpu_dtypes(c)) continue;
+    SCOPED_TRACE(c.name());
+    Instance in = instantiate(c);
+    GradInstance g = instantiate_grads(c);
+    Params fwd = in.params;
+    fwd.backend = Backend::flash;
+    ASSERT_TRUE(attention(in.q.view, in.k.view, in.v.view, in.out.view, fwd, in.lse.view).ok());
+    core::BackwardProblem bp;
+    ASSERT_TRUE(core::validate_backward(in.q.view, in.k.view, in.v.view, in.out.view, in.lse.view, g.dout.view,
+                                        g.dq.view, g.dk.view, g.dv.view, in.params, std::nullopt, &bp).ok());
+    if (!cuda::cudnn::takes_backward(bp)) {
+      ++refused;
+      continue;
+    }
+    const reference::Grads ref = reference::attention_backward<double>(bp.fwd, bp.dout);
+    const reference::Grads naive = reference::attention_backward<float>(bp.fwd, bp.dout);
+    std::vector<std::vector<unsigned char>> first;
+    for (int rep = 0; rep < 2; ++rep) {
+      g.dq.poison(), g.dk.poison(), g.dv.poison();
+      OnDevice dev(in, &g);
+      ASSERT_TRUE(dev.move().ok());
+      const Status s = attention_backward(in.q.view, in.k.view, in.v.view, in.out.view, in.lse.view, g.dout.view,
+                                          g.dq.view, g.dk.view, g.dv.view, in.params);
+      ASSERT_TRUE(dev.back().ok());
+      if (!s && rep == 0 && s.code() == StatusCode::unsupported) {  // cuDNN's graph refused it
+        ++refused;
+        break;
+      }
+      ASSERT_TRUE(s.ok()) << s.message();
+      EXPECT_EQ(gradient_failures(c, in, g, bp.fwd.scale, ref, naive), "");
+      std::vector<std::vector<unsigned char>> bits{g.dq.storage, g.dk.storage, g.dv.storage};
+      if (rep == 0) {
+        first = bits;
+        ++ran;
+      } else {
+        EXPECT_TRUE(bits == first) << "the backward's bits differ between two runs";
+      }
+    }
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  std::printf("[ backward ] %d backward registry cases through cuDNN, %d not taken\n", ran, refused);
+  RecordProperty("backward_cases", ran);
+  RecordProperty("backward_refused", refused);
+  if (!std::getenv("ATTN_DEVICE_CASES")) EXPECT_GT(ran, 0);
 }
 
 // merge_attention on CUDA tensors (src/cuda/merge.cu) against the same call on the host: both are
@@ -279,6 +425,24 @@ TEST(CudaForwardDevice, MergeMatchesTheHost) {
   }
 }
 
+// The exact path on every registry case (fp32, 8-bit K/V, head dims past 256, and the bf16/f16 ones too): the
+// same function the device runs, thread after thread, outputs poisoned, against the fp64 reference.
+class CudaExactModel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaExactModel, MatchesFp64Reference) {
+  ATTN_SKIP_UNLESS_SAMPLED();
+  check_case(
+      GetParam(),
+      [](Instance& in) {
+        core::Problem p;
+        if (Status s = in.problem(Backend::flash, 1, true, &p); !s) return s;
+        return run_exact_model(p);
+      },
+      /*tensor_cores=*/false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, CudaExactModel, ::testing::ValuesIn(registry()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 INSTANTIATE_TEST_SUITE_P(Registry, CudaForwardModel, ::testing::ValuesIn(gpu_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 INSTANTIATE_TEST_SUITE_P(Registry, CudaForwardSplitModel, ::testing::ValuesIn(split_cases()),

@@ -1,12 +1,15 @@
 // attn_gpu_bench: attn's CUDA forward on the shapes of bench/gpu/shapes.json, timed with CUDA events
 // (`make test-gpu` runs it; bench/gpu/peers.py times PyTorch's SDPA backends on the same shapes and joins them).
+// Each shape runs twice: "own" (Backend::flash, attn's own kernel) and "auto" (Backend::automatic: cuDNN where it
+// takes the shape); shapes marked "backward" also time attention_backward (cuDNN's, deterministic; run twice, the
+// same bits).
 //
 // For each shape: seeded random bf16 Q/K/V on the device (never zeros), the output poisoned with NaN, one checked
 // call (every output element written and finite), then `--warmup` untimed calls and `--iters` timed ones, each
 // between two events; the median is reported with FLOP/s (FlashAttention's count: 4·B·Hq·Sq·Skv·D, halved for a
 // causal square) and the bytes the call must move (Q, K, V read once, O written once). With --dump DIR the inputs
-// and the output of each shape are written as raw little-endian bf16 (<id>.q/.k/.v/.o) so that peers.py can judge
-// attn's output against an fp64 reference at full size.
+// and the output of each shape are written as raw little-endian bf16 (<id>.q/.k/.v/.o) (<id>.auto.o for the automatic path's output)
+// so that peers.py can judge attn's output against an fp64 reference at full size.
 //
 // usage: attn_gpu_bench --shapes FILE [--out FILE.json] [--dump DIR] [--warmup N] [--iters N] [--only ID,...]
 // exit: 0 every shape ran and checked, 1 a shape failed, 2 bad usage, 77 no CUDA device.
@@ -32,6 +35,7 @@ struct Shape {
   std::string id;
   std::int64_t B = 1, Hq = 1, Hkv = 1, Sq = 1, Skv = 1, D = 64;
   bool causal = false;
+  bool backward = false;  // also time attention_backward (cuDNN's, deterministic) on this shape
 };
 
 // A deliberately small reader for the flat list of flat objects bench/gpu/shapes.json holds (the file is ours).
@@ -66,6 +70,7 @@ std::vector<Shape> read_shapes(const std::string& path, std::string* error) {
     s.B = std::stoll(field("B")), s.Hq = std::stoll(field("Hq")), s.Hkv = std::stoll(field("Hkv"));
     s.Sq = std::stoll(field("Sq")), s.Skv = std::stoll(field("Skv")), s.D = std::stoll(field("D"));
     s.causal = field("causal") == "true";
+    s.backward = field("backward") == "true";
     shapes.push_back(s);
     pos = end;
   }
@@ -126,15 +131,19 @@ bool write_raw(const std::string& path, const void* data, std::size_t bytes) {
   return static_cast<bool>(f);
 }
 
-Result run_shape(const Shape& s, int warmup, int iters, const std::string& dump) {
+// One shape through attention() with `backend` (flash: attn's own kernel; automatic: cuDNN where it takes the
+// shape), or, with `backward`, through attention_backward() (dO random, the forward's O and LSE first).
+Result run_shape(const Shape& s, attn::Backend backend, bool backward, int warmup, int iters, const std::string& dump) {
   Result r;
   const std::size_t nq = s.B * s.Hq * s.Sq * s.D, nk = s.B * s.Hkv * s.Skv * s.D;
   const std::vector<std::uint16_t> hq = random_bf16(nq, 1), hk = random_bf16(nk, 2), hv = random_bf16(nk, 3);
   std::vector<std::uint16_t> ho(nq, 0x7fc0);  // NaN
-  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr, *dout = nullptr, *dq = nullptr,
+       *dk = nullptr, *dv = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   auto cleanup = [&] {
-    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o);
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse), cudaFree(dout), cudaFree(dq), cudaFree(dk),
+        cudaFree(dv);
     if (start) cudaEventDestroy(start);
     if (stop) cudaEventDestroy(stop);
   };
@@ -155,36 +164,72 @@ Result run_shape(const Shape& s, int warmup, int iters, const std::string& dump)
   const attn::TensorView to = attn::TensorView::contiguous(o, attn::DType::bf16, {s.B, s.Hq, s.Sq, s.D}).on(dev);
   attn::Params p;
   p.causal = s.causal ? attn::Causal::bottom_right : attn::Causal::none;
+  p.backend = backend;
+  const std::size_t rows = static_cast<std::size_t>(s.B * s.Hq * s.Sq);
+  attn::TensorView tl, tdo, tdq, tdk, tdv;
+  if (backward) {
+    const std::vector<std::uint16_t> hdo = random_bf16(nq, 4);
+    if (!ok(cudaMalloc(&lse, rows * 4), "cudaMalloc lse", &r.error) || !ok(cudaMalloc(&dout, nq * 2), "cudaMalloc dout", &r.error) ||
+        !ok(cudaMalloc(&dq, nq * 2), "cudaMalloc dq", &r.error) || !ok(cudaMalloc(&dk, nk * 2), "cudaMalloc dk", &r.error) ||
+        !ok(cudaMalloc(&dv, nk * 2), "cudaMalloc dv", &r.error) ||
+        !ok(cudaMemcpy(dout, hdo.data(), nq * 2, cudaMemcpyHostToDevice), "copy dout", &r.error) ||
+        !ok(cudaMemset(dk, 0xff, nk * 2), "poison dk", &r.error)) {
+      cleanup();
+      return r;
+    }
+    tl = attn::TensorView::contiguous(lse, attn::DType::f32, {s.B, s.Hq, s.Sq}).on(dev);
+    tdo = attn::TensorView::contiguous(dout, attn::DType::bf16, {s.B, s.Hq, s.Sq, s.D}).on(dev);
+    tdq = attn::TensorView::contiguous(dq, attn::DType::bf16, {s.B, s.Hq, s.Sq, s.D}).on(dev);
+    tdk = attn::TensorView::contiguous(dk, attn::DType::bf16, {s.B, s.Hkv, s.Skv, s.D}).on(dev);
+    tdv = attn::TensorView::contiguous(dv, attn::DType::bf16, {s.B, s.Hkv, s.Skv, s.D}).on(dev);
+    if (attn::Status st = attn::attention(tq, tk, tv, to, p, tl); !st) {
+      r.error = "attention: " + st.message();
+      cleanup();
+      return r;
+    }
+  }
+  const auto call = [&]() -> attn::Status {
+    return backward ? attn::attention_backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, p) : attn::attention(tq, tk, tv, to, p);
+  };
   attn::KernelInfo info;
-  if (attn::Status st = attn::describe_attention(tq, tk, tv, to, p, std::nullopt, &info); !st) {
-    r.error = "describe_attention: " + st.message();
+  const attn::Status described = backward ? attn::describe_attention_backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, p, &info)
+                                          : attn::describe_attention(tq, tk, tv, to, p, std::nullopt, &info);
+  if (!described) {
+    r.error = "describe: " + described.message();
     cleanup();
     return r;
   }
   r.kernel = info.kernel;
-  if (attn::Status st = attn::attention(tq, tk, tv, to, p); !st) {
-    r.error = "attention: " + st.message();
+  if (attn::Status st = call(); !st) {
+    r.error = (backward ? "attention_backward: " : "attention: ") + st.message();
     cleanup();
     return r;
   }
   if (!ok(cudaDeviceSynchronize(), "first call", &r.error) ||
-      !ok(cudaMemcpy(ho.data(), o, nq * 2, cudaMemcpyDeviceToHost), "copy out", &r.error)) {
+      !ok(cudaMemcpy(ho.data(), backward ? dk : o, (backward ? nk : nq) * 2, cudaMemcpyDeviceToHost), "copy out", &r.error)) {
     cleanup();
     return r;
   }
   for (std::uint16_t x : ho) r.nonfinite += !std::isfinite(from_bf16(x));
-  if (!dump.empty()) {
+  if (backward) {  // bitwise determinism: a second run gives the same dK
+    std::vector<std::uint16_t> again(nk);
+    if (call().ok() && cudaMemcpy(again.data(), dk, nk * 2, cudaMemcpyDeviceToHost) == cudaSuccess &&
+        std::memcmp(again.data(), ho.data(), nk * 2) != 0)
+      r.error = "attention_backward: two runs gave different dK bits";
+  }
+  if (!dump.empty() && !backward) {
     const std::string base = dump + "/" + s.id;
+    const std::string out = base + (backend == attn::Backend::flash ? ".o" : ".auto.o");
     if (!write_raw(base + ".q", hq.data(), nq * 2) || !write_raw(base + ".k", hk.data(), nk * 2) ||
-        !write_raw(base + ".v", hv.data(), nk * 2) || !write_raw(base + ".o", ho.data(), nq * 2))
+        !write_raw(base + ".v", hv.data(), nk * 2) || !write_raw(out, ho.data(), nq * 2))
       r.error = "--dump: cannot write " + base + ".*";
   }
-  for (int i = 0; i < warmup; ++i) attn::attention(tq, tk, tv, to, p);
+  for (int i = 0; i < warmup; ++i) (void)call();
   std::vector<double> ms, host;
   for (int i = 0; i < iters && r.error.empty(); ++i) {
     cudaEventRecord(start);
     const auto t0 = std::chrono::steady_clock::now();
-    const attn::Status st = attn::attention(tq, tk, tv, to, p);
+    const attn::Status st = call();
     host.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     cudaEventRecord(stop);
     if (!st) r.error = "attention: " + st.message();
@@ -246,28 +291,38 @@ int main(int argc, char** argv) {
   json << "{\n  \"program\": \"attn_gpu_bench\",\n  \"device\": \"" << prop.name << "\",\n  \"warmup\": " << warmup
        << ",\n  \"iters\": " << iters << ",\n  \"rows\": [";
   bool all_ok = true, first = true;
-  std::printf("%-10s %-48s %10s %10s %9s %8s\n", "shape", "kernel", "median ms", "TFLOP/s", "GB/s", "host us");
+  std::printf("%-4s %-8s %-52s %10s %10s %9s %8s\n", "id", "path", "kernel", "median ms", "TFLOP/s", "GB/s", "host us");
+  struct Run {
+    const char* path;  // "own": Backend::flash; "auto": Backend::automatic (cuDNN where it takes the shape)
+    attn::Backend backend;
+    bool backward;
+  };
   for (const Shape& s : shapes) {
     if (!only.empty() && only.find("," + s.id + ",") == std::string::npos) continue;
-    const Result r = run_shape(s, warmup, iters, dump);
-    const double square_causal = s.causal ? 0.5 : 1.0;  // FlashAttention's convention (exact for Sq = Skv)
-    const double flops = 4.0 * s.B * s.Hq * s.Sq * s.Skv * s.D * square_causal;
-    const double bytes = 2.0 * (2.0 * s.B * s.Hq * s.Sq * s.D + 2.0 * s.B * s.Hkv * s.Skv * s.D);
-    const bool good = r.error.empty() && r.nonfinite == 0;
-    all_ok &= good;
-    const double tflops = good ? flops / (r.median_ms * 1e-3) / 1e12 : 0;
-    const double gbps = good ? bytes / (r.median_ms * 1e-3) / 1e9 : 0;
-    if (good)
-      std::printf("%-10s %-48s %10.4f %10.1f %9.0f %8.1f\n", s.id.c_str(), r.kernel.c_str(), r.median_ms, tflops, gbps,
-                  r.host_us);
-    else
-      std::printf("%-10s FAILED: %s (%zu non-finite outputs)\n", s.id.c_str(), r.error.c_str(), r.nonfinite);
-    json << (first ? "\n" : ",\n") << "    {\"id\": \"" << s.id << "\", \"kernel\": \"" << r.kernel
-         << "\", \"ok\": " << (good ? "true" : "false") << ", \"error\": \"" << quoted(r.error) << "\", \"nonfinite\": "
-         << r.nonfinite << ", \"median_ms\": " << r.median_ms << ", \"min_ms\": " << r.min_ms
-         << ", \"max_ms\": " << r.max_ms << ", \"host_us\": " << r.host_us << ", \"flops\": " << flops << ", \"bytes\": " << bytes
-         << ", \"tflops\": " << tflops << ", \"gbps\": " << gbps << "}";
-    first = false;
+    std::vector<Run> runs{{"own", attn::Backend::flash, false}, {"auto", attn::Backend::automatic, false}};
+    if (s.backward) runs.push_back({"backward", attn::Backend::automatic, true});
+    for (const Run& run : runs) {
+      const Result r = run_shape(s, run.backend, run.backward, warmup, iters, dump);
+      const double square_causal = s.causal ? 0.5 : 1.0;  // FlashAttention's convention (exact for Sq = Skv)
+      // The backward's count is FlashAttention's: 2.5 times the forward's (five products against two).
+      const double flops = 4.0 * s.B * s.Hq * s.Sq * s.Skv * s.D * square_causal * (run.backward ? 2.5 : 1.0);
+      const double bytes = 2.0 * (2.0 * s.B * s.Hq * s.Sq * s.D + 2.0 * s.B * s.Hkv * s.Skv * s.D) * (run.backward ? 2.0 : 1.0);
+      const bool good = r.error.empty() && r.nonfinite == 0;
+      all_ok &= good;
+      const double tflops = good ? flops / (r.median_ms * 1e-3) / 1e12 : 0;
+      const double gbps = good ? bytes / (r.median_ms * 1e-3) / 1e9 : 0;
+      if (good)
+        std::printf("%-4s %-8s %-52s %10.4f %10.1f %9.0f %8.1f\n", s.id.c_str(), run.path, r.kernel.c_str(), r.median_ms,
+                    tflops, gbps, r.host_us);
+      else
+        std::printf("%-4s %-8s FAILED: %s (%zu non-finite outputs)\n", s.id.c_str(), run.path, r.error.c_str(), r.nonfinite);
+      json << (first ? "\n" : ",\n") << "    {\"id\": \"" << s.id << "\", \"path\": \"" << run.path << "\", \"kernel\": \""
+           << quoted(r.kernel) << "\", \"ok\": " << (good ? "true" : "false") << ", \"error\": \"" << quoted(r.error)
+           << "\", \"nonfinite\": " << r.nonfinite << ", \"median_ms\": " << r.median_ms << ", \"min_ms\": " << r.min_ms
+           << ", \"max_ms\": " << r.max_ms << ", \"host_us\": " << r.host_us << ", \"flops\": " << flops
+           << ", \"bytes\": " << bytes << ", \"tflops\": " << tflops << ", \"gbps\": " << gbps << "}";
+      first = false;
+    }
   }
   json << "\n  ]\n}\n";
   if (!out_path.empty()) {

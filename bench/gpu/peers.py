@@ -68,10 +68,12 @@ def inputs(s, dump):
     ks = (s["B"], s["Hkv"], s["Skv"], s["D"])
     base = os.path.join(dump, s["id"]) if dump else None
     if base and os.path.exists(base + ".q"):
-        return load(base + ".q", qs), load(base + ".k", ks), load(base + ".v", ks), load(base + ".o", qs)
+        outs = {name: load(base + ext, qs) for name, ext in (("attn own", ".o"), ("attn auto", ".auto.o"))
+                if os.path.exists(base + ext)}
+        return load(base + ".q", qs), load(base + ".k", ks), load(base + ".v", ks), outs
     g = torch.Generator(device=DEVICE).manual_seed(0)
     rnd = lambda sh: (torch.rand(sh, device=DEVICE, generator=g) * 2 - 1).to(torch.bfloat16)
-    return rnd(qs), rnd(ks), rnd(ks), None
+    return rnd(qs), rnd(ks), rnd(ks), {}
 
 
 def expand_kv(k, Hq):
@@ -153,25 +155,28 @@ def main():
         print("peers.py: no CUDA device for PyTorch")
         return 77
     shapes = json.load(open(a.shapes))["shapes"]
-    attn_rows = {r["id"]: r for r in json.load(open(a.attn))["rows"]} if os.path.exists(a.attn) else {}
+    attn_rows = {}
+    if os.path.exists(a.attn):
+        for r in json.load(open(a.attn))["rows"]:
+            attn_rows[(r["id"], r.get("path", "own"))] = r
     ceil = ceilings(a.warmup, a.iters)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "ceilings": ceil, "rows": []}
     failed = False
     for s in shapes:
-        mine = attn_rows.get(s["id"], {})
-        q, k, v, o = inputs(s, a.dump)
+        mine = {path: attn_rows[(s["id"], path)] for path in ("own", "auto", "backward") if (s["id"], path) in attn_rows}
+        q, k, v, attn_outs = inputs(s, a.dump)
         peers, outs = run_peers(s, q, k, v, a.warmup, a.iters)
         row = {"id": s["id"], "what": s.get("what", ""), "attn": mine, "peers": peers}
-        if not a.no_accuracy and o is not None:
+        if not a.no_accuracy and attn_outs:
             outs = dict(outs)
-            outs["attn"] = o
+            outs.update(attn_outs)
             err = reference_errors(s, q, k, v, outs)
             row["max_error"] = err
-            row["attn_passes"] = err["attn"] <= 2 * err["naive bf16"] + 1e-3
+            row["attn_passes"] = all(err[n] <= 2 * err["naive bf16"] + 1e-3 for n in attn_outs)
             failed |= not row["attn_passes"]
-        failed |= not mine.get("ok", False)
+        failed |= not all(m.get("ok", False) for m in mine.values()) or not mine
         result["rows"].append(row)
-        del q, k, v, o, outs
+        del q, k, v, attn_outs, outs
         torch.cuda.empty_cache()
     if a.out:
         with open(a.out, "w") as f:
@@ -184,24 +189,35 @@ def print_table(result):
     c = result["ceilings"]
     print(f"\nattn vs PyTorch {result['torch']} SDPA on {result['device']} (bf16; median ms, CUDA events)")
     print(f"ceilings measured here: bf16 matmul {c['bf16_matmul_tflops']:.0f} TFLOP/s, copy {c['copy_gbps']:.0f} GB/s")
-    print(f"{'shape':<6}{'attn ms':>9}{'TFLOP/s':>9}{'%mm':>5}{'GB/s':>7}{'%cp':>5}"
-          f"{'flash':>9}{'cudnn':>9}{'effic':>9}{'best/attn':>10}  {'err attn':>9}{'naive':>9} ok")
+    print("own: attn's own kernel (Backend::flash); auto: Backend::automatic (cuDNN where it takes the shape)")
+    print(f"{'shape':<6}{'own ms':>8}{'auto ms':>9}{'TFLOP/s':>8}{'%mm':>5}{'GB/s':>7}{'%cp':>5}"
+          f"{'flash':>8}{'cudnn':>8}{'effic':>8}{'best/own':>9}{'best/auto':>10}  {'err own':>8}{'auto':>9}{'naive':>9} ok")
     for r in result["rows"]:
-        m = r["attn"]
-        ms = m.get("median_ms", 0) if m.get("ok") else 0
+        own, auto = r["attn"].get("own", {}), r["attn"].get("auto", {})
+        own_ms = own.get("median_ms", 0) if own.get("ok") else 0
+        auto_ms = auto.get("median_ms", 0) if auto.get("ok") else 0
+        best = auto if auto_ms else own
         peer_ms = [p["ms"] for p in r["peers"].values() if "ms" in p]
-        ratio = f"{min(peer_ms) / ms:10.2f}" if ms and peer_ms else f"{'-':>10}"
-        cols = "".join(f"{r['peers'][n]['ms']:9.3f}" if "ms" in r["peers"].get(n, {}) else f"{'n/a':>9}"
+        ratio = lambda ms: f"{min(peer_ms) / ms:9.2f}" if ms and peer_ms else f"{'-':>9}"
+        cols = "".join(f"{r['peers'][n]['ms']:8.3f}" if "ms" in r["peers"].get(n, {}) else f"{'n/a':>8}"
                        for n, _ in BACKENDS)
         e = r.get("max_error", {})
         ok = {True: "yes", False: "NO"}.get(r.get("attn_passes"), "-")
-        if ms:
-            print(f"{r['id']:<6}{ms:9.3f}{m['tflops']:9.1f}{100 * m['tflops'] / c['bf16_matmul_tflops']:5.0f}"
-                  f"{m['gbps']:7.0f}{100 * m['gbps'] / c['copy_gbps']:5.0f}{cols}{ratio}  "
-                  f"{e.get('attn', float('nan')):9.2e}{e.get('naive bf16', float('nan')):9.2e} {ok}")
+        if best.get("ok"):
+            print(f"{r['id']:<6}{own_ms:8.3f}{auto_ms:9.3f}{best['tflops']:8.1f}"
+                  f"{100 * best['tflops'] / c['bf16_matmul_tflops']:5.0f}{best['gbps']:7.0f}"
+                  f"{100 * best['gbps'] / c['copy_gbps']:5.0f}{cols}{ratio(own_ms)}{ratio(auto_ms):>10}  "
+                  f"{e.get('attn own', float('nan')):8.1e}{e.get('attn auto', float('nan')):9.1e}"
+                  f"{e.get('naive bf16', float('nan')):9.1e} {ok}")
         else:
-            print(f"{r['id']:<6}{'FAILED':>9} {m.get('error', 'not run')[:60]}{cols}")
-    print("best/attn > 1: attn is faster than the fastest PyTorch backend by that factor. %mm, %cp: of the ceilings.")
+            print(f"{r['id']:<6}{'FAILED':>8} {own.get('error', auto.get('error', 'not run'))[:60]}{cols}")
+        bwd = r["attn"].get("backward")
+        if bwd:
+            state = (f"{bwd['median_ms']:.3f} ms, {bwd['tflops']:.1f} TFLOP/s, deterministic" if bwd.get("ok")
+                     else "FAILED: " + bwd.get("error", "")[:80])
+            print(f"{'':<6}backward ({bwd.get('kernel', '')}): {state}")
+    print("best/own, best/auto > 1: attn is faster than the fastest PyTorch backend by that factor. "
+          "%mm, %cp: of the ceilings (the auto path's).")
     for r in result["rows"]:
         for n, p in r["peers"].items():
             if "error" in p:

@@ -1,10 +1,11 @@
 // The CUDA backend's one decision (cuda/backend.h): cuDNN where it takes the problem (Params::backend automatic
-// or cudnn), else attn's own kernels (automatic or flash). Compiled in every build: without CUDA, or without a
+// or cudnn; cuda/cudnn_sdpa.h), else attn's own kernels (automatic or flash). Compiled in every build: without CUDA, or without a
 // device, every call answers "no CUDA device" (cuda/runtime.h).
 #include "cuda/backend.h"
 
 #include "core/backward_problem.h"
 #include "core/problem.h"
+#include "cuda/cudnn_sdpa.h"
 #include "cuda/forward.h"
 #include "cuda/runtime.h"
 
@@ -33,15 +34,28 @@ Choice unavailable(Status s) {
 
 }  // namespace
 
-// The forward: attn's own kernel (cuda/forward.h) for every problem it takes. The cuDNN path is not written
-// yet: automatic takes attn's kernel, cudnn says so.
+// The forward: cuDNN where it takes the problem (its host rule, then its graph for the shape), unless the caller
+// asked for attn's own kernels; attn's own for everything else (or cuDNN's reason, when the caller asked for
+// cuDNN): the tensor-core kernel where it takes the problem (fwd::supports), else the exact path (fp32, 8-bit K/V,
+// head dims above 256).
 Choice select_forward(const core::Problem& p) {
   std::string arch;
   if (Status s = usable_device(p.device, &arch); !s) return unavailable(s);
-  if (p.backend == Backend::cudnn)
-    return unavailable(Status::Unsupported("backend", "cudnn: the cuDNN path is not part of this build yet; expected "
-                                                      "automatic or flash for CUDA tensors"));
-  if (Status s = fwd::supports(p); !s) return unavailable(s);
+  if (p.backend != Backend::flash) {
+    Status why = cudnn::takes(p);
+    std::int64_t workspace = 0;
+    if (why) why = cudnn::prepare(p, &workspace);
+    if (why) {
+      Choice c;
+      c.path = Path::cudnn;
+      c.kernel = "cudnn sdpa (cuDNN " + cudnn::version() + ")";
+      c.arch = arch;
+      c.workspace_bytes = workspace;
+      return c;
+    }
+    if (p.backend == Backend::cudnn) return unavailable(why);
+  }
+  if (Status s = fwd::exact_supports(p); !s) return unavailable(s);  // (the tensor-core kernel's grid is smaller)
   Choice c;
   c.path = Path::flash;
   c.kernel = fwd::kernel_name(p);
@@ -52,6 +66,7 @@ Choice select_forward(const core::Problem& p) {
 
 Status run_forward(const core::Problem& p, const Choice& c) {
   if (!c.status.ok()) return c.status;
+  if (c.path == Path::cudnn) return cudnn::run(p);
 #if ATTN_HAVE_CUDA
   return fwd::launch(p);
 #else
@@ -60,14 +75,29 @@ Status run_forward(const core::Problem& p, const Choice& c) {
 #endif
 }
 
+// The backward: cuDNN's (deterministic) for what it takes; attn's own backward kernel on the GPU is not written
+// yet, so everything else is refused with cuDNN's reason.
 Choice select_backward(const core::BackwardProblem& bp) {
   std::string arch;
   if (Status s = usable_device(bp.fwd.device, &arch); !s) return unavailable(s);
-  return unavailable(Status::Unsupported("q", "the CUDA kernels are not part of this build yet"));
+  Status why = bp.fwd.backend == Backend::flash
+                   ? Status::Unsupported("backend", "flash: attn's own backward kernel on CUDA is not written yet; "
+                                                    "expected automatic or cudnn (cuDNN's backward)")
+                   : cudnn::takes_backward(bp);
+  std::int64_t workspace = 0;
+  if (why) why = cudnn::prepare_backward(bp, &workspace);
+  if (!why) return unavailable(why);
+  Choice c;
+  c.path = Path::cudnn;
+  c.kernel = "cudnn sdpa backward, deterministic (cuDNN " + cudnn::version() + ")";
+  c.arch = arch;
+  c.workspace_bytes = workspace;
+  return c;
 }
 
-Status run_backward(const core::BackwardProblem&, const Choice& c) {
-  return c.status.ok() ? Status::Unsupported("q", "no CUDA kernel") : c.status;
+Status run_backward(const core::BackwardProblem& bp, const Choice& c) {
+  if (!c.status.ok()) return c.status;
+  return cudnn::run_backward(bp);
 }
 
 #if !ATTN_HAVE_CUDA

@@ -2,7 +2,10 @@
 // host tests read it whether or not CUDA is compiled in.
 #include "cuda/forward.h"
 
+#include <cstdlib>
+
 #include "core/variant.h"
+#include "cuda/exact_row.h"
 
 namespace attn::cuda::fwd {
 
@@ -28,7 +31,24 @@ Status supports(const core::Problem& p) {
   return Status::Ok();
 }
 
+Status exact_supports(const core::Problem& p) {
+  const std::int64_t blocks = sched::ceil_div(p.B * p.Hq * p.Sq * exact::chunks(p.Dv), exact::kThreads);
+  if (blocks > std::int64_t{0x7fffffff})
+    return Status::Unsupported("q", "with " + std::to_string(blocks) + " thread blocks on CUDA; expected at most 2^31 - 1");
+  return Status::Ok();
+}
+
+bool exact_forced() {
+  const char* v = std::getenv("ATTN_CUDA_EXACT");
+  return v != nullptr && v[0] == '1';
+}
+
 std::string kernel_name(const core::Problem& p) {
+  if (!supports(p) || exact_forced()) {
+    const bool i8 = p.k.dtype == DType::i8;
+    return std::string("exact forward (f32 FMAs, ") + dtype_name(p.q.dtype) + (i8 ? " with 8-bit K/V" : "") +
+           ", d" + std::to_string(p.Dk) + (general_variant(p) ? ", general variant)" : ", plain)");
+  }
   std::string name;
   with_config(p, [&](auto cfg, auto variant) {
     using C = decltype(cfg);

@@ -9,8 +9,10 @@
 #include <mutex>
 #include <string>
 
+#include "cuda/exact_row.h"
 #include "cuda/forward.h"
 #include "cuda/runtime.h"
+#include "cuda/scratch.h"
 
 namespace attn::cuda::fwd {
 namespace {
@@ -48,6 +50,13 @@ __global__ void __launch_bounds__(C::kThreads) forward_kernel(DeviceProblem p) {
   blk.finish(w, wi, st);
 }
 
+// The exact path (cuda/exact_row.h): one thread per query row and chunk of output dimensions.
+template <class V>
+__global__ void __launch_bounds__(exact::kThreads) exact_kernel(DeviceProblem p, i64 total) {
+  const i64 t = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t < total) exact::exact_thread<V>(p, t);
+}
+
 // Split-KV's combine step: one thread per output element (cuda/forward_block.h combine_split), blocks of 64 so
 // that a decode step's few rows still spread over many SMs.
 constexpr int kCombineThreads = 64;
@@ -59,18 +68,34 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(DeviceProblem 
   store_combined(p, b, h, i, d, combine_split(p, b, h, i, d));
 }
 
-constexpr int kCachedDevices = 64;  // devices whose kernel attributes are remembered (more: asked every call)
+// ATTN_CUDA_KV_SPLITS=n (tests): every launch splits the keys into n parts, whatever the heuristic says.
+i64 forced_splits() {
+  const char* v = std::getenv("ATTN_CUDA_KV_SPLITS");
+  const long n = v ? std::strtol(v, nullptr, 10) : 0;
+  return n > 0 && n <= 1024 ? n : 0;
+}
 
-// attn's own stream-ordered memory pool on device `dev`: what a launch allocates (the key lengths, split-KV's
-// parts) stays cached in it between calls (release threshold: unlimited), so a decode step's allocation costs no
-// mapping of memory, and the device's default pool (which other libraries share) keeps its settings. It keeps at
-// most the largest amount the calls in flight at one time have needed. Devices past kCachedDevices use the default
-// pool.
+Status launch_error(cudaError_t e, const char* what) {
+  return Status::Unsupported("q", std::string("the CUDA forward kernel: ") + what + " failed (" + cudaGetErrorName(e) +
+                                      ": " + cudaGetErrorString(e) + ")");
+}
+
+}  // namespace
+}  // namespace attn::cuda::fwd
+
+namespace attn::cuda {
+
+// attn's own stream-ordered memory pool on device `dev` (cuda/scratch.h): what a launch allocates (the key
+// lengths, split-KV's parts, cuDNN's workspace) stays cached in it between calls (release threshold: unlimited),
+// so a decode step's allocation costs no mapping of memory, and the device's default pool (which other libraries
+// share) keeps its settings. It keeps at most the largest amount the calls in flight at one time have needed.
+// Devices past kPools use the default pool.
 cudaError_t scratch_alloc(void** ptr, std::size_t bytes, int dev, cudaStream_t stream) {
   static std::mutex mutex;
-  static cudaMemPool_t pools[kCachedDevices] = {};
+  constexpr int kPools = 64;  // devices with a pool of attn's own (more: the device's default pool)
+  static cudaMemPool_t pools[kPools] = {};
   cudaMemPool_t pool = nullptr;
-  if (dev >= 0 && dev < kCachedDevices) {
+  if (dev >= 0 && dev < kPools) {
     const std::lock_guard<std::mutex> lock(mutex);
     if (pools[dev] == nullptr) {
       cudaMemPoolProps props{};
@@ -90,19 +115,11 @@ cudaError_t scratch_alloc(void** ptr, std::size_t bytes, int dev, cudaStream_t s
   return pool ? cudaMallocFromPoolAsync(ptr, bytes, pool, stream) : cudaMallocAsync(ptr, bytes, stream);
 }
 
-// ATTN_CUDA_KV_SPLITS=n (tests): every launch splits the keys into n parts, whatever the heuristic says.
-i64 forced_splits() {
-  const char* v = std::getenv("ATTN_CUDA_KV_SPLITS");
-  const long n = v ? std::strtol(v, nullptr, 10) : 0;
-  return n > 0 && n <= 1024 ? n : 0;
-}
+}  // namespace attn::cuda
 
-Status launch_error(cudaError_t e, const char* what) {
-  return Status::Unsupported("q", std::string("the CUDA forward kernel: ") + what + " failed (" + cudaGetErrorName(e) +
-                                      ": " + cudaGetErrorString(e) + ")");
-}
+namespace attn::cuda::fwd {
 
-}  // namespace
+constexpr int kCachedDevices = 64;  // devices whose kernel attributes are remembered (more: asked every call)
 
 Status launch(const core::Problem& p) {
   if (Status s = require_device(); !s) return s;
@@ -128,7 +145,17 @@ Status launch(const core::Problem& p) {
       return launch_error(e, "the allocation of the key lengths");
   float* parts = nullptr;  // split-KV's partial results
   cudaError_t e = bytes > 0 ? cudaMemcpyAsync(kv_len, p.kv_len.data(), bytes, cudaMemcpyHostToDevice, stream) : cudaSuccess;
-  if (e == cudaSuccess) {
+  if (e == cudaSuccess && (!supports(p) || exact_forced())) {  // the exact path: what the tensor cores do not take
+    const DeviceProblem dp = device_problem(p, kv_len);
+    const i64 total = exact::threads(dp);
+    const auto blocks = static_cast<unsigned>(sched::ceil_div(total, exact::kThreads));
+    if (general_variant(p)) {
+      exact_kernel<GeneralVariant><<<blocks, exact::kThreads, 0, stream>>>(dp, total);
+    } else {
+      exact_kernel<PlainVariant><<<blocks, exact::kThreads, 0, stream>>>(dp, total);
+    }
+    e = cudaGetLastError();
+  } else if (e == cudaSuccess) {
     DeviceProblem dp = device_problem(p, kv_len);
     with_config(p, [&](auto cfg, auto variant) {
       using C = decltype(cfg);

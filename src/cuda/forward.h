@@ -17,7 +17,14 @@ namespace attn::cuda::fwd {
 // GQA, key lengths and paged K/V. Otherwise why not, naming the parameter.
 Status supports(const core::Problem& p);
 
-// The kernel's name for describe_attention, e.g. "flash forward (tensor cores, bf16, d128, general variant)".
+// Whether the exact path (cuda/exact_row.h) takes p: every validated problem whose launch fits a
+// one-dimensional grid. It runs what supports() refuses (fp32 Q/K/V, 8-bit K/V, head dims above 256).
+Status exact_supports(const core::Problem& p);
+// ATTN_CUDA_EXACT=1 (tests): every launch takes the exact path, the tensor-core kernel's problems too.
+bool exact_forced();
+
+// The kernel's name for describe_attention, e.g. "flash forward (tensor cores, bf16, d128, general variant)", or
+// "exact forward (f32 FMAs, ...)" for the exact path.
 std::string kernel_name(const core::Problem& p);
 
 // The instantiation a supported problem runs, as tags: f(Config{}, Variant{}) with the Config and the variant
@@ -26,7 +33,8 @@ template <class F>
 void with_config(const core::Problem& p, F&& f);
 
 #if ATTN_HAVE_CUDA
-// Runs the kernel on p's device and stream (Problem::stream); p must be supported. Defined in cuda/forward.cu.
+// Runs the kernel on p's device and stream (Problem::stream): the tensor-core kernel where supports(p), else the
+// exact path (p must pass exact_supports). Defined in cuda/forward.cu.
 // Where the grid alone would leave SMs idle (sched::kv_splits: a decode step, few heads, long keys) the keys are
 // split into parts, each its own block, and a second kernel merges the parts (split-KV).
 Status launch(const core::Problem& p);
