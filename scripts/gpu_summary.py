@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The short table `make test-gpu` prints last (scripts/test-gpu.sh): one line per step, from the files the steps
-left in the results folder (selftest.json, registry.json from GoogleTest, bench.status, peers.status,
-<tool>.status)."""
+left in the results folder (selftest.json, registry-<test>.json from GoogleTest, one per device test,
+bench.status, peers.status, <tool>.status)."""
 import json
 import os
 import sys
@@ -9,22 +9,26 @@ import sys
 
 def registry_line(path):
     if not os.path.exists(path):
-        return "not run"
+        return "not run (no JSON: crashed or timed out? see the .txt beside it)"
     with open(path) as f:
         g = json.load(f)
-    cases = failures = 0
+    failures = 0
     first = None
+    notes = []
     for suite in g.get("testsuites", []):
         for t in suite.get("testsuite", []):
             if t.get("result") == "SKIPPED" or t.get("status") == "NOTRUN":
                 return "skipped (" + (t.get("skipped", [{}]) or [{}])[0].get("message", "no device").strip() + ")"
+            for key in ("cudnn_cases", "cudnn_refused", "backward_cases", "backward_refused"):
+                if key in t:
+                    notes.append(f"{key.replace('_', ' ')} {t[key]}")
             for fail in t.get("failures", []):
                 failures += 1
                 first = first or fail.get("failure", "").splitlines()[0:3]
-    cases = g.get("tests", 0)
+    extra = f"; {', '.join(notes)}" if notes else ""
     if failures:
-        return f"FAIL: {failures} failed assertions; first: {' / '.join(first or [])}"
-    return f"pass (every bf16/f16 registry case; {cases} GoogleTest test)"
+        return f"FAIL: {failures} failed assertions; first: {' / '.join(first or [])}{extra}"
+    return f"pass{extra}"
 
 
 def main():
@@ -48,7 +52,12 @@ def main():
         with open(tests_status) as f:
             rows.append(("registry on the GPU, compute-sanitizer", f.read().strip()))
     else:
-        rows.append(("registry on the GPU vs the fp64 reference", registry_line(os.path.join(results, "registry.json"))))
+        found = sorted(f for f in os.listdir(results) if f.startswith("registry-") and f.endswith(".txt"))
+        for txt in found:
+            name = txt[len("registry-"):-len(".txt")]
+            rows.append((f"GPU: {name}", registry_line(os.path.join(results, f"registry-{name}.json"))))
+        if not found:
+            rows.append(("registry on the GPU vs the fp64 reference", "not run"))
         for tool in ("memcheck", "racecheck"):
             p = os.path.join(results, f"{tool}.status")
             text = open(p).read().strip() if os.path.exists(p) else "not run"

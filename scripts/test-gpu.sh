@@ -42,15 +42,24 @@ if [ -z "${ATTN_CUDNN_LIBRARY:-}" ]; then
   echo "cuDNN and libcudart from: ${libdirs:-the default search path}"
 fi
 mkdir -p "$results"
-rm -f "$results"/registry.json "$results"/*.status "$results"/attn-bench.json "$results"/gpu-bench.json
+rm -f "$results"/registry*.json "$results"/registry*.txt "$results"/*.status "$results"/attn-bench.json "$results"/gpu-bench.json
 timeout "$step_timeout" "$build/tests/cuda/attn_gpu_selftest" --out "$results"
 status=$?
 [ $status -eq 77 ] && exit 77
 if [ $tests = ON ]; then
-  timeout "$step_timeout" "$build/tests/test_cuda_forward" --gtest_filter='CudaForwardDevice.*' \
-    --gtest_output=json:"$results/registry.json" > "$results/registry.txt" 2>&1 || status=1
-  grep -E '^\[ (cudnn|backward) ' "$results/registry.txt"
-  tail -n 5 "$results/registry.txt"
+  # Each device test in its own process, all at once (the fp64 references are computed on the host's cores).
+  names=$("$build/tests/test_cuda_forward" --gtest_list_tests --gtest_filter='CudaForwardDevice.*' | sed -n 's/^  \([A-Za-z0-9_]*\).*/\1/p')
+  pids=()
+  for name in $names; do
+    timeout "$step_timeout" "$build/tests/test_cuda_forward" --gtest_filter="CudaForwardDevice.$name" \
+      --gtest_output=json:"$results/registry-$name.json" > "$results/registry-$name.txt" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  for name in $names; do
+    grep -E '^\[ (cudnn|backward) ' "$results/registry-$name.txt"
+    tail -n 3 "$results/registry-$name.txt"
+  done
 fi
 dump=$(mktemp -d)
 if timeout "$step_timeout" "$build/tests/cuda/attn_gpu_bench" --shapes bench/gpu/shapes.json \
