@@ -36,6 +36,7 @@ struct Shape {
   std::int64_t B = 1, Hq = 1, Hkv = 1, Sq = 1, Skv = 1, D = 64;
   bool causal = false;
   bool backward = false;  // also time attention_backward (cuDNN's, deterministic) on this shape
+  std::int64_t page = 0;  // > 0: K/V in a shuffled pool of pages of this many keys (attention_paged)
 };
 
 // A deliberately small reader for the flat list of flat objects bench/gpu/shapes.json holds (the file is ours).
@@ -71,6 +72,8 @@ std::vector<Shape> read_shapes(const std::string& path, std::string* error) {
     s.Sq = std::stoll(field("Sq")), s.Skv = std::stoll(field("Skv")), s.D = std::stoll(field("D"));
     s.causal = field("causal") == "true";
     s.backward = field("backward") == "true";
+    const std::string page = field("page");
+    s.page = page.empty() ? 0 : std::stoll(page);
     shapes.push_back(s);
     pos = end;
   }
@@ -139,11 +142,11 @@ Result run_shape(const Shape& s, attn::Backend backend, bool backward, int warmu
   const std::vector<std::uint16_t> hq = random_bf16(nq, 1), hk = random_bf16(nk, 2), hv = random_bf16(nk, 3);
   std::vector<std::uint16_t> ho(nq, 0x7fc0);  // NaN
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr, *dout = nullptr, *dq = nullptr,
-       *dk = nullptr, *dv = nullptr;
+       *dk = nullptr, *dv = nullptr, *kp = nullptr, *vp = nullptr, *table = nullptr, *lens = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   auto cleanup = [&] {
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse), cudaFree(dout), cudaFree(dq), cudaFree(dk),
-        cudaFree(dv);
+        cudaFree(dv), cudaFree(kp), cudaFree(vp), cudaFree(table), cudaFree(lens);
     if (start) cudaEventDestroy(start);
     if (stop) cudaEventDestroy(stop);
   };
@@ -188,18 +191,54 @@ Result run_shape(const Shape& s, attn::Backend backend, bool backward, int warmu
       return r;
     }
   }
+  // Paged: the same logical K/V in a pool of pages, sequence b's pages shuffled over the pool.
+  attn::TensorView tkp, tvp, ttable, tlens;
+  const bool paged = s.page > 0 && !backward;
+  if (paged) {
+    const std::int64_t per_seq = (s.Skv + s.page - 1) / s.page, pages = s.B * per_seq;
+    std::vector<std::int32_t> htable(static_cast<std::size_t>(pages)), hlens(static_cast<std::size_t>(s.B), static_cast<std::int32_t>(s.Skv));
+    for (std::int64_t n = 0; n < pages; ++n) htable[static_cast<std::size_t>(n)] = static_cast<std::int32_t>((n * 7919) % pages);
+    const std::size_t pool = static_cast<std::size_t>(pages * s.Hkv * s.page * s.D);
+    std::vector<std::uint16_t> hkp(pool, 0), hvp(pool, 0);
+    for (std::int64_t b = 0; b < s.B; ++b)
+      for (std::int64_t h = 0; h < s.Hkv; ++h)
+        for (std::int64_t j = 0; j < s.Skv; ++j) {
+          const std::int64_t page = htable[static_cast<std::size_t>(b * per_seq + j / s.page)];
+          const std::size_t to_at = static_cast<std::size_t>(((page * s.Hkv + h) * s.page + j % s.page) * s.D);
+          const std::size_t from = static_cast<std::size_t>(((b * s.Hkv + h) * s.Skv + j) * s.D);
+          std::memcpy(&hkp[to_at], &hk[from], static_cast<std::size_t>(s.D) * 2);
+          std::memcpy(&hvp[to_at], &hv[from], static_cast<std::size_t>(s.D) * 2);
+        }
+    if (!ok(cudaMalloc(&kp, pool * 2), "cudaMalloc k_pages", &r.error) || !ok(cudaMalloc(&vp, pool * 2), "cudaMalloc v_pages", &r.error) ||
+        !ok(cudaMalloc(&table, htable.size() * 4), "cudaMalloc page_table", &r.error) ||
+        !ok(cudaMalloc(&lens, hlens.size() * 4), "cudaMalloc seq_lens", &r.error) ||
+        !ok(cudaMemcpy(kp, hkp.data(), pool * 2, cudaMemcpyHostToDevice), "copy k_pages", &r.error) ||
+        !ok(cudaMemcpy(vp, hvp.data(), pool * 2, cudaMemcpyHostToDevice), "copy v_pages", &r.error) ||
+        !ok(cudaMemcpy(table, htable.data(), htable.size() * 4, cudaMemcpyHostToDevice), "copy page_table", &r.error) ||
+        !ok(cudaMemcpy(lens, hlens.data(), hlens.size() * 4, cudaMemcpyHostToDevice), "copy seq_lens", &r.error)) {
+      cleanup();
+      return r;
+    }
+    tkp = attn::TensorView::contiguous(kp, attn::DType::bf16, {pages, s.Hkv, s.page, s.D}).on(dev);
+    tvp = attn::TensorView::contiguous(vp, attn::DType::bf16, {pages, s.Hkv, s.page, s.D}).on(dev);
+    ttable = attn::TensorView::contiguous(table, attn::DType::i32, {s.B, per_seq}).on(dev);
+    tlens = attn::TensorView::contiguous(lens, attn::DType::i32, {s.B}).on(dev);
+  }
   const auto call = [&]() -> attn::Status {
+    if (paged) return attn::attention_paged(tq, tkp, tvp, ttable, tlens, to, p);
     return backward ? attn::attention_backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, p) : attn::attention(tq, tk, tv, to, p);
   };
   attn::KernelInfo info;
-  const attn::Status described = backward ? attn::describe_attention_backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, p, &info)
-                                          : attn::describe_attention(tq, tk, tv, to, p, std::nullopt, &info);
+  const attn::Status described =
+      paged      ? attn::Status::Ok()
+      : backward ? attn::describe_attention_backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, p, &info)
+                 : attn::describe_attention(tq, tk, tv, to, p, std::nullopt, &info);
   if (!described) {
     r.error = "describe: " + described.message();
     cleanup();
     return r;
   }
-  r.kernel = info.kernel;
+  r.kernel = paged ? "attention_paged, page " + std::to_string(s.page) : info.kernel;
   if (attn::Status st = call(); !st) {
     r.error = (backward ? "attention_backward: " : "attention: ") + st.message();
     cleanup();
@@ -210,7 +249,7 @@ Result run_shape(const Shape& s, attn::Backend backend, bool backward, int warmu
     cleanup();
     return r;
   }
-  for (std::uint16_t x : ho) r.nonfinite += !std::isfinite(from_bf16(x));
+  for (std::size_t e = 0; e < (backward ? nk : nq); ++e) r.nonfinite += !std::isfinite(from_bf16(ho[e]));
   if (backward) {  // bitwise determinism: a second run gives the same dK
     std::vector<std::uint16_t> again(nk);
     if (call().ok() && cudaMemcpy(again.data(), dk, nk * 2, cudaMemcpyDeviceToHost) == cudaSuccess &&

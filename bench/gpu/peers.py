@@ -141,6 +141,34 @@ def run_peers(s, q, k, v, warmup, iters):
     return rows, outs
 
 
+def run_peer_backwards(s, q, k, v, warmup, iters):
+    """Each PyTorch backend's backward alone (dQ, dK, dV from a kept graph), for shapes marked "backward"."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gqa = s["Hq"] != s["Hkv"]
+    rows = {}
+    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    g = torch.Generator(device=DEVICE).manual_seed(4)
+    dout = (torch.rand(q.shape, device=DEVICE, generator=g) * 2 - 1).to(torch.bfloat16)
+    for name, attr in BACKENDS:
+        backend = getattr(SDPBackend, attr, None)
+        if backend is None:
+            rows[name] = {"error": "not in this PyTorch"}
+            continue
+        try:
+            with sdpa_kernel([backend]):
+                out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=s["causal"], enable_gqa=gqa)
+            call = lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)
+            call()
+            torch.cuda.synchronize()
+            rows[name] = {"ms": timed(call, warmup, iters)}
+            del out
+        except Exception as e:
+            rows[name] = {"error": str(e).splitlines()[0][:160]}
+            torch.cuda.synchronize()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=os.path.join(os.path.dirname(__file__), "shapes.json"))
@@ -167,6 +195,8 @@ def main():
         q, k, v, attn_outs = inputs(s, a.dump)
         peers, outs = run_peers(s, q, k, v, a.warmup, a.iters)
         row = {"id": s["id"], "what": s.get("what", ""), "attn": mine, "peers": peers}
+        if s.get("backward"):
+            row["peer_backwards"] = run_peer_backwards(s, q, k, v, a.warmup, a.iters)
         if not a.no_accuracy and attn_outs:
             outs = dict(outs)
             outs.update(attn_outs)
@@ -216,6 +246,12 @@ def print_table(result):
             state = (f"{bwd['median_ms']:.3f} ms, {bwd['tflops']:.1f} TFLOP/s, deterministic" if bwd.get("ok")
                      else "FAILED: " + bwd.get("error", "")[:80])
             print(f"{'':<6}backward ({bwd.get('kernel', '')}): {state}")
+            pb = r.get("peer_backwards", {})
+            pms = [p["ms"] for p in pb.values() if "ms" in p]
+            if pms:
+                cols = ", ".join(f"{n} {p['ms']:.3f} ms" if "ms" in p else f"{n} n/a" for n, p in pb.items())
+                ratio = f"; best/attn {min(pms) / bwd['median_ms']:.2f}" if bwd.get("ok") else ""
+                print(f"{'':<6}PyTorch backward: {cols}{ratio}")
     print("best/own, best/auto > 1: attn is faster than the fastest PyTorch backend by that factor. "
           "%mm, %cp: of the ceilings (the auto path's).")
     for r in result["rows"]:
