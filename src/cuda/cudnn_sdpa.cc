@@ -144,9 +144,12 @@ bool padded(const core::Problem& p) {
   return false;
 }
 
-// Bottom-right causal with one query per sequence is no mask (cudnn_rules.cc: every length is >= 1).
+// Bottom-right causal with one query per sequence is no mask (cudnn_rules.cc: every length is >= 1); over a square
+// score matrix (Sq = Skv, no key lengths) it is the top-left mask, which cuDNN's engines handle best.
 Causal causal_of(const core::Problem& p) {
-  return p.causal == Causal::bottom_right && p.Sq == 1 ? Causal::none : p.causal;
+  if (p.causal != Causal::bottom_right) return p.causal;
+  if (p.Sq == 1) return Causal::none;
+  return p.Sq == p.Skv && !padded(p) ? Causal::top_left : Causal::bottom_right;
 }
 
 std::string key_of(const core::Problem& p, bool backward, const core::BackwardProblem* bp) {
