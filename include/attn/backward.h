@@ -27,7 +27,10 @@ namespace attn {
 // beyond ±64) makes a row recompute D too; never an error. With Params::backward_statistics = from_forward, the
 // given lse and out are the statistics (FlashAttention-2's way; ring attention).
 // params must be the ones the forward ran with (scale, causal, window, kv_lens, mask); params.backend picks
-// the flash kernel (automatic, flash) or the fp64 reference. A row with no allowed key (or whose scores are
+// the flash kernel (automatic, flash) or the fp64 reference. On CUDA tensors (automatic or cudnn) the backward is
+// cuDNN's, with its deterministic algorithm, for bf16/f16 calls without dense masks, windows or score variants and
+// with contiguous K/V; there the given lse is the statistics (as with from_forward); other calls on CUDA tensors
+// get Unsupported (docs/cuda.md). A row with no allowed key (or whose scores are
 // all −∞) contributes nothing and gets dQ = 0; keys no query sees get zero gradients; keys at or past a batch's
 // key length are never read. Non-finite values follow IEEE arithmetic over the pairs that carry weight
 // (attended keys with a score above −∞): a NaN in Q, K, V, O or dO reaches the gradients of the rows and keys
