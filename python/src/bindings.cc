@@ -141,7 +141,8 @@ attn::Backend to_backend(const std::string& s) {
   if (s == "auto") return attn::Backend::automatic;
   if (s == "flash") return attn::Backend::flash;
   if (s == "reference") return attn::Backend::reference;
-  throw nb::value_error(("backend: '" + s + "'; expected 'auto', 'flash' or 'reference'").c_str());
+  if (s == "cudnn") return attn::Backend::cudnn;  // CUDA tensors only (cuDNN's fused attention; docs/cuda.md)
+  throw nb::value_error(("backend: '" + s + "'; expected 'auto', 'flash', 'reference' or 'cudnn'").c_str());
 }
 
 // Everything of one call that is not q, k, v or an output: attn::Params field by field (strings for the enums), and

@@ -182,5 +182,7 @@ def test_options_threads_and_backend_reach_the_library():
     lse = np.empty((2, 4, 7), np.float32)
     _attn.attention(q, k, v, out, lse, _attn.Options(backend="reference", causal="bottom_right"))
     check_attention(out, lse, "float32", q=q, k=k, v=v, causal=True, align="bottom_right")
-    with raises(ValueError, "backend: 'fast'; expected 'auto', 'flash' or 'reference'"):
+    with raises(ValueError, "backend: 'fast'; expected 'auto', 'flash', 'reference' or 'cudnn'"):
         _attn.attention(q, k, v, out, None, _attn.Options(backend="fast"))
+    with raises(TypeError, "backend: cudnn with tensors on the CPU; expected automatic, reference or flash"):
+        _attn.attention(q, k, v, out, None, _attn.Options(backend="cudnn"))
