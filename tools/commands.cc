@@ -586,6 +586,7 @@ void add_heatmap_command(CLI::App& app, std::ostream& out);   // tools/cmd_heatm
 void add_info_command(CLI::App& app, std::ostream& out);   // tools/cmd_info.cc
 void add_ring_plan_command(CLI::App& app, std::ostream& out);  // tools/cmd_ring_plan.cc
 void add_bench_command(CLI::App& app, std::ostream& out);  // bench/harness/cmd_bench.cc
+void add_cascade_bench_command(CLI::App& app, std::ostream& out);  // bench/harness/cmd_cascade_bench.cc
 #ifdef ATTN_HAVE_DIST
 void add_ring_bench_command(CLI::App& app, std::ostream& out);  // bench/harness/cmd_ring_bench.cc (MPI)
 #endif
@@ -607,6 +608,7 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   add_heatmap_command(app, out);
   add_info_command(app, out);
   add_bench_command(app, out);
+  add_cascade_bench_command(app, out);
   add_scaling_experiment_command(app, out);
   add_compare_scoring_command(app, out);
   add_ring_plan_command(app, out);

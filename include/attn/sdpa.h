@@ -136,6 +136,26 @@ Status attention_paged(const TensorView& q, const TensorView& k_pages, const Ten
                        const TensorView& page_table, const TensorView& seq_lens, const TensorView& out,
                        const Params& params = {}, const std::optional<TensorView>& lse = std::nullopt);
 
+// Shared-prefix (cascade) attention over a paged KV cache, as FlashInfer's cascade attention: many sequences share
+// a prefix (a system prompt, few-shot examples, beams or parallel samples of one prompt), whose keys sit once in
+// the page pool. Sequence b's keys are the shared prefix's prefix_len keys (pages prefix_table[0], [1], ...)
+// followed by its own seq_lens[b] keys (pages page_table[b][..], as attention_paged reads them). The prefix is
+// attended once for every query of the batch together (one product of all B·Sq query rows against the prefix:
+// each prefix key is read once, not once per sequence), each sequence's own keys separately, and the two partial
+// results (f32) merged with the one LSE merge (merge_attention's), then rounded to out's dtype once. The result
+// is attention_paged over the concatenated keys, to fp32 rounding of the merge.
+//   prefix_table [n] i32 (n · page_size >= prefix_len, entries in [0, P)); prefix_len >= 0 (0: attention_paged)
+//   every other argument as attention_paged's; lse is over all of a row's keys.
+// Params: causal none or bottom_right (each sequence's last query sits on its last key; every query must then see
+// the whole prefix: seq_lens[b] >= Sq - 1), softcap, sinks (absorbed once, after the merge), threads, workspace,
+// backend (reference: the fp64 reference over the concatenated keys). Refused with a Status naming the parameter:
+// windows, dense masks, ALiBi and dropout (their definitions depend on a key's position in its sequence or on the
+// batch), CUDA tensors (not yet).
+Status attention_paged_cascade(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
+                               const TensorView& prefix_table, std::int64_t prefix_len, const TensorView& page_table,
+                               const TensorView& seq_lens, const TensorView& out, const Params& params = {},
+                               const std::optional<TensorView>& lse = std::nullopt);
+
 // Merges two attention results over disjoint key sets of the same queries (split-KV, cascade and
 // distributed attention): out = (e^lse_a·out_a + e^lse_b·out_b) / (e^lse_a + e^lse_b) and
 // lse = log(e^lse_a + e^lse_b), computed stably. out_* are [B, H, S, Dv] f32, lse_* [B, H, S] f32.

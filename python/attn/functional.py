@@ -1,5 +1,5 @@
 """attn's functions with PyTorch-compatible signatures, over NumPy arrays and PyTorch CPU tensors:
-scaled_dot_product_attention, attention_paged, describe_attention and merge_attention.
+scaled_dot_product_attention, attention_paged, attention_paged_cascade, describe_attention and merge_attention.
 
 Each function checks what only Python knows (which kind of array came in, PyTorch's rules that the C++
 library does not have), allocates the outputs as that same kind, and hands every array to the C++
@@ -529,6 +529,38 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
     else:
         out, lse = _forward_paged(c.kind, query, k_pages, v_pages, c.page_table, c.seq_lens, c.options(),
                                   c.return_lse)
+    return (out, lse) if c.return_lse else out
+
+
+def attention_paged_cascade(query, k_pages, v_pages, prefix_table, prefix_len, page_table, seq_lens, *,
+                            is_causal=False, scale=None, return_lse=False, softcap=0.0, sinks=None, k_scale=None,
+                            v_scale=None):
+    """Shared-prefix (cascade) batch decode over a paged KV cache, as FlashInfer's cascade attention: sequence b's
+    keys are the shared prefix's prefix_len keys (pages prefix_table[0], [1], ... of the pool) followed by its own
+    seq_lens[b] keys (pages page_table[b]). The prefix is attended once for all queries of the batch, each
+    sequence's own keys separately, and the two merged by their LSE: the result is attention_paged over the
+    concatenated keys (to fp32 rounding of the merge), without re-reading the prefix once per sequence.
+
+    query [B, Hq, Sq, Dk], k_pages / v_pages [P, Hkv, page_size, D], prefix_table [n] (int32 page indices),
+    prefix_len >= 0, page_table [B, max_pages], seq_lens [B]: as attention_paged's (same kinds and dtypes).
+    is_causal: the last query of each sequence on its last key (bottom-right); every query must see the whole
+    prefix (seq_lens[b] >= Sq - 1). scale, softcap, sinks, k_scale, v_scale: as attention_paged's. Windows, masks,
+    ALiBi and dropout are refused (they depend on a key's position in its sequence). Returns out [B, Hq, Sq, Dv]
+    (and the float32 lse [B, Hq, Sq] with return_lse=True), eagerly (no torch.ops operator, no autograd)."""
+    c = _check_call(query, k_pages, v_pages, paged=True, attn_mask=None, is_causal=is_causal,
+                    causal_alignment="bottom_right" if is_causal else None, scale=scale, window=None,
+                    return_lse=return_lse, softcap=softcap, alibi_slopes=None, sinks=sinks, k_scale=k_scale,
+                    v_scale=v_scale, lens=seq_lens, page_table=page_table)
+    table = _ints("prefix_table", prefix_table, c.kind, "query", "int32", 1, "[n]",
+                  "a page index that fits in int32 (-2**31 <= index < 2**31)")
+    if isinstance(prefix_len, (bool, np.bool_)) or not isinstance(prefix_len, (int, np.integer)):
+        raise TypeError(f"prefix_len: got {type(prefix_len).__name__}; expected an int >= 0")
+    b, hq, sq, _ = query.shape
+    out = _empty(c.kind, query, (b, hq, sq, v_pages.shape[-1]))
+    lse = _empty(c.kind, query, (b, hq, sq), "float32") if c.return_lse else None
+    _call(_attn.attention_paged_cascade, _for_binding(query), _for_binding(k_pages), _for_binding(v_pages),
+          _for_binding(table), int(prefix_len), _for_binding(c.page_table), _for_binding(c.seq_lens),
+          _for_binding(out), lse, c.options(), names=_PAGED_NAMES)
     return (out, lse) if c.return_lse else out
 
 

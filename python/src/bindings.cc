@@ -263,6 +263,24 @@ void attention_paged(const In& q, const In& k_pages, const In& v_pages, const In
   check(s);
 }
 
+void attention_paged_cascade(const In& q, const In& k_pages, const In& v_pages, const In& prefix_table,
+                             std::int64_t prefix_len, const In& page_table, const In& seq_lens, const Out& out,
+                             const std::optional<Out>& lse, const Options& options) {
+  const attn::Params p = to_params(options);
+  const bool bf16 = options.bf16_bits;
+  const attn::TensorView qv = to_view("q", q, bf16), kv = to_view("k_pages", k_pages, bf16),
+                         vv = to_view("v_pages", v_pages, bf16), xv = to_view("prefix_table", prefix_table),
+                         tv = to_view("page_table", page_table), sv = to_view("seq_lens", seq_lens),
+                         ov = to_view("out", out, bf16);
+  const std::optional<attn::TensorView> lv = to_view("lse", lse);
+  attn::Status s;
+  {
+    nb::gil_scoped_release unlocked;
+    s = attn::attention_paged_cascade(qv, kv, vv, xv, prefix_len, tv, sv, ov, p, lv);
+  }
+  check(s);
+}
+
 // ---- the process's settings and the CPU (attn/info.h) ----------------------------------------------------
 
 // Both setters report a bad value as ValueError, a level this CPU lacks included (the library calls that one
@@ -415,6 +433,10 @@ NB_MODULE(_attn, m) {
   m.def("attention_paged", &attention_paged, nb::arg("q"), nb::arg("k_pages"), nb::arg("v_pages"),
         nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("out"), nb::arg("lse").none(), nb::arg("options"),
         "attn::attention_paged: writes out (and lse) in place.");
+  m.def("attention_paged_cascade", &attention_paged_cascade, nb::arg("q"), nb::arg("k_pages"), nb::arg("v_pages"),
+        nb::arg("prefix_table"), nb::arg("prefix_len"), nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("options"),
+        "attn::attention_paged_cascade: writes out (and lse) in place.");
   m.def("set_num_threads", &set_num_threads, nb::arg("n"));
   m.def("set_isa", &set_isa, nb::arg("level"));
   m.def("info", &info);

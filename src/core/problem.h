@@ -112,6 +112,11 @@ Status validate(const TensorView& q, const TensorView& k, const TensorView& v, c
                 const Params& params, const std::optional<TensorView>& lse, Problem* problem);
 
 // The same for attention over a paged KV cache (see attn::attention_paged).
+// Runs a validated problem: the reference, the CUDA backend or the CPU's flash kernels, as attention() does after
+// its validation (src/core/sdpa.cc). Callers inside the library may set p.out.dtype = f32 for a bf16/f16 problem
+// (f32 rows, merged before they are rounded: core/cascade.cc) on the CPU.
+Status run_forward(const Problem& p);
+
 Status validate_paged(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
                       const TensorView& page_table, const TensorView& seq_lens, const TensorView& out,
                       const Params& params, const std::optional<TensorView>& lse, Problem* problem);

@@ -12,9 +12,9 @@
 
 namespace attn {
 
-namespace {
+namespace core {
 
-Status run(const core::Problem& p) {
+Status run_forward(const Problem& p) {
   if (p.backend == Backend::reference) {
     if (Status s = reference::check_size(p, /*backward=*/false); !s) return s;
     try {
@@ -46,7 +46,7 @@ Status run(const core::Problem& p) {
   return Status::Ok();
 }
 
-}  // namespace
+}  // namespace core
 
 Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                  const Params& params, const std::optional<TensorView>& lse) {
@@ -57,7 +57,7 @@ Status attention(const TensorView& q, const TensorView& k, const TensorView& v, 
   } catch (const std::bad_alloc&) {
     return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
   }
-  return run(p);
+  return core::run_forward(p);
 }
 
 Status attention_paged(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
@@ -71,7 +71,7 @@ Status attention_paged(const TensorView& q, const TensorView& k_pages, const Ten
   } catch (const std::bad_alloc&) {
     return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
   }
-  return run(p);
+  return core::run_forward(p);
 }
 
 }  // namespace attn

@@ -797,16 +797,25 @@ std::pair<std::int64_t, std::int64_t> run_block(const core::Problem& p, const La
 
 // Writes O = o / l and the LSE of every lane of a finished block (core::finish_*); lane r's value d is
 // o[d·d_stride + r·r_stride] (Oᵀ in the workspace, or rows of merged split-KV partials).
+// The output is QT, q's dtype, except where a caller inside the library asks for f32 rows of a bf16/f16 problem
+// (p.out.dtype = f32: the cascade's partial results, core/cascade.cc), which are merged before they are rounded.
 template <class QT, class Variant>
 void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, std::int64_t d_stride,
                  std::int64_t r_stride, const float* m, const float* l) {
   QT* out = static_cast<QT*>(const_cast<void*>(p.out.data));
+  float* out_f32 = p.out.dtype == DType::f32 ? static_cast<float*>(const_cast<void*>(p.out.data)) : nullptr;
   const Units u = units<Variant>(p);
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     const core::Finish f = core::finish_with_sink(m[r], l[r], u.k, p.sink(lanes.h[r]));
-    QT* o = out + p.out.offset(lanes.b, lanes.h[r], lanes.i[r], 0);
-    for (std::int64_t d = 0; d < p.Dv; ++d)
-      o[d * p.out.stride[3]] = core::from_float<QT>(core::finish_output(ot[d * d_stride + r * r_stride], l[r], f.factor));
+    const std::int64_t at = p.out.offset(lanes.b, lanes.h[r], lanes.i[r], 0);
+    if (out_f32) {
+      for (std::int64_t d = 0; d < p.Dv; ++d)
+        out_f32[at + d * p.out.stride[3]] = core::finish_output(ot[d * d_stride + r * r_stride], l[r], f.factor);
+    } else {
+      QT* o = out + at;
+      for (std::int64_t d = 0; d < p.Dv; ++d)
+        o[d * p.out.stride[3]] = core::from_float<QT>(core::finish_output(ot[d * d_stride + r * r_stride], l[r], f.factor));
+    }
     if (p.lse)
       static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(lanes.b, lanes.h[r], lanes.i[r], 0)] = f.lse;
   }
