@@ -728,6 +728,10 @@ def main(argv):
     ap.add_argument("--backward", action="store_true",
                     help="only the backward pass: attn vs SDPA + .backward() (fp32) on --shapes (default P1,P2)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the --backward comparison")
+    ap.add_argument("--cascade", action="store_true",
+                    help="only the shared-prefix (cascade) batch decode: attn.attention_paged_cascade against attn's "
+                         "plain paged decode of the same batch (attn cascade-bench; B 64, GQA 32/8, d128, a 4096-key "
+                         "prefix and 256 own keys each, bf16)")
     ap.add_argument("--self-test", action="store_true",
                     help="dry run on tiny shapes with quick ceilings; checks the JSON and the outputs")
     args = ap.parse_args(argv)
@@ -785,6 +789,8 @@ def main(argv):
         log("torch is not installed: attn only (python3 bench/run_bench.py --install-torch installs it)")
 
     shapes_table = TINY if args.self_test else SHAPES
+    if args.cascade:
+        return cascade_main(args, attn, threads, md_path, info)
     if args.backward:
         return backward_main(args, attn, peer, shapes_table, ids, threads, torch, md_path)
     rows = [] if args.scaling_only else run_shapes(args, attn, peer, shapes_table, ids, threads)
@@ -829,6 +835,43 @@ def main(argv):
 
     if args.self_test:
         return self_check(rows, points, ids, md_path, json_path, peer, not args.no_scaling)
+    return 0
+
+
+def cascade_main(args, attn, threads, md_path, info):
+    """attn cascade-bench (bench/harness/cmd_cascade_bench.cc) in bf16 and f32: the cascade and the plain paged
+    decode of the same batch in one process, their outputs compared there; results_cascade.md/.json."""
+    size = ["--batch", "4", "--prefix", "64", "--own", "16", "--quick-ceilings"] if args.self_test else []
+    rows = []
+    for dtype in ("bf16", "f32"):
+        cmd = [str(attn), "cascade-bench", "--json", "--threads", str(threads), "--dtype", dtype,
+               "--reps", str(args.reps or (2 if args.self_test else 7))] + size
+        log("  " + " ".join(cmd[1:]))
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            log(f"error: {' '.join(cmd)} failed: {p.stderr.strip()}")
+            return 1
+        rows.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    r0 = rows[0]
+    text = "# attn: shared-prefix (cascade) batch decode against the plain paged decode\n\n"
+    if args.self_test:
+        text += "**Self-test on tiny shapes with quick ceilings: the numbers mean nothing.**\n\n"
+    text += (f"{r0['batch']} sequences, {r0['heads']} query / {r0['kv_heads']} KV heads of {r0['head_dim']}, a "
+             f"{r0['prefix']}-key shared prefix and {r0['own']} own keys each, pages of {r0['page']}, "
+             f"{threads} threads on {info.get('brand') or 'this CPU'} (best level {info.get('best_isa', '?')}); median of "
+             "the timed runs, both in one process on the same inputs (their outputs checked to agree there). The "
+             "plain decode reads the prefix once per sequence, the cascade once for the batch; the cascade's "
+             "ceiling is AMX bf16 where the CPU has it, else the FMA one.\n\n")
+    text += "| dtype | plain paged ms | plain GB/s (% of read ceiling) | cascade ms | cascade GFLOP/s (% of ceiling) | cascade / plain |\n"
+    text += "|---|---:|---:|---:|---:|---:|\n"
+    for r in rows:
+        text += (f"| {r['dtype']} | {r['plain_ms']:.2f} | {r['plain_gbps']:.1f} ({100 * r['plain_gbps'] / r['read_gbps']:.0f}%) "
+                 f"| {r['cascade_ms']:.2f} | {r['cascade_gflops']:.0f} "
+                 f"({100 * r['cascade_gflops'] / r['compute_ceiling_gflops']:.0f}%) | {r['speedup']:.2f}x |\n")
+    path = Path(args.out) if args.out else md_path.with_name("results_cascade.md")
+    path.write_text(text)
+    path.with_suffix(".json").write_text(json.dumps(dict(threads=threads, rows=rows), indent=1))
+    print(text)
     return 0
 
 

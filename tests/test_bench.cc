@@ -297,5 +297,19 @@ TEST(CliBench, Errors) {
   expect_error({"bench", "--heads", "two"}, "--heads");
 }
 
+// attn cascade-bench on a tiny batch: one JSON object, the two outputs agreeing; bad sizes name their option.
+TEST(CliCascadeBench, TinyBatchAgreesAndBadSizesAreNamed) {
+  const Outcome r = cli({"cascade-bench", "--batch", "3", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+                         "--prefix", "32", "--own", "5", "--page", "8", "--reps", "1", "--json", "--quick-ceilings"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto l = lines(r.out);
+  ASSERT_EQ(l.size(), 1u) << r.out;
+  EXPECT_TRUE(has(l[0], "\"outputs_agree\":true")) << l[0];
+  EXPECT_TRUE(has(l[0], "\"prefix\":32,")) << l[0];
+  expect_error({"cascade-bench", "--prefix", "10"}, "--prefix: 10; expected a positive multiple of --page (16)");
+  expect_error({"cascade-bench", "--heads", "6", "--kv-heads", "4"}, "--heads: 6; expected a multiple of --kv-heads");
+  expect_error({"cascade-bench", "--dtype", "i8"}, "--dtype: 'i8'; expected bf16, f16 or f32");
+}
+
 }  // namespace
 }  // namespace attn
