@@ -83,6 +83,17 @@ bool gpu_dtypes(const Case& c) {
   return (c.dtype == DType::bf16 || c.dtype == DType::f16) && c.kv_dtype == c.dtype && c.Dk <= 256 && c.Dv <= 256;
 }
 
+// Head dims past the tensor-core kernel's 256, which only the exact path takes (the registry's stop at 256): odd
+// ones, Dv != Dk, GQA, causal, key lengths, paged, and MLA's absorbed 576 / 512.
+std::vector<Case> wide_head_cases() {
+  Case a{.B = 2, .Hq = 4, .Hkv = 1, .Sq = 7, .Skv = 113, .Dk = 300, .Dv = 264};
+  Case b{.B = 1, .Hq = 2, .Hkv = 2, .Sq = 33, .Skv = 33, .Dk = 257, .Dv = 257, .causal = Causal::bottom_right,
+         .kv_lens = true, .dtype = DType::bf16, .kv_dtype = DType::bf16};
+  Case c{.B = 1, .Hq = 16, .Hkv = 1, .Sq = 2, .Skv = 65, .Dk = 576, .Dv = 512, .causal = Causal::bottom_right,
+         .dtype = DType::bf16, .kv_dtype = DType::bf16, .page_size = 16};
+  return {a, b, c};
+}
+
 std::vector<Case> gpu_cases() {
   std::vector<Case> out;
   for (const Case& c : registry())
@@ -236,7 +247,8 @@ class OnDevice {
 // through `backend`; `splits` > 0 forces that many split-KV parts (ATTN_CUDA_KV_SPLITS) for the duration. With
 // Backend::cudnn the cases cuDNN refuses (its host rule, or its graph) are counted and skipped; the rest must
 // pass. Counts the cases run and those cuDNN refused in *ran, *refused.
-// all: every registry case (fp32 and 8-bit ones through the exact path), not only the bf16/f16 ones.
+// all: every registry case (fp32 and 8-bit ones through the exact path), not only the bf16/f16 ones, and the head
+// dims past 256 (wide_head_cases).
 void registry_on_device(const char* splits, Backend backend = Backend::flash, int* ran = nullptr,
                         int* refused = nullptr, bool all = false) {
   int ran_here = 0, refused_here = 0;
@@ -253,6 +265,10 @@ void registry_on_device(const char* splits, Backend backend = Backend::flash, in
   } forced(splits);
   const char* limit = std::getenv("ATTN_DEVICE_CASES");
   std::vector<Case> cases = all ? registry() : gpu_cases();
+  if (all) {
+    const std::vector<Case> wide = wide_head_cases();
+    cases.insert(cases.begin(), wide.begin(), wide.end());
+  }
   if (limit) cases.resize(std::min(cases.size(), static_cast<std::size_t>(std::strtoul(limit, nullptr, 10))));
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name());
@@ -425,9 +441,39 @@ TEST(CudaForwardDevice, MergeMatchesTheHost) {
   }
 }
 
-// The exact path on every registry case (fp32, 8-bit K/V, head dims past 256, and the bf16/f16 ones too): the
-// same function the device runs, thread after thread, outputs poisoned, against the fp64 reference.
+// The exact path on the registry (fp32, 8-bit K/V, head dims past 256, and the bf16/f16 ones too): the same
+// function the device runs, thread after thread, outputs poisoned, against the fp64 reference. Every other case
+// here (CI's time: the fp64 references cost more than the path); make test-gpu runs all of them on the device.
 class CudaExactModel : public ::testing::TestWithParam<Case> {};
+
+std::vector<Case> exact_cases() {
+  const std::vector<Case> all = registry();
+  std::vector<Case> out = wide_head_cases();
+  for (std::size_t i = 0; i < all.size(); i += 2) out.push_back(all[i]);
+  return out;
+}
+
+// Every other case still has each kind the exact path handles: fp32, 8-bit K/V, head dims past 256, dense
+// masks, windows, softcap, ALiBi, sinks, dropout, paged K/V.
+TEST(CudaExactModel, CoversTheKindsThatMatter) {
+  bool f32 = false, i8 = false, big = false, mask = false, window = false, softcap = false, alibi = false,
+       sinks = false, dropout = false, paged = false;
+  for (const Case& c : exact_cases()) {
+    f32 |= c.dtype == DType::f32, i8 |= c.kv_dtype == DType::i8, big |= c.Dk > 256 || c.Dv > 256;
+    mask |= c.mask != MaskCase::none, window |= c.window.left >= 0 || c.window.right >= 0;
+    softcap |= c.softcap > 0, alibi |= c.alibi > 0, sinks |= c.sinks, dropout |= c.dropout > 0, paged |= c.page_size > 0;
+  }
+  EXPECT_TRUE(f32);
+  EXPECT_TRUE(i8);
+  EXPECT_TRUE(big);
+  EXPECT_TRUE(mask);
+  EXPECT_TRUE(window);
+  EXPECT_TRUE(softcap);
+  EXPECT_TRUE(alibi);
+  EXPECT_TRUE(sinks);
+  EXPECT_TRUE(dropout);
+  EXPECT_TRUE(paged);
+}
 
 TEST_P(CudaExactModel, MatchesFp64Reference) {
   ATTN_SKIP_UNLESS_SAMPLED();
@@ -441,7 +487,7 @@ TEST_P(CudaExactModel, MatchesFp64Reference) {
       /*tensor_cores=*/false);
 }
 
-INSTANTIATE_TEST_SUITE_P(Registry, CudaExactModel, ::testing::ValuesIn(registry()),
+INSTANTIATE_TEST_SUITE_P(Registry, CudaExactModel, ::testing::ValuesIn(exact_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 INSTANTIATE_TEST_SUITE_P(Registry, CudaForwardModel, ::testing::ValuesIn(gpu_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
