@@ -28,7 +28,7 @@ dropped them, so that FlashAttention's tests can read the dropout mask), None fr
 from .functional import _torch, attention_paged, scaled_dot_product_attention
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
-           "flash_attn_with_kvcache"]
+           "flash_attn_with_kvcache", "get_mla_metadata", "flash_mla_with_kvcache"]
 
 
 def _tensor(name, x, rank, layout):
@@ -387,3 +387,42 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             out, lse = _attend(q, k_cache, v_cache, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                kv_lens=seq)
     return (out, _flash_lse(lse)) if return_softmax_lse else out
+
+
+# ---- FlashMLA's decode API (multi-head latent attention, DeepSeek-V2/V3) ----------------------------------------
+
+
+def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k, *args, **kwargs):
+    """FlashMLA's scheduling metadata, kept for call compatibility: attn splits the keys itself from the problem's
+    shape, so this returns (None, None), which flash_mla_with_kvcache accepts as its tile_scheduler_metadata and
+    num_splits."""
+    return None, None
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata=None,
+                           num_splits=None, softmax_scale=None, causal=False):
+    """FlashMLA's flash_mla_with_kvcache on attn: decode (and speculative multi-token decode) of multi-head latent
+    attention in its absorbed form over a paged latent cache. q [batch, seq_len_q, num_heads_q, head_dim] (576 for
+    DeepSeek-V3: 512 latent + 64 rotary), k_cache [num_blocks, page_block_size, num_heads_k, head_dim] (the latent
+    rows; V is their first head_dim_v columns, read in place), block_table [batch, max_blocks] int32,
+    cache_seqlens [batch] int32. softmax_scale defaults to head_dim ** -0.5 (FlashMLA's default; DeepSeek passes
+    the unabsorbed head's 192 ** -0.5); causal aligns each sequence's last query on its last key.
+    tile_scheduler_metadata and num_splits (get_mla_metadata's) are ignored. Returns (out [batch, seq_len_q,
+    num_heads_q, head_dim_v], softmax_lse [batch, num_heads_q, seq_len_q] float32, natural log, +inf for a row
+    that sees no key as in attn.flash). No autograd."""
+    torch = _torch()
+    _tensor("q", q, 4, "[batch, seq_len_q, num_heads_q, head_dim]")
+    _tensor("k_cache", k_cache, 4, "[num_blocks, page_block_size, num_heads_k, head_dim]")
+    if isinstance(head_dim_v, bool) or not isinstance(head_dim_v, int):
+        raise TypeError(f"head_dim_v: got {type(head_dim_v).__name__}; expected an int")
+    if not 0 < head_dim_v <= k_cache.shape[3]:
+        raise ValueError(f"head_dim_v: {head_dim_v}; expected 1 <= head_dim_v <= head_dim ({k_cache.shape[3]})")
+    if q.shape[3] != k_cache.shape[3]:
+        raise ValueError(f"q: head_dim {q.shape[3]}; expected k_cache's {k_cache.shape[3]}")
+    scale = softmax_scale if softmax_scale is not None else q.shape[3] ** -0.5
+    with torch.no_grad():
+        v_cache = k_cache[..., :head_dim_v]  # a view: the same rows, no copy
+        out, lse = attention_paged(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), block_table,
+                                   cache_seqlens, is_causal=bool(causal), causal_alignment="bottom_right",
+                                   scale=scale, return_lse=True)
+    return out.transpose(1, 2).contiguous(), _flash_lse(lse)
