@@ -3,9 +3,9 @@
 // frontend's headers were found (ATTN_HAVE_CUDNN).
 //
 // One graph per shape (a key of everything the graph depends on: sizes, strides, dtype, mask, scale, device),
-// built on first use and kept, as FlashInfer and PyTorch keep theirs; what varies per call (the tensors' addresses,
-// key lengths, page tables) is in the variant pack. One cuDNN handle per device; calls on a device are
-// serialised by a mutex (a handle's stream is per handle).
+// built on first use and kept (up to kMaxPlans per device), as FlashInfer and PyTorch keep theirs; what varies
+// per call (the tensors' addresses, key lengths, page tables) is in the variant pack. One cuDNN handle per
+// device; calls on a device are serialised by a mutex (a handle's stream is per handle).
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -99,6 +99,8 @@ struct Plan {
   i64 workspace = 0;
   Status status;  // cuDNN's refusal, kept so that a refused shape is not built again
 };
+
+constexpr std::size_t kMaxPlans = 512;  // graphs kept per device
 
 // Per device: the handle, the kept graphs, and the lock that serialises their use.
 struct DeviceState {
@@ -274,6 +276,9 @@ template <class Build>
 Status plan_for(DeviceState& s, const std::string& key, Build&& build, const Plan** out) {
   auto it = s.plans.find(key);
   if (it == s.plans.end()) {
+    // Bounded: a server whose calls bring ever new shapes (prefill lengths) would otherwise keep every graph.
+    // Past kMaxPlans the kept graphs are dropped and rebuilt as they are asked for again.
+    if (s.plans.size() >= kMaxPlans) s.plans.clear();
     Plan plan;
     if (Status st = handle(s); !st) return st;
     try {
