@@ -3,11 +3,13 @@
 // no CUDA type appears here, so the core includes it whether or not the build has CUDA.
 //
 // Two implementations, one decision (select_forward / select_backward, like cpu::select_flash):
-//   cudnn   cuDNN's fused attention through the cuDNN frontend (src/cuda/cudnn_*): bf16/f16 Q, K, V of the
-//           configurations the installed cuDNN takes; graphs built once per shape and kept (plan / run).
-//   flash   attn's own kernels (src/cuda/flash_*): every configuration the CPU engine accepts (FlashAttention-2
-//           style on tensor cores for bf16/f16, exact fp32 otherwise; split-KV decode over contiguous and paged
-//           caches; the deterministic backward).
+//   cudnn   cuDNN's fused attention through the cuDNN frontend (src/cuda/cudnn_sdpa.{h,cc}, its host rule in
+//           cudnn_rules.cc): bf16/f16 Q, K, V of the configurations the rule and the installed cuDNN take;
+//           graphs built once per shape and kept (plan / run); the GPU's backward (deterministic).
+//   flash   attn's own forward kernels: every configuration the CPU engine accepts (the FlashAttention-2-style
+//           tensor-core kernel of forward_block.h for bf16/f16 up to head dim 256, with split-KV decode over
+//           contiguous and paged caches; the exact fp32 path of exact_row.h for the rest). attn's own backward
+//           on the GPU is not written yet.
 // Params::backend picks: automatic = cuDNN where it takes the problem, else attn's own; cudnn = cuDNN only (a
 // clear Unsupported where it refuses); flash = attn's own only. Without a device, or in a build without CUDA,
 // every call answers "no CUDA device" (cuda/runtime.h).
