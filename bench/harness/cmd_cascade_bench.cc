@@ -24,7 +24,7 @@
 #include "attn/attn.h"
 #include "ceilings.h"
 #include "commands.h"
-#include "core/convert.h"
+#include "core/views.h"
 #include "json_writer.h"
 #include "subcommand.h"
 
@@ -69,12 +69,7 @@ Status cascade_bench(const CascadeArgs& a, std::ostream& out) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const auto fill = [&](std::vector<unsigned char>& buf) {
     const TensorView t = TensorView::contiguous(buf.data(), dt, {static_cast<std::int64_t>(buf.size() / es)});
-    for (std::int64_t e = 0; e < t.shape[0]; ++e) {
-      const float x = u(rng);
-      if (dt == DType::bf16) static_cast<core::bf16*>(t.data)[e] = core::from_float<core::bf16>(x);
-      else if (dt == DType::f16) static_cast<core::f16*>(t.data)[e] = core::from_float<core::f16>(x);
-      else static_cast<float*>(t.data)[e] = x;
-    }
+    for (std::int64_t e = 0; e < t.shape[0]; ++e) core::store_float(t, e, u(rng));
   };
   fill(q), fill(kp), fill(vp);
   // Pages: the prefix's first, then each sequence's own, in a shuffled order over the pool.
@@ -128,13 +123,9 @@ Status cascade_bench(const CascadeArgs& a, std::ostream& out) {
   const TensorView flat_p = TensorView::contiguous(out_plain.data(), dt, {B * Hq * D});
   const TensorView flat_c = TensorView::contiguous(out_cascade.data(), dt, {B * Hq * D});
   for (std::int64_t e = 0; e < B * Hq * D; ++e) {
-    const auto at = [&](const TensorView& t) -> double {
-      if (dt == DType::bf16) return core::to_float(static_cast<const core::bf16*>(t.data)[e]);
-      if (dt == DType::f16) return core::to_float(static_cast<const core::f16*>(t.data)[e]);
-      return static_cast<const float*>(t.data)[e];
-    };
-    diff = std::max(diff, std::fabs(at(flat_p) - at(flat_c)));
-    size = std::max(size, std::fabs(at(flat_p)));
+    const double a = core::float_at(flat_p, e), b = core::float_at(flat_c, e);
+    diff = std::isfinite(a) && std::isfinite(b) ? std::max(diff, std::fabs(a - b)) : HUGE_VAL;  // NaN never agrees
+    size = std::max(size, std::fabs(a));
   }
   // (f32: the two sum in different orders, so a few thousand fp32 roundings apart: 2^-16 relative.)
   const double ulp = dt == DType::bf16 ? 0x1p-7 : dt == DType::f16 ? 0x1p-10 : 0x1p-16;

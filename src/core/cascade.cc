@@ -158,7 +158,8 @@ Status attention_paged_cascade(const TensorView& q, const TensorView& k_pages, c
   if (Status s = core::run_forward(pp); !s) return s;
   if (Status s = core::run_forward(ps); !s) return s;
 
-  // The merge, row by row (combine_split's arithmetic): each side a state in natural-log units. Rows are
+  // The merge, row by row: each side a state in natural-log units (core::state_from_lse) merged by core::merge
+  // (the merge split-KV and merge_attention use) into the prefix's row, then the sink absorbed once. Rows are
   // independent: shared out over the call's threads.
   const float c = static_cast<float>(core::kLog2e);
   const i64 all_rows = B * Hq * Sq;
@@ -166,19 +167,16 @@ Status attention_paged_cascade(const TensorView& q, const TensorView& k_pages, c
 #pragma omp parallel for num_threads(threads) schedule(static) if (all_rows * Dv >= 32768)
   for (i64 row = 0; row < all_rows; ++row) {
     const i64 i = row % Sq, h = (row / Sq) % Hq, b = row / (Sq * Hq);
-    const i64 ra = h * rows + b * Sq + i, rb = row;
-    const core::Merged m = core::merge_weights(core::state_from_lse(lp[static_cast<std::size_t>(ra)]),
-                                               core::state_from_lse(ls[static_cast<std::size_t>(rb)]), c);
+    const i64 ra = h * rows + b * Sq + i;
+    float* o = &op[static_cast<std::size_t>(ra * Dv)];
+    core::RowState st = core::state_from_lse(lp[static_cast<std::size_t>(ra)]);
+    core::merge(st, o, core::state_from_lse(ls[static_cast<std::size_t>(row)]), &os[static_cast<std::size_t>(row * Dv)],
+                Dv, c);
     const float sink = params.sinks ? core::float_at(*params.sinks, h * params.sinks->strides[0])
                                     : -std::numeric_limits<float>::infinity();
-    const core::Finish f = core::finish_with_sink(m.state.m, m.state.l, 1.0, sink);
-    for (i64 d = 0; d < Dv; ++d) {
-      const float x = op[static_cast<std::size_t>(ra * Dv + d)], y = os[static_cast<std::size_t>(rb * Dv + d)];
-      const float acc = m.take == core::Merged::Take::a   ? x
-                        : m.take == core::Merged::Take::b ? y
-                                                          : x * m.wa + y * m.wb;
-      core::store_float(out, p.out.offset(b, h, i, d), core::finish_output(acc, m.state.l, f.factor));
-    }
+    const core::Finish f = core::finish_with_sink(st.m, st.l, 1.0, sink);
+    for (i64 d = 0; d < Dv; ++d)
+      core::store_float(out, p.out.offset(b, h, i, d), core::finish_output(o[d], st.l, f.factor));
     if (lse) static_cast<float*>(lse->data)[p.lse->offset(b, h, i, 0)] = f.lse;
   }
   return Status::Ok();

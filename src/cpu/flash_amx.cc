@@ -483,23 +483,22 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
     const core::RowState& st = ws.state[r];
     const core::Finish f = core::finish_with_sink(st.m, st.l, k_nat, p.sink(ws.head[r]));
     const float factor = f.factor;
+    const std::int64_t at = p.out.offset(b, ws.head[r], ws.row[r], 0);
     if (p.out.dtype == DType::f32) {  // f32 rows of a bf16 problem (the cascade's partial results)
-      float* of = reinterpret_cast<float*>(out) + p.out.offset(b, ws.head[r], ws.row[r], 0);
+      float* of = reinterpret_cast<float*>(out) + at;
       for (std::int64_t d = 0; d < p.Dv; ++d)
         of[d * p.out.stride[3]] = core::finish_output(ws.o[r * dvp + d], st.l, factor);
-      if (p.lse)
-        static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(b, ws.head[r], ws.row[r], 0)] = f.lse;
-      continue;
+    } else {
+      core::bf16* o = out + at;
+      std::int64_t d = 0;
+      if (p.out.stride[3] == 1 && st.l != 0.0f)  // vcvtneps2bf16 rounds to nearest even, as core::from_float does
+        for (; d + 16 <= p.Dv; d += 16)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d),
+                              (__m256i)_mm512_cvtneps_pbh(
+                                  _mm512_mul_ps(_mm512_loadu_ps(&ws.o[r * dvp + d]), _mm512_set1_ps(factor))));
+      for (; d < p.Dv; ++d)
+        o[d * p.out.stride[3]] = core::from_float<core::bf16>(core::finish_output(ws.o[r * dvp + d], st.l, factor));
     }
-    core::bf16* o = out + p.out.offset(b, ws.head[r], ws.row[r], 0);
-    std::int64_t d = 0;
-    if (p.out.stride[3] == 1 && st.l != 0.0f)  // vcvtneps2bf16 rounds to nearest even, as core::from_float does
-      for (; d + 16 <= p.Dv; d += 16)
-        _mm256_storeu_si256(
-            reinterpret_cast<__m256i*>(o + d),
-            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(&ws.o[r * dvp + d]), _mm512_set1_ps(factor))));
-    for (; d < p.Dv; ++d)
-      o[d * p.out.stride[3]] = core::from_float<core::bf16>(core::finish_output(ws.o[r * dvp + d], st.l, factor));
     if (p.lse)
       static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(b, ws.head[r], ws.row[r], 0)] = f.lse;
   }

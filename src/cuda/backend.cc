@@ -32,6 +32,16 @@ Choice unavailable(Status s) {
   return c;
 }
 
+// cuDNN's path for a call whose graph it built (`what` names the graph for describe_attention).
+Choice cudnn_choice(const std::string& what, const std::string& arch, std::int64_t workspace) {
+  Choice c;
+  c.path = Path::cudnn;
+  c.kernel = what + " (cuDNN " + cudnn::version() + ")";
+  c.arch = arch;
+  c.workspace_bytes = workspace;
+  return c;
+}
+
 }  // namespace
 
 // The forward: cuDNN where it takes the problem (its host rule, then its graph for the shape), unless the caller
@@ -45,14 +55,7 @@ Choice select_forward(const core::Problem& p) {
     Status why = cudnn::takes(p);
     std::int64_t workspace = 0;
     if (why) why = cudnn::prepare(p, &workspace);
-    if (why) {
-      Choice c;
-      c.path = Path::cudnn;
-      c.kernel = "cudnn sdpa (cuDNN " + cudnn::version() + ")";
-      c.arch = arch;
-      c.workspace_bytes = workspace;
-      return c;
-    }
+    if (why) return cudnn_choice("cudnn sdpa", arch, workspace);
     if (p.backend == Backend::cudnn) return unavailable(why);
   }
   if (Status s = fwd::exact_supports(p); !s) return unavailable(s);  // (the tensor-core kernel's grid is smaller)
@@ -87,12 +90,7 @@ Choice select_backward(const core::BackwardProblem& bp) {
   std::int64_t workspace = 0;
   if (why) why = cudnn::prepare_backward(bp, &workspace);
   if (!why) return unavailable(why);
-  Choice c;
-  c.path = Path::cudnn;
-  c.kernel = "cudnn sdpa backward, deterministic (cuDNN " + cudnn::version() + ")";
-  c.arch = arch;
-  c.workspace_bytes = workspace;
-  return c;
+  return cudnn_choice("cudnn sdpa backward, deterministic", arch, workspace);
 }
 
 Status run_backward(const core::BackwardProblem& bp, const Choice& c) {

@@ -228,11 +228,17 @@ Status finish(fe::graph::Graph& g, cudnnHandle_t h, Plan* plan) {
   return Status::Ok();
 }
 
-Status build_forward(const core::Problem& p, cudnnHandle_t h, Plan* plan) {
+// A graph in p's I/O dtype computing in fp32.
+std::shared_ptr<fe::graph::Graph> new_graph(const core::Problem& p) {
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(io_type(p.q.dtype))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+Status build_forward(const core::Problem& p, cudnnHandle_t h, Plan* plan) {
+  auto g = new_graph(p);
   const Inputs in = add_inputs(*g, p);
   auto a = fe::graph::SDPA_attributes().set_name("attn_sdpa").set_generate_stats(p.lse.has_value());
   set_masks(a, p, in);
@@ -251,10 +257,7 @@ Status build_forward(const core::Problem& p, cudnnHandle_t h, Plan* plan) {
 
 Status build_backward(const core::BackwardProblem& bp, cudnnHandle_t h, Plan* plan) {
   const core::Problem& p = bp.fwd;
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(io_type(p.q.dtype))
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto g = new_graph(p);
   const Inputs in = add_inputs(*g, p);
   auto o = g->tensor(fe::graph::Tensor_attributes().set_name("O").set_uid(kO).set_dim(dims(p.B, p.Hq, p.Sq, p.Dv)).set_stride(strides(p.out)));
   auto dout = g->tensor(fe::graph::Tensor_attributes().set_name("dO").set_uid(kDO).set_dim(dims(p.B, p.Hq, p.Sq, p.Dv)).set_stride(strides(bp.dout)));
@@ -346,6 +349,23 @@ Status execute(DeviceState& s, const core::Problem& p, const Plan& plan, std::un
 
 void* ptr(const core::Strided& t) { return const_cast<void*>(t.data); }
 
+// The one way in: cuDNN loaded, p's device current and its state locked, the graph of p (the backward's when bp
+// is given) built or found; then f(state, plan).
+template <class F>
+Status with_plan(const core::Problem& p, const core::BackwardProblem* bp, F&& f) {
+  if (Status s = ready(); !s) return s;
+  DeviceState& s = state(p.device.index);
+  const std::lock_guard<std::mutex> lock(s.mutex);
+  DeviceScope scope(p.device.index);
+  if (scope.error != cudaSuccess) return cuda_failed(scope.error, "cudaSetDevice");
+  const Plan* plan = nullptr;
+  const Status st = plan_for(s, key_of(p, bp != nullptr, bp), [&](cudnnHandle_t h, Plan* out) {
+    return bp ? build_backward(*bp, h, out) : build_forward(p, h, out);
+  }, &plan);
+  if (!st) return st;
+  return f(s, *plan);
+}
+
 }  // namespace
 
 std::string version() {
@@ -354,66 +374,39 @@ std::string version() {
 }
 
 Status prepare(const core::Problem& p, i64* workspace_bytes) {
-  if (Status s = ready(); !s) return s;
-  DeviceState& s = state(p.device.index);
-  const std::lock_guard<std::mutex> lock(s.mutex);
-  DeviceScope scope(p.device.index);
-  if (scope.error != cudaSuccess) return cuda_failed(scope.error, "cudaSetDevice");
-  const Plan* plan = nullptr;
-  const Status st = plan_for(s, key_of(p, false, nullptr),
-                             [&](cudnnHandle_t h, Plan* out) { return build_forward(p, h, out); }, &plan);
-  *workspace_bytes = st ? plan->workspace : 0;
-  return st;
+  *workspace_bytes = 0;
+  return with_plan(p, nullptr, [&](DeviceState&, const Plan& plan) {
+    *workspace_bytes = plan.workspace;
+    return Status::Ok();
+  });
 }
 
 Status prepare_backward(const core::BackwardProblem& bp, i64* workspace_bytes) {
-  const core::Problem& p = bp.fwd;
-  if (Status s = ready(); !s) return s;
-  DeviceState& s = state(p.device.index);
-  const std::lock_guard<std::mutex> lock(s.mutex);
-  DeviceScope scope(p.device.index);
-  if (scope.error != cudaSuccess) return cuda_failed(scope.error, "cudaSetDevice");
-  const Plan* plan = nullptr;
-  const Status st = plan_for(s, key_of(p, true, &bp),
-                             [&](cudnnHandle_t h, Plan* out) { return build_backward(bp, h, out); }, &plan);
-  *workspace_bytes = st ? plan->workspace : 0;
-  return st;
+  *workspace_bytes = 0;
+  return with_plan(bp.fwd, &bp, [&](DeviceState&, const Plan& plan) {
+    *workspace_bytes = plan.workspace;
+    return Status::Ok();
+  });
 }
 
 Status run(const core::Problem& p) {
-  if (Status s = ready(); !s) return s;
-  if (p.B * p.Hq * p.Sq == 0) return Status::Ok();
-  DeviceState& s = state(p.device.index);
-  const std::lock_guard<std::mutex> lock(s.mutex);
-  DeviceScope scope(p.device.index);
-  if (scope.error != cudaSuccess) return cuda_failed(scope.error, "cudaSetDevice");
-  const Plan* plan = nullptr;
-  if (Status st = plan_for(s, key_of(p, false, nullptr),
-                           [&](cudnnHandle_t h, Plan* out) { return build_forward(p, h, out); }, &plan);
-      !st)
-    return st;
-  std::unordered_map<i64, void*> pack{{kQ, ptr(p.q)}, {kK, ptr(p.k)}, {kV, ptr(p.v)}, {kO, ptr(p.out)}};
-  if (p.lse) pack[kStats] = ptr(*p.lse);
-  return execute(s, p, *plan, pack);
+  if (p.B * p.Hq * p.Sq == 0) return ready();
+  return with_plan(p, nullptr, [&](DeviceState& s, const Plan& plan) {
+    std::unordered_map<i64, void*> pack{{kQ, ptr(p.q)}, {kK, ptr(p.k)}, {kV, ptr(p.v)}, {kO, ptr(p.out)}};
+    if (p.lse) pack[kStats] = ptr(*p.lse);
+    return execute(s, p, plan, pack);
+  });
 }
 
 Status run_backward(const core::BackwardProblem& bp) {
   const core::Problem& p = bp.fwd;
-  if (Status s = ready(); !s) return s;
-  DeviceState& s = state(p.device.index);
-  const std::lock_guard<std::mutex> lock(s.mutex);
-  DeviceScope scope(p.device.index);
-  if (scope.error != cudaSuccess) return cuda_failed(scope.error, "cudaSetDevice");
-  if (p.B * p.Hq * p.Sq == 0 && p.B * p.Hkv * p.Skv == 0) return Status::Ok();
-  const Plan* plan = nullptr;
-  if (Status st = plan_for(s, key_of(p, true, &bp),
-                           [&](cudnnHandle_t h, Plan* out) { return build_backward(bp, h, out); }, &plan);
-      !st)
-    return st;
-  std::unordered_map<i64, void*> pack{{kQ, ptr(p.q)},       {kK, ptr(p.k)},       {kV, ptr(p.v)},
-                                      {kO, ptr(p.out)},     {kStats, ptr(*p.lse)}, {kDO, ptr(bp.dout)},
-                                      {kDQ, ptr(bp.dq)},    {kDK, ptr(bp.dk)},    {kDV, ptr(bp.dv)}};
-  return execute(s, p, *plan, pack);
+  if (p.B * p.Hq * p.Sq == 0 && p.B * p.Hkv * p.Skv == 0) return ready();
+  return with_plan(p, &bp, [&](DeviceState& s, const Plan& plan) {
+    std::unordered_map<i64, void*> pack{{kQ, ptr(p.q)},       {kK, ptr(p.k)},       {kV, ptr(p.v)},
+                                        {kO, ptr(p.out)},     {kStats, ptr(*p.lse)}, {kDO, ptr(bp.dout)},
+                                        {kDQ, ptr(bp.dq)},    {kDK, ptr(bp.dk)},    {kDV, ptr(bp.dv)}};
+    return execute(s, p, plan, pack);
+  });
 }
 
 }  // namespace attn::cuda::cudnn
