@@ -234,10 +234,11 @@ Status generate(const GenerateArgs& a, std::ostream& out) {
   if (a.cache != "contiguous" && a.cache != "paged")
     return Status::Invalid("--cache", "'" + a.cache + "'; expected contiguous or paged");
   DType kv_dtype = DType::boolean;
-  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i8})
-    if (a.kv_dtype == dtype_name(d) || (d == DType::i8 && a.kv_dtype == "int8")) kv_dtype = d;
+  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i8, DType::i4})
+    if (a.kv_dtype == dtype_name(d) || (d == DType::i8 && a.kv_dtype == "int8") || (d == DType::i4 && a.kv_dtype == "int4"))
+      kv_dtype = d;
   if (kv_dtype == DType::boolean)
-    return Status::Invalid("--kv-dtype", "'" + a.kv_dtype + "'; expected f32, bf16, f16 or int8 (i8)");
+    return Status::Invalid("--kv-dtype", "'" + a.kv_dtype + "'; expected f32, bf16, f16, int8 (i8) or int4 (i4)");
   if (Status s = check_outputs({{"--png", a.png}}, {}); !s) return s;  // before minutes of work
   if (Status s = plot::check_can_draw("--png", a.png); !s) return s;
   if (a.threads > 0 && openblas_set_num_threads) openblas_set_num_threads(a.threads);
@@ -333,8 +334,8 @@ Status generate(const GenerateArgs& a, std::ostream& out) {
                 "outputs agree: greedy tokens identical at %lld of %lld steps; max |logit difference| = %.3g (logits up to %.3g)\n",
                 static_cast<long long>(same), static_cast<long long>(a.tokens), max_diff, max_logit);
   out << buf;
-  // A cache that stores rounded keys and values (bf16, f16, i8) computes slightly different logits by design: the
-  // recompute (f32 activations throughout) is the yardstick, and an i8 or f16 cache is also compared with a bf16
+  // A cache that stores rounded keys and values (bf16, f16, i8, i4) computes slightly different logits by design: the
+  // recompute (f32 activations throughout) is the yardstick, and an i8, i4 or f16 cache is also compared with a bf16
   // cache over the same tokens.
   const bool exact_cache = kv_dtype == DType::f32;
   if (!exact_cache && kv_dtype != DType::bf16) {
@@ -384,8 +385,8 @@ void add_generate_command(CLI::App& app, std::ostream& out) {
   g->add_option("--cache", a->cache, "contiguous (default) or paged");
   g->add_option("--page-size", a->page_size, "Page size of the paged cache (default 16)");
   g->add_option("--kv-dtype", a->kv_dtype,
-                "Storage of the KV cache: f32 (default), bf16, f16 or int8 (per (token, head) scales); other than f32 "
-                "the logits are also compared with a bf16 cache's");
+                "Storage of the KV cache: f32 (default), bf16, f16, int8 (per (token, head) scales) or int4 (a scale "
+                "per 32 values of a row); other than f32 the logits are also compared with a bf16 cache's");
   g->add_option("--repeat", a->repeat, "Time every step this many times and keep the minimum (default 3)");
   g->add_option("--threads", a->threads, "Threads for attention and OpenBLAS (default 1; 0 = their defaults)");
   g->add_option("--png", a->png, "Plot of time per token against position (default generate.png; '' = none)");

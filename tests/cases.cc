@@ -272,6 +272,32 @@ std::vector<Case> registry() {
        .scale = 1.0});
   add({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 64, .kv_dtype = DType::i8, .amplitude = 30,
        .scale = 1.0});
+  // 4-bit K/V (i4 values, a scale per block of 32 values of a row): prefill and decode, GQA, split-KV, paged pools,
+  // head dims with a partial last block and odd ones (a row's last byte half used), strided and padded rows, the
+  // score variants, scores in the wide band, MLA's latent head dims.
+  for (DType qd : {DType::f32, DType::bf16}) {
+    const DType i4 = DType::i4;
+    add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .causal = Causal::bottom_right,
+         .dtype = qd, .kv_dtype = i4});
+    add({.B = 1, .Hq = 8, .Hkv = 1, .Sq = 1, .Skv = 1023, .Dk = 128, .Dv = 128, .layout = Layout::bshd, .dtype = qd,
+         .kv_dtype = i4});
+    add({.B = 3, .Hq = 4, .Hkv = 2, .Sq = 1, .Skv = 113, .Dk = 80, .Dv = 80, .causal = Causal::bottom_right,
+         .kv_lens = true, .dtype = qd, .kv_dtype = i4, .page_size = 16});
+  }
+  add({.B = 1, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 4000, .Dk = 128, .Dv = 128, .kv_lens = true, .kv_dtype = DType::i4});
+  add({.B = 2, .Hq = 4, .Hkv = 1, .Sq = 33, .Skv = 203, .Dk = 33, .Dv = 65, .causal = Causal::top_left,
+       .layout = Layout::padded, .kv_dtype = DType::i4});
+  add({.B = 2, .Hq = 2, .Hkv = 1, .Sq = 7, .Skv = 113, .Dk = 80, .Dv = 40, .mask = MaskCase::keep_per_batch,
+       .kv_lens = true, .dtype = DType::f16, .kv_dtype = DType::i4});
+  add({.B = 3, .Hq = 4, .Hkv = 1, .Sq = 7, .Skv = 113, .Dk = 32, .Dv = 48, .causal = Causal::bottom_right,
+       .mask = MaskCase::additive_full, .kv_lens = true, .layout = Layout::bshd, .kv_dtype = DType::i4, .softcap = 5.0,
+       .alibi = 2, .sinks = true, .dropout = 0.2});
+  add({.B = 2, .Hq = 8, .Hkv = 1, .Sq = 7, .Skv = 203, .Dk = 31, .Dv = 17, .causal = Causal::bottom_right,
+       .kv_dtype = DType::i4, .page_size = 3});
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .kv_dtype = DType::i4, .amplitude = 30,
+       .scale = 1.0});
+  add({.B = 1, .Hq = 16, .Hkv = 1, .Sq = 2, .Skv = 203, .Dk = 576, .Dv = 512, .causal = Causal::bottom_right,
+       .dtype = DType::bf16, .kv_dtype = DType::i4});
   // bf16 prefill runs on its own kernel where the CPU has AMX, and bf16 rows are widened in registers by
   // the decode micro-kernels: every fp32 case above again in bf16 (every head dim, mask, window,
   // alignment, layout, key length, page size, decode and prefill).
@@ -284,6 +310,16 @@ std::vector<Case> registry() {
   }
   return out;
 }
+
+namespace {
+// The scales of quantised K or V rows of `dim` values over `outer` batches (or pages) of `rows` rows each: i8
+// [outer, Hkv, rows] (Tensor::get's fourth index then reads past nothing: rank 3 ignores it), i4 [outer, Hkv,
+// rows, ceil(dim / kI4Block)].
+Tensor scales_tensor(const Case& c, std::int64_t outer, std::int64_t rows, std::int64_t dim) {
+  if (c.kv_dtype == DType::i4) return Tensor::plain(DType::f32, {outer, c.Hkv, rows, (dim + kI4Block - 1) / kI4Block});
+  return Tensor::plain(DType::f32, {outer, c.Hkv, rows});
+}
+}  // namespace
 
 Instance instantiate(const Case& c) { return instantiate(c, std::hash<std::string>{}(c.name()), nullptr); }
 
@@ -298,14 +334,18 @@ Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void
   in.q.randomize(rng, c.amplitude);
   in.k.randomize(rng, c.amplitude);
   in.v.randomize(rng, 1.0);
-  if (c.kv_dtype == DType::i8) {  // integers in [-127, 127] (never 0), scales putting the values near +-amplitude
-    std::uniform_real_distribution<double> scale(0.5 / 127, 1.5 / 127);
-    in.k.randomize(rng, 127.0);
-    in.v.randomize(rng, 127.0);
-    in.k_scale = Tensor::plain(DType::f32, {c.B, c.Hkv, c.Skv});
-    in.v_scale = Tensor::plain(DType::f32, {c.B, c.Hkv, c.Skv});
-    in.k_scale.for_each_index([&](auto b, auto h, auto j, auto) { in.k_scale.set(scale(rng) * c.amplitude, b, h, j); });
-    in.v_scale.for_each_index([&](auto b, auto h, auto j, auto) { in.v_scale.set(scale(rng), b, h, j); });
+  if (c.kv_dtype == DType::i8 || c.kv_dtype == DType::i4) {
+    // i8: integers in [-127, 127] (never 0), a scale per row; i4: integers in [-8, 7], a scale per block of kI4Block
+    // values; scales putting the values near +-amplitude.
+    const bool i4 = c.kv_dtype == DType::i4;
+    const double qmax = i4 ? 7.0 : 127.0;
+    std::uniform_real_distribution<double> scale(0.5 / qmax, 1.5 / qmax);
+    in.k.randomize(rng, qmax + (i4 ? 0.5 : 0.0));
+    in.v.randomize(rng, qmax + (i4 ? 0.5 : 0.0));
+    in.k_scale = scales_tensor(c, c.B, c.Skv, c.Dk);
+    in.v_scale = scales_tensor(c, c.B, c.Skv, c.Dv);
+    in.k_scale.for_each_index([&](auto b, auto h, auto j, auto d) { in.k_scale.set(scale(rng) * c.amplitude, b, h, j, d); });
+    in.v_scale.for_each_index([&](auto b, auto h, auto j, auto d) { in.v_scale.set(scale(rng), b, h, j, d); });
     in.params.k_scale = in.k_scale.view;
     in.params.v_scale = in.v_scale.view;
   }
@@ -385,13 +425,15 @@ Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void
     in.v_pages = Tensor(c.kv_dtype, pool, c.Hkv, ps, c.Dv, c.layout);
     in.k_pages.poison();
     in.v_pages.poison();
-    const bool i8 = c.kv_dtype == DType::i8;
-    if (i8) {  // the scales' pool, NaN outside the sequences' rows
-      in.k_scale_pages = Tensor::plain(DType::f32, {pool, c.Hkv, ps});
-      in.v_scale_pages = Tensor::plain(DType::f32, {pool, c.Hkv, ps});
+    const bool scaled = c.kv_dtype == DType::i8 || c.kv_dtype == DType::i4;
+    if (scaled) {  // the scales' pool, NaN outside the sequences' rows
+      in.k_scale_pages = scales_tensor(c, pool, ps, c.Dk);
+      in.v_scale_pages = scales_tensor(c, pool, ps, c.Dv);
       in.k_scale_pages.poison();
       in.v_scale_pages.poison();
     }
+    const std::int64_t kblocks = in.k_scale.view.rank == 4 ? in.k_scale.view.shape[3] : 1;  // scales per row
+    const std::int64_t vblocks = in.v_scale.view.rank == 4 ? in.v_scale.view.shape[3] : 1;
     in.page_table = Tensor::plain(DType::i32, {c.B, max_pages});
     in.seq_lens = Tensor::plain(DType::i64, {c.B});
     for (std::int64_t b = 0; b < c.B; ++b) {
@@ -404,8 +446,10 @@ Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void
           for (std::int64_t r = 0; r < ps && n * ps + r < len; ++r) {
             for (std::int64_t d = 0; d < c.Dk; ++d) in.k_pages.set(in.k.get(b, h, n * ps + r, d), page, h, r, d);
             for (std::int64_t d = 0; d < c.Dv; ++d) in.v_pages.set(in.v.get(b, h, n * ps + r, d), page, h, r, d);
-            if (i8) in.k_scale_pages.set(in.k_scale.get(b, h, n * ps + r), page, h, r);
-            if (i8) in.v_scale_pages.set(in.v_scale.get(b, h, n * ps + r), page, h, r);
+            for (std::int64_t e = 0; scaled && e < kblocks; ++e)
+              in.k_scale_pages.set(in.k_scale.get(b, h, n * ps + r, e), page, h, r, e);
+            for (std::int64_t e = 0; scaled && e < vblocks; ++e)
+              in.v_scale_pages.set(in.v_scale.get(b, h, n * ps + r, e), page, h, r, e);
           }
       }
     }
@@ -414,9 +458,12 @@ Instance instantiate(const Case& c, std::uint64_t seed, const std::function<void
 }
 
 double Instance::max_abs_v() const {
-  if (v.view.dtype != DType::i8) return max_abs_finite(v);
+  if (v.view.dtype != DType::i8 && v.view.dtype != DType::i4) return max_abs_finite(v);
+  const std::int64_t block = v.view.dtype == DType::i4 ? kI4Block : std::int64_t{1} << 40;
   double m = 0;
-  v.for_each_index([&](auto b, auto h, auto j, auto d) { m = std::max(m, std::fabs(v.get(b, h, j, d) * v_scale.get(b, h, j))); });
+  v.for_each_index([&](auto b, auto h, auto j, auto d) {
+    m = std::max(m, std::fabs(v.get(b, h, j, d) * v_scale.get(b, h, j, d / block)));
+  });
   return m;
 }
 
@@ -473,7 +520,7 @@ Status Instance::problem(Backend backend, int threads, bool with_lse, core::Prob
 std::vector<Case> backward_registry() {
   std::vector<Case> out;
   for (const Case& c : registry())
-    if (c.page_size == 0 && c.kv_dtype != DType::i8 && c.B * c.Hq * c.Sq * c.Skv * (c.Dk + c.Dv) <= 30'000'000) out.push_back(c);
+    if (c.page_size == 0 && c.kv_dtype != DType::i8 && c.kv_dtype != DType::i4 && c.B * c.Hq * c.Sq * c.Skv * (c.Dk + c.Dv) <= 30'000'000) out.push_back(c);
   // Key blocks shared by many query blocks in both sweeps, GQA groups over several query tiles.
   out.push_back({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 130, .Skv = 130, .Dk = 64, .Dv = 48, .causal = Causal::top_left});
   out.push_back({.B = 2, .Hq = 6, .Hkv = 2, .Sq = 65, .Skv = 257, .Dk = 24, .Dv = 24, .causal = Causal::bottom_right,

@@ -34,7 +34,9 @@ struct Tensor {
 
   Tensor() = default;
   Tensor(DType dtype, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d, Layout layout = Layout::bhsd) {
-    const std::int64_t es = static_cast<std::int64_t>(dtype_size(dtype));
+    const bool i4 = dtype == DType::i4;  // two values per byte: rows start on a byte (even strides, attn/tensor.h)
+    const auto even = [&](std::int64_t x) { return i4 ? (x + 1) / 2 * 2 : x; };
+    const std::int64_t dp = even(d);  // elements per row as stored
     view.dtype = dtype;
     view.rank = 4;
     view.shape = {b, h, s, d};
@@ -42,23 +44,24 @@ struct Tensor {
     std::int64_t base = 0;
     switch (layout) {
       case Layout::bhsd:
-        view.strides = {h * s * d, s * d, d, 1};
-        elems = b * h * s * d;
+        view.strides = {h * s * dp, s * dp, dp, 1};
+        elems = b * h * s * dp;
         break;
       case Layout::bshd:
-        view.strides = {s * h * d, d, h * d, 1};
-        elems = b * h * s * d;
+        view.strides = {s * h * dp, dp, h * dp, 1};
+        elems = b * h * s * dp;
         break;
       case Layout::padded: {  // row pitch d + 3, heads stored in reverse order (negative head stride)
-        const std::int64_t pitch = d + 3, head = s * pitch + 5;
-        view.strides = {h * head + 7, -head, pitch, 1};
+        const std::int64_t pitch = even(d + 3), head = even(s * pitch + 5), batch = even(h * head + 7);
+        view.strides = {batch, -head, pitch, 1};
         base = (h - 1) * head;
-        elems = b * (h * head + 7) + 8;
+        elems = b * batch + 8;
         break;
       }
     }
-    storage.assign(static_cast<std::size_t>(std::max<std::int64_t>(elems, 1) * es), 0);
-    view.data = storage.data() + base * es;
+    const std::int64_t bytes = dtype_bytes(dtype, std::max<std::int64_t>(elems, 1));
+    storage.assign(static_cast<std::size_t>(bytes), 0);
+    view.data = storage.data() + dtype_bytes(dtype, base);
   }
   // A rank-1..4 contiguous tensor (masks, key lengths, lse).
   static Tensor plain(DType dtype, std::vector<std::int64_t> shape) {
@@ -90,6 +93,7 @@ struct Tensor {
       case DType::i32: return static_cast<const std::int32_t*>(view.data)[off];
       case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(view.data)[off]);
       case DType::i8: return static_cast<const std::int8_t*>(view.data)[off];
+      case DType::i4: return core::q4_value(static_cast<const std::uint8_t*>(view.data)[off >> 1], static_cast<int>(off & 1));
     }
     return 0;
   }
@@ -105,6 +109,12 @@ struct Tensor {
       case DType::i8:
         static_cast<std::int8_t*>(view.data)[off] = static_cast<std::int8_t>(std::clamp(std::nearbyint(x), -127.0, 127.0));
         break;
+      case DType::i4: {  // the nibble q + 8 of element off (attn/tensor.h)
+        const int q = static_cast<int>(std::clamp(std::nearbyint(x), -8.0, 7.0)) + 8;
+        std::uint8_t& byte = static_cast<std::uint8_t*>(view.data)[off >> 1];
+        byte = static_cast<std::uint8_t>(off & 1 ? (byte & 0x0F) | (q << 4) : (byte & 0xF0) | q);
+        break;
+      }
     }
   }
   template <class F>

@@ -198,37 +198,50 @@ TEST(WorkspaceReuse, KeptThroughDescribeAndRefusedCalls) {
   EXPECT_EQ(ws.bytes(), held) << "the same call again";
 }
 
-// What 8-bit K/V cost in accuracy (the storage's error, not the kernels': those meet the tolerance rule on i8 inputs
-// above): every fp32 registry case of ordinary size with its K and V quantised per (batch, head, row) as
-// attn::KVCache does (scale max|x| / 127), against the fp64 reference on the unquantised values. The error is far
-// above the fp32 tolerance rule, as expected; it is printed per case and bounded loosely (relative to max |V|) on the
-// cases with unit-size inputs, where a score moves by about scale·|q|·|k|·2^-8 (the wide-score cases, amplitude 30,
-// are reported only: a score error of several units there changes which keys dominate).
-TEST(I8KV, QuantisationErrorOnTheRegistryCases) {
+// What 8- and 4-bit K/V cost in accuracy (the storage's error, not the kernels': those meet the tolerance rule on
+// i8 and i4 inputs above): fp32 registry cases of ordinary size (every one for i8, every third for i4) with their K
+// and V quantised as attn::KVCache does (i8: per (batch, head, row), scale max|x| / 127; i4: per block of 32 values
+// of a row, scale max|x| / 7), against the fp64 reference on the unquantised values. The error is far above the fp32
+// tolerance rule, as expected; it is printed per case and bounded loosely (relative to max |V|) on the cases with
+// unit-size inputs, where a score moves by about scale·|q|·|k|·2^-8 for i8, 2^-4 for i4 (the wide-score cases,
+// amplitude 30, are reported only: a score error of several units there changes which keys dominate).
+void quantisation_error(DType storage, int every, int min_cases, double bound) {
+  const bool i4 = storage == DType::i4;
+  const double qmax = i4 ? 7.0 : 127.0;
   double worst_unit = 0;
-  int cases = 0;
+  int cases = 0, seen = 0;
   for (const Case& c : registry()) {
     if (c.dtype != DType::f32 || c.kv_dtype != DType::f32 || c.page_size || c.dropout > 0 ||
         c.B * c.Hq * c.Sq * c.Skv * (c.Dk + c.Dv) > 30'000'000 || c.B * c.Skv == 0)
       continue;
+    if (seen++ % every != 0) continue;
     Instance in = instantiate(c);
     core::Problem prob;
     ASSERT_TRUE(core::validate(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view, &prob).ok());
     const reference::Result ref = reference::attention<double>(prob), naive = reference::attention<float>(prob);
-    Tensor k8(DType::i8, c.B, c.Hkv, c.Skv, c.Dk), v8(DType::i8, c.B, c.Hkv, c.Skv, c.Dv);
-    Tensor ks = Tensor::plain(DType::f32, {c.B, c.Hkv, c.Skv}), vs = Tensor::plain(DType::f32, {c.B, c.Hkv, c.Skv});
-    for (auto [src, dst, scale, dim] : {std::tuple{&in.k, &k8, &ks, c.Dk}, {&in.v, &v8, &vs, c.Dv}})
-      ks.for_each_index([&](auto b, auto h, auto j, auto) {
-        double amax = 0;
-        for (std::int64_t d = 0; d < dim; ++d) amax = std::max(amax, std::fabs(src->get(b, h, j, d)));
-        const float s = static_cast<float>(amax) / 127.0f;
-        scale->set(s, b, h, j);
-        for (std::int64_t d = 0; d < dim; ++d) dst->set(s > 0 ? src->get(b, h, j, d) / s : 0.0, b, h, j, d);
-      });
+    Tensor kq(storage, c.B, c.Hkv, c.Skv, c.Dk), vq(storage, c.B, c.Hkv, c.Skv, c.Dv);
+    const auto scales = [&](std::int64_t dim) {
+      return i4 ? Tensor::plain(DType::f32, {c.B, c.Hkv, c.Skv, (dim + kI4Block - 1) / kI4Block})
+                : Tensor::plain(DType::f32, {c.B, c.Hkv, c.Skv});
+    };
+    Tensor ks = scales(c.Dk), vs = scales(c.Dv);
+    const std::int64_t block = i4 ? kI4Block : std::int64_t{1} << 40;
+    for (auto [src, dst, scale, dim] : {std::tuple{&in.k, &kq, &ks, c.Dk}, {&in.v, &vq, &vs, c.Dv}})
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < c.Hkv; ++h)
+          for (std::int64_t j = 0; j < c.Skv; ++j)
+            for (std::int64_t d0 = 0; d0 < dim; d0 += block) {
+              const std::int64_t d1 = std::min(dim, d0 + block);
+              double amax = 0;
+              for (std::int64_t d = d0; d < d1; ++d) amax = std::max(amax, std::fabs(src->get(b, h, j, d)));
+              const float s = static_cast<float>(amax) / static_cast<float>(qmax);
+              scale->set(s, b, h, j, d0 / block);
+              for (std::int64_t d = d0; d < d1; ++d) dst->set(s > 0 ? src->get(b, h, j, d) / s : 0.0, b, h, j, d);
+            }
     Params p = in.params;
     p.k_scale = ks.view, p.v_scale = vs.view;
     in.out.poison();
-    ASSERT_TRUE(attention(in.q.view, k8.view, v8.view, in.out.view, p).ok()) << c.name();
+    ASSERT_TRUE(attention(in.q.view, kq.view, vq.view, in.out.view, p).ok()) << c.name();
     const double vmax = std::max(max_abs_finite(in.v), 1e-3), atol = forward_atol(DType::f32, ref, vmax);
     double err = 0, naive_err = 0;
     std::size_t i = 0;
@@ -238,17 +251,20 @@ TEST(I8KV, QuantisationErrorOnTheRegistryCases) {
       else EXPECT_FALSE(std::isfinite(x)) << c.name();
       if (std::isfinite(e)) EXPECT_TRUE(std::isfinite(x)) << c.name() << ": non-finite output";
     });
-    std::printf("[ i8 K/V ] %-60s max|out - fp64| = %.3g = %.3g max|V| (fp32 rule allows %.3g)\n", c.name().c_str(),
-                err, err / vmax, 2 * naive_err + atol);
+    std::printf("[ %s K/V ] %-60s max|out - fp64| = %.3g = %.3g max|V| (fp32 rule allows %.3g)\n", dtype_name(storage),
+                c.name().c_str(), err, err / vmax, 2 * naive_err + atol);
     ++cases;
     if (c.amplitude == 1.0 && !c.scale) worst_unit = std::max(worst_unit, err / vmax);
   }
-  EXPECT_GT(cases, 40);
-  EXPECT_LT(worst_unit, 0.05) << "unit-size inputs, default scale";
-  RecordProperty("worst_relative_error_unit_inputs", std::to_string(worst_unit));
-  std::printf("[ i8 K/V ] %d cases; worst max|out - fp64| / max|V| with unit-size inputs and the default scale: %.3g\n",
-              cases, worst_unit);
+  EXPECT_GT(cases, min_cases);
+  EXPECT_LT(worst_unit, bound) << "unit-size inputs, default scale";
+  ::testing::Test::RecordProperty("worst_relative_error_unit_inputs", std::to_string(worst_unit));
+  std::printf("[ %s K/V ] %d cases; worst max|out - fp64| / max|V| with unit-size inputs and the default scale: %.3g\n",
+              dtype_name(storage), cases, worst_unit);
 }
+
+TEST(I8KV, QuantisationErrorOnTheRegistryCases) { quantisation_error(DType::i8, 1, 40, 0.05); }
+TEST(I4KV, QuantisationErrorOnTheRegistryCases) { quantisation_error(DType::i4, 3, 40, 0.15); }
 
 INSTANTIATE_TEST_SUITE_P(Registry, AttentionCase, ::testing::ValuesIn(registry()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });

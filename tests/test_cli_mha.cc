@@ -70,7 +70,16 @@ TEST(CostCli, BadInputNamesTheOption) {
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r.err, "--seq: 0; expected")) << r.err;
   r = cli({"kv-size", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--seq", "9", "--dtype", "f64"});
-  EXPECT_TRUE(has(r.err, "--dtype: 'f64'; expected f32, f16, bf16, fp8 or int8")) << r.err;
+  EXPECT_TRUE(has(r.err, "--dtype: 'f64'; expected f32, f16, bf16, fp8, int8 or int4")) << r.err;
+  r = cli({"flops", "--seq", "10", "--d-model", "32", "--heads", "4", "--dtype", "int4"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r.err, "--dtype: 'int4'; expected f32, f16, bf16, fp8 or int8 (int4 is a KV cache's storage")) << r.err;
+  // The 4-bit cache: Llama-3-8B's 32 layers x 8 KV heads x 128 dims x 4096 tokens, 64 bytes of values and 4 scales of
+  // 4 bytes per row: 2 x 32 x 8 x 4096 x 80 = 167,772,160 bytes.
+  r = cli({"kv-size", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--seq", "4096", "--dtype", "int4"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "= 167772160 bytes")) << r.out;
+  EXPECT_TRUE(has(r.out, "x 4 fp32 scales (one per 32 values of a row)")) << r.out;
   r = cli({"flops", "--seq", "10", "--d-model", "30", "--heads", "4"});
   EXPECT_TRUE(has(r.err, "--head-dim: not given")) << r.err;
   r = cli({"flops", "--help"});

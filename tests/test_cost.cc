@@ -86,6 +86,13 @@ TEST(Cost, KvCacheSizeMatchesTheSeeds) {
   // int8: fp8's bytes plus an fp32 scale per (token, KV head) for K and V: 2 · 80 · 8 · 64000 · 4 · 4 more.
   ASSERT_TRUE(kv_cache_bytes({80, 8, 128, 64000, 4, KvDType::int8}, &bytes).ok());
   EXPECT_DOUBLE_EQ(bytes, 167772160000.0 / 8 * 4 / 2 + 2.0 * 80 * 8 * 64000 * 4 * 4);
+  // int4: half of fp8's bytes plus an fp32 scale per 32 values (4 per row of 128): 2 · 80 · 8 · 64000 · 4 · (64 + 16).
+  ASSERT_TRUE(kv_cache_bytes({80, 8, 128, 64000, 4, KvDType::int4}, &bytes).ok());
+  EXPECT_DOUBLE_EQ(bytes, 2.0 * 80 * 8 * 64000 * 4 * (64 + 16));
+  // A head dim that is not a multiple of 32 (or of 2): a row rounded up to whole bytes, a partial last block.
+  ASSERT_TRUE(kv_cache_bytes({1, 1, 33, 1, 1, KvDType::int4}, &bytes).ok());
+  EXPECT_DOUBLE_EQ(bytes, 2.0 * (17 + 4 * 2));
+  EXPECT_DOUBLE_EQ(kv_dtype_bytes(KvDType::int4), 0.5);
   const Status s = kv_cache_bytes({80, 8, 0, 64000, 1, KvDType::f32}, &bytes);
   EXPECT_NE(s.message().find("head_dim"), std::string::npos) << s.message();
 }

@@ -24,6 +24,9 @@ struct Env {
   // 8-bit K/V and their row scales (used by the i8 cases, which switch kv/vv to them)
   Tensor k8{DType::i8, 2, 2, 6, 8}, v8{DType::i8, 2, 2, 6, 3};
   Tensor ks = Tensor::plain(DType::f32, {2, 2, 6}), vs = Tensor::plain(DType::f32, {2, 2, 6});
+  // 4-bit K/V (head dims 40 and 3: two blocks and one) and their block scales
+  Tensor k4{DType::i4, 2, 2, 6, 40}, v4{DType::i4, 2, 2, 6, 3}, q40{DType::f32, 2, 4, 5, 40};
+  Tensor ks4 = Tensor::plain(DType::f32, {2, 2, 6, 2}), vs4 = Tensor::plain(DType::f32, {2, 2, 6, 1});
   TensorView qv, kv, vv, ov;
   std::optional<TensorView> lsev;
   Params p;
@@ -31,6 +34,7 @@ struct Env {
     std::mt19937_64 rng(1);
     q.randomize(rng), k.randomize(rng), v.randomize(rng), mask.randomize(rng);
     k8.randomize(rng, 127), v8.randomize(rng, 127), ks.randomize(rng, 0.01), vs.randomize(rng, 0.01);
+    k4.randomize(rng, 8), v4.randomize(rng, 8), q40.randomize(rng), ks4.randomize(rng, 0.1), vs4.randomize(rng, 0.1);
     bmask.for_each_index([&](auto a, auto b, auto c, auto d) { bmask.set((a + c + d) % 2, a, b, c, d); });
     lens.set(3, 0), lens.set(6, 1);
     out.poison(), lse.poison();
@@ -120,6 +124,27 @@ std::vector<BadCase> bad_cases() {
       {"i8_scale_dtype", "k_scale", [](Env& s) {
          s.kv = s.k8.view, s.vv = s.v8.view, s.p.k_scale = s.ks.view, s.p.v_scale = s.vs.view;
          s.p.k_scale->dtype = DType::bf16;
+       }},
+      // 4-bit K/V: i4 k and v (rows on bytes) with f32 scales [.., ceil(D / 32)]
+      {"i4_without_scales", "k_scale", [](Env& s) { s.qv = s.q40.view, s.kv = s.k4.view, s.vv = s.v4.view; }},
+      {"i4_with_i8_scales", "k_scale", [](Env& s) {
+         s.qv = s.q40.view, s.kv = s.k4.view, s.vv = s.v4.view, s.p.k_scale = s.ks.view, s.p.v_scale = s.vs.view;
+       }},
+      {"i4_scale_blocks", "v_scale", [](Env& s) {
+         s.qv = s.q40.view, s.kv = s.k4.view, s.vv = s.v4.view, s.p.k_scale = s.ks4.view, s.p.v_scale = s.ks4.view;
+       }},
+      {"i4_odd_row_stride", "k", [](Env& s) {
+         s.qv = s.q40.view, s.kv = s.k4.view, s.vv = s.v4.view, s.p.k_scale = s.ks4.view, s.p.v_scale = s.vs4.view;
+         s.kv.shape[2] = 5, s.kv.strides[2] = 41;
+         s.vv.shape[2] = 5;
+         s.p.k_scale->shape[2] = s.p.v_scale->shape[2] = 5;
+       }},
+      {"i4_strided_row", "v", [](Env& s) {
+         s.qv = s.q40.view, s.kv = s.k4.view, s.vv = s.v4.view, s.p.k_scale = s.ks4.view, s.p.v_scale = s.vs4.view;
+         s.vv.shape[3] = 2, s.vv.strides[3] = 2, s.ov.shape[3] = 2;
+       }},
+      {"i4_k_i8_v", "v", [](Env& s) {
+         s.qv = s.q40.view, s.kv = s.k4.view, s.vv = s.v8.view, s.p.k_scale = s.ks4.view, s.p.v_scale = s.vs.view;
        }},
       {"out_aliases_k_scale", "out", [](Env& s) {
          s.kv = s.k8.view, s.vv = s.v8.view, s.p.k_scale = s.ks.view, s.p.v_scale = s.vs.view;
@@ -233,6 +258,22 @@ TEST(BadInputI8, BackwardRefused) {
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.param(), "k") << st.message();
   EXPECT_NE(st.message().find("expected"), std::string::npos) << st.message();
+  EXPECT_EQ(dq.storage, before);
+}
+
+// 4-bit K/V likewise: the forward takes them, the backward refuses them, writing nothing.
+TEST(BadInputI4, ForwardTakesThemBackwardRefuses) {
+  Env s;
+  s.qv = s.q40.view, s.kv = s.k4.view, s.vv = s.v4.view, s.p.k_scale = s.ks4.view, s.p.v_scale = s.vs4.view;
+  ASSERT_TRUE(attention(s.qv, s.kv, s.vv, s.ov, s.p, s.lsev).ok());
+  Tensor dout(DType::f32, 2, 4, 5, 3), dq(DType::f32, 2, 4, 5, 40), dk(DType::f32, 2, 2, 6, 40), dv(DType::f32, 2, 2, 6, 3);
+  std::mt19937_64 rng(3);
+  dout.randomize(rng), dq.poison(), dk.poison(), dv.poison();
+  const auto before = dq.storage;
+  const Status st = attention_backward(s.qv, s.kv, s.vv, s.ov, *s.lsev, dout.view, dq.view, dk.view, dv.view, s.p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.param(), "k") << st.message();
+  EXPECT_NE(st.message().find("i4"), std::string::npos) << st.message();
   EXPECT_EQ(dq.storage, before);
 }
 

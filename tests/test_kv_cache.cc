@@ -159,8 +159,8 @@ std::vector<DecodeCase> decode_cases() {
 }
 INSTANTIATE_TEST_SUITE_P(Caches, DecodeEqualsRecompute, ::testing::ValuesIn(decode_cases()), name_of);
 
-// Caches stored in bf16, f16 and i8. Every appended value is stored rounded once (bf16/f16: to nearest; i8: within
-// half a step of its row's scale max|x| / 127); every decode step of a contiguous and of a paged cache (page 3,
+// Caches stored in bf16, f16, i8 and i4. Every appended value is stored rounded once (bf16/f16: to nearest; i8 and
+// i4: within half a step of its scale, max|x| / 127 per row or max|x| / 7 per block of 32); every decode step of a contiguous and of a paged cache (page 3,
 // sequences interleaved) agrees with the fp64 reference over the values the cache holds, under the tolerance rule;
 // against the exact (unrounded) values the error is what the storage costs, bounded loosely here and reported.
 class StorageDtype : public ::testing::TestWithParam<DType> {};
@@ -191,7 +191,7 @@ TEST_P(StorageDtype, StoresRoundedValuesAndDecodesThem) {
     // The reference over what the cache holds.
     Params p;
     p.causal = Causal::bottom_right;
-    if (dt == DType::i8) p.k_scale = cache.k_scales(), p.v_scale = cache.v_scales();
+    if (dt == DType::i8 || dt == DType::i4) p.k_scale = cache.k_scales(), p.v_scale = cache.v_scales();
     Tensor out(DType::f32, 1, hq, n, Dv), pout(DType::f32, 1, hq, n, Dv);
     core::Problem prob;
     ASSERT_TRUE(core::validate(tokens(q.view, t0, n), cache.keys(), cache.values(), out.view, p, std::nullopt, &prob).ok());
@@ -217,39 +217,47 @@ TEST_P(StorageDtype, StoresRoundedValuesAndDecodesThem) {
         }
     ASSERT_EQ(cache.length(), len);
   }
-  // Stored values: rounded once.
+  // Stored values: rounded once (i8: scale max|x| / 127 per row; i4: max|x| / 7 per block of kI4Block values).
   const TensorView ks = cache.keys();
+  const bool i4 = dt == DType::i4;
+  const std::int64_t block = i4 ? kI4Block : Dk, blocks = (Dk + block - 1) / block;
   for (std::int64_t h = 0; h < hkv; ++h)
-    for (std::int64_t j = 0; j < T; ++j) {
-      float amax = 0;
-      for (std::int64_t d = 0; d < Dk; ++d) amax = std::max(amax, std::fabs(static_cast<float>(k.get(0, h, j, d))));
-      const float scale = dt == DType::i8 ? static_cast<const float*>(cache.k_scales().data)[h * T + j] : 1.0f;
-      if (dt == DType::i8) EXPECT_EQ(scale, amax / 127.0f) << "row " << h << ", " << j;
-      for (std::int64_t d = 0; d < Dk; ++d) {
-        const float x = static_cast<float>(k.get(0, h, j, d));
-        const std::int64_t off = h * ks.strides[1] + j * ks.strides[2] + d;
-        switch (dt) {
-          case DType::bf16:
-            EXPECT_EQ(static_cast<const core::bf16*>(ks.data)[off].bits, core::from_float<core::bf16>(x).bits);
-            break;
-          case DType::f16:
-            EXPECT_EQ(static_cast<const core::f16*>(ks.data)[off].bits, core::from_float<core::f16>(x).bits);
-            break;
-          default: {
-            const double stored = scale * static_cast<const std::int8_t*>(ks.data)[off];
-            ASSERT_LE(std::fabs(stored - x), 0.5 * scale * (1 + 1e-6) + 1e-30) << "row " << h << ", " << j << ", " << d;
+    for (std::int64_t j = 0; j < T; ++j)
+      for (std::int64_t d0 = 0; d0 < Dk; d0 += block) {
+        float amax = 0;
+        for (std::int64_t d = d0; d < std::min(Dk, d0 + block); ++d)
+          amax = std::max(amax, std::fabs(static_cast<float>(k.get(0, h, j, d))));
+        const bool quantised = dt == DType::i8 || i4;
+        const float scale =
+            quantised ? static_cast<const float*>(cache.k_scales().data)[(h * T + j) * blocks + d0 / block] : 1.0f;
+        if (quantised) EXPECT_EQ(scale, amax / (i4 ? 7.0f : 127.0f)) << "row " << h << ", " << j << ", block " << d0;
+        for (std::int64_t d = d0; d < std::min(Dk, d0 + block); ++d) {
+          const float x = static_cast<float>(k.get(0, h, j, d));
+          const std::int64_t off = h * ks.strides[1] + j * ks.strides[2] + d;
+          switch (dt) {
+            case DType::bf16:
+              EXPECT_EQ(static_cast<const core::bf16*>(ks.data)[off].bits, core::from_float<core::bf16>(x).bits);
+              break;
+            case DType::f16:
+              EXPECT_EQ(static_cast<const core::f16*>(ks.data)[off].bits, core::from_float<core::f16>(x).bits);
+              break;
+            default: {
+              const double q = i4 ? core::q4_value(static_cast<const std::uint8_t*>(ks.data)[off >> 1], off & 1)
+                                  : static_cast<const std::int8_t*>(ks.data)[off];
+              ASSERT_LE(std::fabs(scale * q - x), 0.5 * scale * (1 + 1e-6) + 1e-30)
+                  << "row " << h << ", " << j << ", " << d;
+            }
           }
         }
       }
-    }
   // What the storage costs against the exact values (recorded; the bound is loose: |v| <= 1, |q·k| up to ~100).
-  const double bound = dt == DType::i8 ? 0.02 : dt == DType::bf16 ? 0.01 : 0.002;
+  const double bound = dt == DType::i4 ? 0.3 : dt == DType::i8 ? 0.02 : dt == DType::bf16 ? 0.01 : 0.002;
   EXPECT_LE(storage_err, bound * out_max) << "max |out - exact| = " << storage_err;
   RecordProperty("max_abs_error_vs_exact", std::to_string(storage_err));
   std::printf("[ storage %s ] max |out - exact fp64| = %.3g (max |out| %.3g)\n", dtype_name(dt), storage_err, out_max);
 }
 
-INSTANTIATE_TEST_SUITE_P(Caches, StorageDtype, ::testing::Values(DType::bf16, DType::f16, DType::i8),
+INSTANTIATE_TEST_SUITE_P(Caches, StorageDtype, ::testing::Values(DType::bf16, DType::f16, DType::i8, DType::i4),
                          [](const ::testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
 
 TEST(KVCacheI8, RefusesNonFiniteValuesAndUnknownDtypes) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "attn/cost.h"
+#include "attn/tensor.h"
 #include "subcommand.h"
 
 namespace attn::tools {
@@ -52,7 +53,8 @@ Status parse_dtype(const std::string& text, KvDType* dtype) {
   else if (text == "bf16") *dtype = KvDType::bf16;
   else if (text == "fp8") *dtype = KvDType::fp8;
   else if (text == "int8" || text == "i8") *dtype = KvDType::int8;
-  else return Status::Invalid("--dtype", "'" + text + "'; expected f32, f16, bf16, fp8 or int8");
+  else if (text == "int4" || text == "i4") *dtype = KvDType::int4;
+  else return Status::Invalid("--dtype", "'" + text + "'; expected f32, f16, bf16, fp8, int8 or int4");
   return Status::Ok();
 }
 
@@ -65,7 +67,11 @@ struct FlopsArgs {
 Status flops(const FlopsArgs& a, std::ostream& out) {
   KvDType dt;
   if (Status s = parse_dtype(a.dtype, &dt); !s) return s;
-  AttentionShape shape{a.batch, a.seq, a.d_model, a.heads, a.kv_heads, a.head_dim, 0, a.causal, kv_dtype_bytes(dt)};
+  if (dt == KvDType::int4)  // (a stage's values are whole bytes: the 4-bit type is a cache's storage)
+    return Status::Invalid("--dtype", "'" + a.dtype + "'; expected f32, f16, bf16, fp8 or int8 (int4 is a KV cache's "
+                                      "storage: attn kv-size --dtype int4)");
+  AttentionShape shape{a.batch, a.seq,  a.d_model, a.heads, a.kv_heads, a.head_dim, 0, a.causal,
+                       static_cast<std::int64_t>(kv_dtype_bytes(dt))};
   AttentionCost c;
   if (Status s = attention_cost(shape, &c); !s) return options(s);
   const AttentionShape& s = c.shape;
@@ -111,6 +117,10 @@ Status kv_size(const KvArgs& a, std::ostream& out) {
   if (shape.dtype == KvDType::int8)
     out << "\n  + 2 (K, V) x " << a.layers << " x " << a.kv_heads << " x " << a.seq << " x " << a.batch
         << " fp32 scales (one per token and KV head)";
+  if (shape.dtype == KvDType::int4)
+    out << "\n  + 2 (K, V) x " << a.layers << " x " << a.kv_heads << " x " << a.seq << " x " << a.batch << " x "
+        << (a.head_dim + kI4Block - 1) / kI4Block << " fp32 scales (one per " << kI4Block
+        << " values of a row)";
   out << "\n";
   out << "  = " << fmt("%.0f", bytes) << " bytes = " << fmt("%.2f", bytes / 1e9) << " GB = "
       << fmt("%.2f", bytes / (1024.0 * 1024 * 1024)) << " GiB\n";
@@ -158,7 +168,7 @@ void add_cost_commands(CLI::App& app, std::ostream& out) {
   kc->add_option("--head-dim", k->head_dim, "Head dim")->required();
   kc->add_option("--seq", k->seq, "Tokens cached")->required();
   kc->add_option("--batch", k->batch, "Sequences (default 1)");
-  kc->add_option("--dtype", k->dtype, "f32, f16 (default), bf16, fp8 or int8 (attn's 8-bit cache: + an fp32 scale per token and KV head)");
+  kc->add_option("--dtype", k->dtype, "f32, f16 (default), bf16, fp8, int8 (attn's 8-bit cache: + an fp32 scale per token and KV head) or int4 (its 4-bit cache: + an fp32 scale per 32 values)");
   on_run(kc, [k, &out] { return kv_size(*k, out); });
 
   auto p = std::make_shared<ParamsArgs>();

@@ -195,6 +195,14 @@ void fill_random(void* data, DType dtype, std::int64_t n, std::uint64_t seed, in
         }
         break;
       }
+      case DType::i4: {  // 4-bit K/V: n counts bytes here (two values each), any nibbles (scales 1/7)
+        std::uint64_t st = state;
+        for (std::int64_t i = 0; i < count; ++i) {
+          if (i % 8 == 0) st = splitmix(st);
+          static_cast<std::uint8_t*>(data)[begin + i] = static_cast<std::uint8_t>(st >> (8 * (i % 8)));
+        }
+        break;
+      }
       case DType::bf16: fill_chunk(static_cast<core::bf16*>(data) + begin, count, state); break;
       case DType::f16: fill_chunk(static_cast<core::f16*>(data) + begin, count, state); break;
       default: fill_chunk(static_cast<float*>(data) + begin, count, state); break;
@@ -268,13 +276,14 @@ struct BenchArgs {
   double dropout = 0;                 // attention dropout probability (seed 1)
 };
 
-// kv: the K/V dtype, which may also be 8-bit (i8, int8).
+// kv: the K/V dtype, which may also be 8- or 4-bit (i8, int8; i4, int4).
 Status parse_dtype(const std::string& text, const char* option, DType* dtype, bool kv = false) {
   if (text == "f32" || text == "fp32" || text == "float32") *dtype = DType::f32;
   else if (text == "bf16" || text == "bfloat16") *dtype = DType::bf16;
   else if (text == "f16" || text == "fp16" || text == "float16") *dtype = DType::f16;
   else if (kv && (text == "i8" || text == "int8")) *dtype = DType::i8;
-  else return Status::Invalid(option, "'" + text + "'; expected f32, bf16" + (kv ? ", f16 or int8" : " or f16"));
+  else if (kv && (text == "i4" || text == "int4")) *dtype = DType::i4;
+  else return Status::Invalid(option, "'" + text + "'; expected f32, bf16" + (kv ? ", f16, int8 or int4" : " or f16"));
   return Status::Ok();
 }
 
@@ -350,7 +359,7 @@ struct Setup {
 struct Inputs {
   Buffer q, out, lens, table;
   Buffer lse, dout, dq, dk, dv;  // --backward only
-  std::vector<Buffer> k, v, k_scale, v_scale;  // scales: i8 K/V only
+  std::vector<Buffer> k, v, k_scale, v_scale;  // scales: i8 and i4 K/V only
   TensorView qv, ov, lens_view, table_view;
   std::vector<TensorView> kv, vv, ksv, vsv;
   TensorView lse_view, dout_view, dq_view, dk_view, dv_view;
@@ -376,11 +385,15 @@ std::int64_t kv_rows(const Shape& s, std::int64_t* pool_pages) {
   return checked_mul({s.B, s.Hkv, s.Skv});
 }
 
-// Bytes of one K/V set: contiguous [B, Hkv, Skv, D] twice, or the page pool; for i8 K/V with their f32 scales
-// (4 bytes per row of K and of V).
+// Scales per row of quantised K/V: i8 1, i4 one per kI4Block values, else 0.
+std::int64_t scales_per_row(const Shape& s, DType kv_dtype) {
+  return kv_dtype == DType::i8 ? 1 : kv_dtype == DType::i4 ? (s.D + kI4Block - 1) / kI4Block : 0;
+}
+
+// Bytes of one K/V set: contiguous [B, Hkv, Skv, D] twice, or the page pool; for i8 and i4 K/V with their f32
+// scales (4 bytes each).
 std::int64_t kv_set_bytes(const Shape& s, DType kv_dtype, std::int64_t* pool_pages) {
-  const std::int64_t esize = static_cast<std::int64_t>(dtype_size(kv_dtype));
-  const std::int64_t per_row = s.D * esize + (kv_dtype == DType::i8 ? 4 : 0);
+  const std::int64_t per_row = dtype_bytes(kv_dtype, s.D) + 4 * scales_per_row(s, kv_dtype);
   return checked_mul({2, kv_rows(s, pool_pages), per_row});
 }
 
@@ -399,22 +412,35 @@ Status make_inputs(const Shape& s, const Setup& setup, int sets, bool backward, 
   in->ov = TensorView::contiguous(in->out.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.D});
 
   const std::int64_t rows = kv_rows(s, &pages), kv_elems = checked_mul({rows, s.D});
-  const bool i8 = setup.kv_dtype == DType::i8;
+  const std::int64_t per_row_scales = scales_per_row(s, setup.kv_dtype);
+  const bool i4 = setup.kv_dtype == DType::i4;
+  const std::int64_t pitch = i4 ? (s.D + 1) / 2 * 2 : s.D;  // i4 rows start on a byte
+  const std::int64_t kv_bytes = checked_mul({rows, dtype_bytes(setup.kv_dtype, pitch)});
   for (int set = 0; set < sets; ++set) {
-    in->k.emplace_back(kv_elems * kvsize, setup.huge_pages);
-    in->v.emplace_back(kv_elems * kvsize, setup.huge_pages);
-    fill_random(in->k.back().get(), setup.kv_dtype, kv_elems, 1000 + 2 * set, setup.threads);
-    fill_random(in->v.back().get(), setup.kv_dtype, kv_elems, 1001 + 2 * set, setup.threads);
+    in->k.emplace_back(kv_bytes, setup.huge_pages);
+    in->v.emplace_back(kv_bytes, setup.huge_pages);
+    const std::int64_t fill = i4 ? kv_bytes : kv_elems;  // (i4: random bytes)
+    fill_random(in->k.back().get(), setup.kv_dtype, fill, 1000 + 2 * set, setup.threads);
+    fill_random(in->v.back().get(), setup.kv_dtype, fill, 1001 + 2 * set, setup.threads);
     const std::int64_t lead = s.page_size > 0 ? pages : s.B, seq = s.page_size > 0 ? s.page_size : s.Skv;
-    in->kv.push_back(TensorView::contiguous(in->k.back().get(), setup.kv_dtype, {lead, s.Hkv, seq, s.D}));
-    in->vv.push_back(TensorView::contiguous(in->v.back().get(), setup.kv_dtype, {lead, s.Hkv, seq, s.D}));
-    if (i8) {  // a scale per row: 1/127
+    const auto rows_of = [&](void* data) {
+      TensorView t = TensorView::contiguous(data, setup.kv_dtype, {lead, s.Hkv, seq, s.D});
+      t.strides = {s.Hkv * seq * pitch, seq * pitch, pitch, 1};
+      return t;
+    };
+    in->kv.push_back(rows_of(in->k.back().get()));
+    in->vv.push_back(rows_of(in->v.back().get()));
+    if (per_row_scales > 0) {  // scales 1/127 (i8) or 1/7 (i4): values in [-1, 1] and [-8/7, 1]
       for (auto* scales : {&in->k_scale, &in->v_scale}) {
-        scales->emplace_back(rows * 4, setup.huge_pages);
-        std::fill_n(reinterpret_cast<float*>(scales->back().get()), rows, 1.0f / 127);
+        scales->emplace_back(rows * per_row_scales * 4, setup.huge_pages);
+        std::fill_n(reinterpret_cast<float*>(scales->back().get()), rows * per_row_scales, i4 ? 1.0f / 7 : 1.0f / 127);
       }
-      in->ksv.push_back(TensorView::contiguous(in->k_scale.back().get(), DType::f32, {lead, s.Hkv, seq}));
-      in->vsv.push_back(TensorView::contiguous(in->v_scale.back().get(), DType::f32, {lead, s.Hkv, seq}));
+      const auto scales_of = [&](void* data) {
+        return i4 ? TensorView::contiguous(data, DType::f32, {lead, s.Hkv, seq, per_row_scales})
+                  : TensorView::contiguous(data, DType::f32, {lead, s.Hkv, seq});
+      };
+      in->ksv.push_back(scales_of(in->k_scale.back().get()));
+      in->vsv.push_back(scales_of(in->v_scale.back().get()));
     }
   }
 
@@ -500,7 +526,6 @@ int choose_kv_sets(const Shape& s, std::int64_t set_bytes, int requested, std::i
 
 Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Ceilings* ceil, std::ostream& out) {
   const std::int64_t qsize = static_cast<std::int64_t>(dtype_size(setup.dtype));
-  const std::int64_t kvsize = static_cast<std::int64_t>(dtype_size(setup.kv_dtype));
   std::int64_t pool_pages = 0;
   const std::int64_t set_bytes = kv_set_bytes(s, setup.kv_dtype, &pool_pages);
   const std::int64_t q_bytes = checked_mul({s.B, s.Hq, s.Sq, s.D, qsize});
@@ -508,8 +533,10 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     return Status::Invalid(a.shapes.empty() ? "--paged" : "--shape",
                            "a paged shape (" + s.name + ") with --backward; expected contiguous K/V (the backward "
                            "takes no page table)");
-  if (a.backward && setup.kv_dtype == DType::i8)
-    return Status::Invalid("--kv-dtype", "int8 with --backward; expected f32, bf16 or f16 (8-bit K/V have no backward)");
+  if (a.backward && (setup.kv_dtype == DType::i8 || setup.kv_dtype == DType::i4))
+    return Status::Invalid("--kv-dtype", std::string(setup.kv_dtype == DType::i8 ? "int8" : "int4") +
+                                             " with --backward; expected f32, bf16 or f16 (quantised K/V have no "
+                                             "backward)");
   const int sets = a.backward ? 1 : choose_kv_sets(s, set_bytes, a.kv_sets, 2 * q_bytes);
   const std::int64_t need = (a.backward ? 5 : 2) * q_bytes + set_bytes * sets * (a.backward ? 2 : 1);
   if (const std::int64_t avail = available_memory_bytes(); avail > 0 && need > avail - avail / 8)
@@ -547,7 +574,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   params.dropout_seed = 1;
 
   std::vector<Params> per_set{params};
-  if (!in.ksv.empty()) {  // i8 K/V: each set's scales
+  if (!in.ksv.empty()) {  // i8 / i4 K/V: each set's scales
     per_set.assign(in.ksv.size(), params);
     for (std::size_t set = 0; set < per_set.size(); ++set) per_set[set].k_scale = in.ksv[set], per_set[set].v_scale = in.vsv[set];
   }
@@ -598,9 +625,11 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
       pass_factor * 2.0 * static_cast<double>(2 * s.D) * static_cast<double>(s.Hq) * static_cast<double>(pairs);
   const double nominal = pass_factor * 4.0 * static_cast<double>(s.Hq * s.Sq * s.D) * static_cast<double>(kv_tokens) *
                          (s.causal && s.Sq == s.Skv ? 0.5 : 1.0);
+  // K/V bytes per token: the stored rows with their scales (i8, i4), what decode has to read.
+  const double kv_row_bytes = static_cast<double>(dtype_bytes(setup.kv_dtype, s.D) + 4 * scales_per_row(s, setup.kv_dtype));
   const double bytes = (a.backward ? 2.0 : 1.0) * (2.0 * static_cast<double>(q_bytes) +
-                                                   static_cast<double>(kv_tokens) *
-                                                       static_cast<double>(s.Hkv * 2 * s.D * kvsize));
+                                                   static_cast<double>(kv_tokens) * static_cast<double>(s.Hkv * 2) *
+                                                       kv_row_bytes);
   const double gflops = flops / r.median / 1e9, gbps = bytes / r.median / 1e9;
 
   // Fractions of the ceilings; the bound is the one the shape's arithmetic intensity hits first.

@@ -61,12 +61,14 @@ struct ParamShape {
 Status parameter_count(const ParamShape& shape, std::int64_t* count);
 
 // int8: attn's 8-bit cache (KVCache / PagedKVCache with DType::i8): one byte per element plus an fp32 scale per
-// (token, KV head) for K and for V.
-enum class KvDType { f32, f16, bf16, fp8, int8 };
-std::int64_t kv_dtype_bytes(KvDType dtype);  // bytes per element: 4, 2, 2, 1, 1
+// (token, KV head) for K and for V. int4: the 4-bit cache (DType::i4): half a byte per element plus an fp32 scale per
+// block of 32 values (attn::kI4Block) of each row.
+enum class KvDType { f32, f16, bf16, fp8, int8, int4 };
+double kv_dtype_bytes(KvDType dtype);  // bytes per element: 4, 2, 2, 1, 1, 0.5
 
-// KV-cache bytes: 2 (K and V) · layers · kv_heads · seq · batch · (head_dim · bytes per element + scale bytes),
-// the scale bytes 4 for int8 and 0 otherwise.
+// KV-cache bytes: 2 (K and V) · layers · kv_heads · seq · batch · (row bytes + scale bytes), a row's bytes
+// head_dim · bytes per element (int4: rounded up to whole bytes), its scale bytes 4 for int8, 4 · ceil(head_dim / 32)
+// for int4, 0 otherwise.
 struct KvCacheShape {
   std::int64_t layers = 0, kv_heads = 0, head_dim = 0, seq = 0, batch = 1;
   KvDType dtype = KvDType::f16;

@@ -10,13 +10,16 @@
 //                 reused by later ones (vLLM's PagedAttention layout). attend() decodes a batch of
 //                 sequences with ragged lengths in one call through attn::attention_paged.
 //
-// Storage is f32 by default; bf16, f16 or i8 on request (create's `dtype`). An i8 cache stores each appended
+// Storage is f32 by default; bf16, f16, i8 or i4 on request (create's `dtype`). An i8 cache stores each appended
 // (token, KV head) row as round(x / s) with s = max|x| / 127 (symmetric, per row; an all-zero row gets s = 0) and
 // keeps the f32 scales beside it (k_scales(), v_scales()); attend() hands them to the kernels, which read the
-// 8-bit rows and apply the scales in registers: a quarter of f32's bytes per key, half of bf16's. Appended values
-// may be f32, bf16 or f16 and are rounded to the storage dtype once (to nearest); an i8 cache refuses
-// non-finite values (no scale represents them). Errors (appending past the capacity, an exhausted pool, an
-// unknown sequence id, a shape mismatch) return a Status naming the parameter and leave the cache unchanged.
+// 8-bit rows and apply the scales in registers: a quarter of f32's bytes per key, half of bf16's. An i4 cache does
+// the same per block of 32 values of a row (attn::kI4Block) with s = max|x| / 7 (values -7 .. 7, two per byte,
+// attn/tensor.h's packing): 4 bits and an f32 scale per 32 values, 5 bits per value in all (bf16's 16, i8's 8.25 at
+// head dim 128). Appended values may be f32, bf16 or f16 and are rounded to the storage dtype once (to nearest);
+// an i8 or i4 cache refuses non-finite values (no scale represents them). Errors (appending past the capacity, an
+// exhausted pool, an unknown sequence id, a shape mismatch) return a Status naming the parameter and leave the cache
+// unchanged.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +41,7 @@ class KVCache {
  public:
   KVCache() = default;
   // v_head_dim = 0 means head_dim. Reserves capacity tokens up front (never reallocates). dtype: the storage,
-  // f32 (the first form), bf16, f16 or i8.
+  // f32 (the first form), bf16, f16, i8 or i4.
   static Status create(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
                        std::int64_t capacity, KVCache* cache);
   static Status create(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
@@ -57,8 +60,9 @@ class KVCache {
   // length() + t; the values as given.
   Status append(const TensorView& k, const TensorView& v, const Rotary& rotary);
   // The cached keys [1, Hkv, length, Dk] and values [1, Hkv, length, Dv] in the storage dtype, viewing the
-  // cache's storage (valid until the cache is destroyed or moved); for an i8 cache their scales [1, Hkv, length]
-  // (f32; an empty view otherwise): what Params::k_scale / v_scale take.
+  // cache's storage (valid until the cache is destroyed or moved); for an i8 cache their scales [1, Hkv, length],
+  // for an i4 cache [1, Hkv, length, ceil(dim / 32)] (f32; an empty view otherwise): what Params::k_scale / v_scale
+  // take.
   TensorView keys() const;
   TensorView values() const;
   TensorView k_scales() const;
@@ -77,14 +81,14 @@ class KVCache {
   std::int64_t hkv_ = 0, dk_ = 0, dv_ = 0, capacity_ = 0, length_ = 0;
   DType dtype_ = DType::f32;
   std::vector<unsigned char> k_, v_;   // [Hkv, capacity, Dk] and [Hkv, capacity, Dv] in dtype_
-  std::vector<float> k_scale_, v_scale_;  // [Hkv, capacity] each (i8 only)
+  std::vector<float> k_scale_, v_scale_;  // [Hkv, capacity] (i8) or [Hkv, capacity, blocks] (i4) each
 };
 
 class PagedKVCache {
  public:
   PagedKVCache() = default;
   // A pool of num_pages pages of page_size tokens each (both >= 1); v_head_dim = 0 means head_dim. dtype: the
-  // storage, f32 (the first form), bf16, f16 or i8.
+  // storage, f32 (the first form), bf16, f16, i8 or i4.
   static Status create(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
                        std::int64_t page_size, std::int64_t num_pages, PagedKVCache* cache);
   static Status create(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
@@ -117,7 +121,8 @@ class PagedKVCache {
   // sequence's position length + t.
   Status append(std::int64_t id, const TensorView& k, const TensorView& v, const Rotary& rotary);
   // The pool: k_pages [P, Hkv, page_size, Dk], v_pages [P, Hkv, page_size, Dv] in the storage dtype; for an i8
-  // pool the scales [P, Hkv, page_size] (f32; an empty view otherwise).
+  // pool the scales [P, Hkv, page_size], for an i4 pool [P, Hkv, page_size, ceil(dim / 32)] (f32; an empty view
+  // otherwise).
   TensorView k_pages() const;
   TensorView v_pages() const;
   TensorView k_scale_pages() const;
@@ -143,7 +148,7 @@ class PagedKVCache {
   std::int64_t hkv_ = 0, dk_ = 0, dv_ = 0, page_size_ = 0, num_pages_ = 0, next_id_ = 0;
   DType dtype_ = DType::f32;
   std::vector<unsigned char> k_, v_;      // [P, Hkv, page_size, Dk] and [P, Hkv, page_size, Dv] in dtype_
-  std::vector<float> k_scale_, v_scale_;  // [P, Hkv, page_size] each (i8 only)
+  std::vector<float> k_scale_, v_scale_;  // [P, Hkv, page_size] (i8) or [.., blocks] (i4) each
   std::vector<std::int32_t> free_;  // a stack: the most recently freed page is reused first
   std::vector<unsigned char> is_free_;
   std::unordered_map<std::int64_t, Sequence> seqs_;

@@ -70,6 +70,9 @@ struct Params {
   // dimensions), any strides. Required when k and v are i8, refused otherwise. The kernels read the 8-bit rows and
   // apply the scales in registers (a key's scale multiplies its score, a value's its weight); there is no backward
   // for i8 K/V. Scale values are not checked: a NaN or ±inf scale gives NaN in the rows that attend its key.
+  // 4-bit K/V (dtype i4, attn/tensor.h's packing): one f32 scale per block of kI4Block (32) values of a row,
+  // value d of row j being k_scale[·, hk, j, d / 32] · k[·, hk, j, d]: scales of rank 4, [B, Hkv, Skv, ceil(Dk / 32)]
+  // ([P, Hkv, page_size, ...] paged; Dv for v_scale), as attn::KVCache(dtype i4) writes them.
   std::optional<TensorView> k_scale;
   std::optional<TensorView> v_scale;
   // Threads for this call: 0 = the default (attn::set_num_threads(), else ATTN_NUM_THREADS, else OpenMP's default).
@@ -115,7 +118,7 @@ struct Params {
 //   q   [B, Hq,  Sq,  Dk]    k [B, Hkv, Skv, Dk]    v [B, Hkv, Skv, Dv]
 //   out [B, Hq,  Sq,  Dv]    lse (optional, f32) [B, Hq, Sq]
 // with Hq % Hkv == 0 (query head h reads KV head h / (Hq / Hkv)): MHA, GQA and MQA.
-// q, k, v, out: f32, bf16 or f16 (k and v may also be i8, with Params::k_scale / v_scale); k and v share a dtype,
+// q, k, v, out: f32, bf16 or f16 (k and v may also be i8 or i4, with Params::k_scale / v_scale); k and v share a dtype,
 // q and out share a dtype.
 // lse[b,h,i] = log(sum_j exp(score_ij)) over allowed keys, natural log; a row with no allowed
 // key gets out = 0 and lse = -inf. Every argument is validated before anything is written:
@@ -125,7 +128,7 @@ Status attention(const TensorView& q, const TensorView& k, const TensorView& v, 
 
 // Attention over a paged KV cache (vLLM / FlashInfer style). Keys and values live in a pool of pages:
 //   k_pages [P, Hkv, page_size, Dk], v_pages [P, Hkv, page_size, Dv]   (any strides, f32/bf16/f16, or i8 with
-//   Params::k_scale / v_scale [P, Hkv, page_size])
+//   Params::k_scale / v_scale [P, Hkv, page_size], or i4 with [P, Hkv, page_size, ceil(D / 32)])
 //   page_table [B, max_pages] i32: page_table[b][n] is the pool page holding keys n·page_size .. of sequence b
 //   seq_lens [B] i32 or i64: the number of keys of sequence b (<= max_pages · page_size); entries of
 //   page_table past ceil(seq_lens[b] / page_size) are never read.

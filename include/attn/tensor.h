@@ -10,12 +10,22 @@
 namespace attn {
 
 // Element types. Q, K, V and O may be f32, bf16 or f16 (accumulation is always fp32 or better); K and V may also be
-// i8, an 8-bit quantised KV cache whose rows carry an f32 scale each (Params::k_scale / v_scale); masks are f32
-// (additive) or boolean (1 byte, nonzero = keep); key lengths are i32 or i64.
-enum class DType : std::uint8_t { f32, bf16, f16, boolean, i32, i64, i8 };
+// i8, an 8-bit quantised KV cache whose rows carry an f32 scale each, or i4, a 4-bit one with an f32 scale per
+// block of 32 values of a row (Params::k_scale / v_scale); masks are f32 (additive) or boolean (1 byte, nonzero =
+// keep); key lengths are i32 or i64.
+//
+// i4 packs two values per byte: element d of a row is the low nibble of byte d/2 when d is even, the high one when
+// d is odd, stored as q + 8 (q in [-8, 7]). A view's strides still count elements (nibbles): an i4 view needs unit
+// stride in its last dimension and even strides in the others, so that every row starts on a byte.
+enum class DType : std::uint8_t { f32, bf16, f16, boolean, i32, i64, i8, i4 };
 
 const char* dtype_name(DType dtype);   // "f32", "bf16", ...
-std::size_t dtype_size(DType dtype);   // bytes per element
+std::size_t dtype_size(DType dtype);   // bytes per element (i4: 1, the byte that holds two)
+int dtype_bits(DType dtype);           // bits per element (i4: 4)
+// Bytes that `elements` consecutive elements occupy (i4: rounded up to whole bytes).
+std::int64_t dtype_bytes(DType dtype, std::int64_t elements);
+// i4: values per scale (Params::k_scale / v_scale hold ceil(dim / kI4Block) scales per row).
+inline constexpr std::int64_t kI4Block = 32;
 
 // Where a view's memory lives: the host (the default), or CUDA device `index`. Every tensor of one call lives on
 // one device; a call on CUDA tensors runs on that device, queued on Params::stream.

@@ -168,21 +168,22 @@ class MultiHeadAttention:
 
 
 _CACHE_DTYPES = {"float32": "f32", "f32": "f32", "bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16",
-                 "int8": "i8", "i8": "i8"}
+                 "int8": "i8", "i8": "i8", "int4": "i4", "i4": "i4"}
 
 
 def _cache_dtype(dtype):
     """A cache's storage dtype name as the binding takes it."""
     name = getattr(dtype, "name", None) or str(dtype).replace("torch.", "")
     if name not in _CACHE_DTYPES:
-        raise ValueError(f"dtype: {dtype!r}; expected float32, bfloat16, float16 or int8")
+        raise ValueError(f"dtype: {dtype!r}; expected float32, bfloat16, float16, int8 or int4")
     return _CACHE_DTYPES[name]
 
 
 class KVCache:
     """One sequence's keys and values, contiguous, for `capacity` tokens: append K/V of new tokens, then
     attend the new queries to everything cached with bottom-right causal alignment. Stored as `dtype`: float32
-    (default), bfloat16, float16 or int8 (a float32 scale per token and KV head; the kernels read the 8-bit rows).
+    (default), bfloat16, float16, int8 (a float32 scale per token and KV head; the kernels read the 8-bit rows) or
+    int4 (two values per byte, a float32 scale per 32 values of a row: 5 bits per value).
     Appended K/V and the queries are float32 whatever the storage."""
 
     def __init__(self, kv_heads, head_dim, capacity, v_head_dim=None, dtype="float32"):
@@ -196,7 +197,7 @@ class KVCache:
 
     @property
     def dtype(self):
-        """The storage: "f32", "bf16", "f16" or "i8"."""
+        """The storage: "f32", "bf16", "f16", "i8" or "i4"."""
         return self._c.dtype
 
     @property
@@ -232,7 +233,7 @@ class PagedKVCache:
     """A pool of `num_pages` pages of `page_size` tokens shared by many sequences (vLLM's PagedAttention
     layout): add_sequence() gives an id, append(id, k, v) grows it page by page, remove_sequence(id)
     returns its pages to the pool, attend(ids, q) decodes a batch of sequences of ragged lengths at once.
-    Stored as `dtype` (float32, bfloat16, float16 or int8, as KVCache); K/V and queries are float32."""
+    Stored as `dtype` (float32, bfloat16, float16, int8 or int4, as KVCache); K/V and queries are float32."""
 
     def __init__(self, kv_heads, head_dim, page_size, num_pages, v_head_dim=None, dtype="float32"):
         head_dim, v_head_dim = _int("head_dim", head_dim), _optional_dim("v_head_dim", v_head_dim, "head_dim")
@@ -247,7 +248,7 @@ class PagedKVCache:
 
     @property
     def dtype(self):
-        """The storage: "f32", "bf16", "f16" or "i8"."""
+        """The storage: "f32", "bf16", "f16", "i8" or "i4"."""
         return self._c.dtype
 
     def add_sequence(self):
@@ -301,15 +302,16 @@ def parameter_count(d_model, heads, kv_heads=None, head_dim=None, v_head_dim=Non
     return _call(_attn.parameter_count, *args, names={})
 
 
-_KV_DTYPES = ("f32", "f16", "bf16", "fp8", "int8")
+_KV_DTYPES = ("f32", "f16", "bf16", "fp8", "int8", "int4")
 
 
 def kv_cache_bytes(layers, kv_heads, head_dim, seq, batch=1, dtype="f16"):
     """2 (K and V) · layers · kv_heads · seq · batch · (head_dim · bytes per element of dtype + scale bytes):
-    dtype 'f32', 'f16', 'bf16', 'fp8' or 'int8' (attn's 8-bit cache, KVCache(dtype="int8"): 1 byte per element and
-    an fp32 scale per token and KV head)."""
+    dtype 'f32', 'f16', 'bf16', 'fp8', 'int8' (attn's 8-bit cache, KVCache(dtype="int8"): 1 byte per element and
+    an fp32 scale per token and KV head) or 'int4' (its 4-bit cache: half a byte per element, rows rounded up to whole
+    bytes, and an fp32 scale per 32 values of a row)."""
     if not isinstance(dtype, str) or dtype not in _KV_DTYPES:
         raise (ValueError if isinstance(dtype, str) else TypeError)(
-            f"dtype: {dtype!r}; expected 'f32', 'f16', 'bf16', 'fp8' or 'int8'")
+            f"dtype: {dtype!r}; expected 'f32', 'f16', 'bf16', 'fp8', 'int8' or 'int4'")
     return _call(_attn.kv_cache_bytes, _int("layers", layers), _int("kv_heads", kv_heads), _int("head_dim", head_dim),
                  _int("seq", seq), _int("batch", batch), dtype, names={})

@@ -359,7 +359,8 @@ double kv_cache_bytes(std::int64_t layers, std::int64_t kv_heads, std::int64_t h
   else if (dtype == "bf16") shape.dtype = attn::KvDType::bf16;
   else if (dtype == "fp8") shape.dtype = attn::KvDType::fp8;
   else if (dtype == "int8") shape.dtype = attn::KvDType::int8;
-  else throw nb::value_error(("dtype: '" + dtype + "'; expected 'f32', 'f16', 'bf16', 'fp8' or 'int8'").c_str());
+  else if (dtype == "int4") shape.dtype = attn::KvDType::int4;
+  else throw nb::value_error(("dtype: '" + dtype + "'; expected 'f32', 'f16', 'bf16', 'fp8', 'int8' or 'int4'").c_str());
   double bytes = 0;
   check(attn::kv_cache_bytes(shape, &bytes));
   return bytes;
@@ -505,9 +506,10 @@ NB_MODULE(_attn, m) {
         unlocked([&] { return a.forward_cached(xv, cache, ov); });
       });
 
-  // A cache's storage dtype by name ("f32", "bf16", "f16", "i8"); another name reaches create(), which refuses it.
+  // A cache's storage dtype by name ("f32", "bf16", "f16", "i8", "i4"); another name reaches create(), which refuses
+  // it.
   const auto storage_dtype = [](const std::string& name) {
-    for (attn::DType d : {attn::DType::f32, attn::DType::bf16, attn::DType::f16, attn::DType::i8})
+    for (attn::DType d : {attn::DType::f32, attn::DType::bf16, attn::DType::f16, attn::DType::i8, attn::DType::i4})
       if (name == attn::dtype_name(d)) return d;
     return attn::DType::boolean;
   };

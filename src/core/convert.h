@@ -14,6 +14,14 @@ struct bf16 {
 struct f16 {
   std::uint16_t bits;
 };
+// Two 4-bit K/V values (attn/tensor.h's i4): element 2n in the low nibble of byte n, 2n + 1 in the high one, each
+// stored as q + 8. Storage only: the kernels read i4 rows through cpu/row_source.h, which widens them with their
+// block scales.
+struct q4x2 {
+  std::uint8_t bits;
+};
+// The signed value q of nibble `high` (0 low, 1 high) of a byte.
+inline int q4_value(std::uint8_t byte, int high) { return static_cast<int>(high ? byte >> 4 : byte & 15u) - 8; }
 
 inline float to_float(float x) { return x; }
 inline float to_float(std::int8_t x) { return x; }  // an 8-bit K/V value, before its row's scale

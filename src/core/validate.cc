@@ -24,6 +24,7 @@ const char* dtype_name(DType dtype) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::i8: return "i8";
+    case DType::i4: return "i4";
   }
   return "unknown";
 }
@@ -41,8 +42,15 @@ std::size_t dtype_size(DType dtype) {
     case DType::i32: return 4;
     case DType::i64: return 8;
     case DType::i8: return 1;
+    case DType::i4: return 1;
   }
   return 0;
+}
+
+int dtype_bits(DType dtype) { return dtype == DType::i4 ? 4 : static_cast<int>(8 * dtype_size(dtype)); }
+
+std::int64_t dtype_bytes(DType dtype, std::int64_t elements) {
+  return dtype == DType::i4 ? (elements + 1) / 2 : elements * static_cast<std::int64_t>(dtype_size(dtype));
 }
 
 TensorView TensorView::contiguous(const void* data, DType dtype, std::initializer_list<std::int64_t> shape) {
@@ -114,7 +122,7 @@ std::string dims_str(std::initializer_list<std::int64_t> dims) {
   return s.str();
 }
 
-bool known_dtype(DType d) { return static_cast<unsigned>(d) <= static_cast<unsigned>(DType::i8); }
+bool known_dtype(DType d) { return static_cast<unsigned>(d) <= static_cast<unsigned>(DType::i4); }
 bool float_dtype(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
 }  // namespace
@@ -129,8 +137,13 @@ Extent extent_of(const TensorView& t) {
     const std::int64_t span = (t.shape[d] - 1) * t.strides[d];
     (span < 0 ? min_off : max_off) += span;
   }
-  const auto es = static_cast<std::int64_t>(dtype_size(t.dtype));
   const auto base = reinterpret_cast<std::uintptr_t>(t.data);
+  if (t.dtype == DType::i4) {  // nibbles: element n lies in byte n / 2 (rounded down, also below the origin)
+    e.lo = base + static_cast<std::uintptr_t>(min_off >> 1);
+    e.hi = base + static_cast<std::uintptr_t>((max_off >> 1) + 1);
+    return e;
+  }
+  const auto es = static_cast<std::int64_t>(dtype_size(t.dtype));
   e.lo = base + static_cast<std::uintptr_t>(min_off * es);
   e.hi = base + static_cast<std::uintptr_t>((max_off + 1) * es);
   return e;
@@ -435,30 +448,49 @@ Status check_variants(const Params& params, Problem* p) {
   return Status::Ok();
 }
 
-// The scales of i8 K/V (Params::k_scale / v_scale): both present exactly when k is i8, f32, shaped like k's
-// first three dimensions ([B, Hkv, Skv], or [P, Hkv, page_size] for a page pool).
-Status check_kv_scales(const Params& params, const TensorView& k, const char* kname, Problem* p) {
-  const bool quantised = k.dtype == DType::i8;
+// The scales of quantised K/V (Params::k_scale / v_scale): both present exactly when k is i8 or i4, f32, shaped like
+// k's first three dimensions ([B, Hkv, Skv], or [P, Hkv, page_size] for a page pool): i8 one scale per row, rank 3;
+// i4 one per block of kI4Block values, rank 4 with ceil(dim / kI4Block) blocks last (dim: Dk for k_scale, Dv for
+// v_scale). i4 rows must start on a byte: unit stride along a row, even strides across rows.
+Status check_kv_scales(const Params& params, const TensorView& k, const TensorView& v, const char* kname,
+                       const char* vname, Problem* p) {
+  const bool i4 = k.dtype == DType::i4, quantised = k.dtype == DType::i8 || i4;
+  if (i4)
+    for (const auto& [name, t] : {std::pair<const char*, const TensorView&>{kname, k}, {vname, v}}) {
+      if (t.shape[3] > 1 && t.strides[3] != 1)
+        return Status::Invalid(name, "stride " + std::to_string(t.strides[3]) +
+                                         " along a row of i4 values; expected 1 (two values packed per byte)");
+      for (int d = 0; d < 3; ++d)
+        if (t.strides[d] % 2 != 0)
+          return Status::Invalid(name, "strides " + strides_str(t) + " of i4 values; expected even strides in "
+                                       "dimensions 0-2, so that every row starts on a byte");
+    }
   const struct {
     const char* name;
     const std::optional<TensorView>& t;
     std::optional<Strided>* out;
-  } scales[] = {{"k_scale", params.k_scale, &p->k_scale}, {"v_scale", params.v_scale, &p->v_scale}};
-  const std::string want = dims_str({k.shape[0], k.shape[1], k.shape[2]});
-  for (const auto& [name, t, out] : scales) {
+    std::int64_t dim;
+    const char* of;
+  } scales[] = {{"k_scale", params.k_scale, &p->k_scale, k.shape[3], kname},
+                {"v_scale", params.v_scale, &p->v_scale, v.shape[3], vname}};
+  for (const auto& [name, t, out, dim, of] : scales) {
     if (!quantised) {
       if (t) return Status::Invalid(name, std::string("is set for ") + dtype_name(k.dtype) + " " + kname +
-                                              "; expected it only with i8 k and v");
+                                              "; expected it only with i8 or i4 k and v");
       continue;
     }
-    if (!t) return Status::Invalid(name, std::string("is missing; expected f32 ") + want + " (a scale per row of " +
-                                             kname + ") for i8 k and v");
-    if (Status s = check_view(name, *t, 3); !s) return s;
+    const std::int64_t blocks = (dim + kI4Block - 1) / kI4Block;
+    const std::string want = i4 ? dims_str({k.shape[0], k.shape[1], k.shape[2], blocks}) + " (a scale per block of " +
+                                      std::to_string(kI4Block) + " values of each row of " + of + ")"
+                                : dims_str({k.shape[0], k.shape[1], k.shape[2]}) + " (a scale per row of " + of + ")";
+    const char* kind = i4 ? "i4" : "i8";
+    if (!t) return Status::Invalid(name, std::string("is missing; expected f32 ") + want + " for " + kind + " k and v");
+    if (Status s = check_view(name, *t, i4 ? 4 : 3); !s) return s;
     if (t->dtype != DType::f32)
       return Status::Invalid(name, std::string("dtype ") + dtype_name(t->dtype) + "; expected f32");
-    if (t->shape[0] != k.shape[0] || t->shape[1] != k.shape[1] || t->shape[2] != k.shape[2])
-      return Status::Invalid(name, "shape " + shape_str(*t) + "; expected " + want + " (the first three dimensions of " +
-                                       kname + ")");
+    if (t->shape[0] != k.shape[0] || t->shape[1] != k.shape[1] || t->shape[2] != k.shape[2] ||
+        (i4 && t->shape[3] != blocks))
+      return Status::Invalid(name, "shape " + shape_str(*t) + "; expected " + want);
     *out = strided4(*t);
   }
   return Status::Ok();
@@ -486,9 +518,9 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
   for (const auto& [name, t] : qkvo) {
     if (Status s = check_view(name, t, 4); !s) return s;
     const bool kv = &t == &k || &t == &v;
-    if (!float_dtype(t.dtype) && !(kv && t.dtype == DType::i8))
+    if (!float_dtype(t.dtype) && !(kv && (t.dtype == DType::i8 || t.dtype == DType::i4)))
       return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32, bf16 or f16" +
-                                       (kv ? " (or i8 with k_scale and v_scale)" : ""));
+                                       (kv ? " (or i8 / i4 with k_scale and v_scale)" : ""));
   }
   // Every input of the call (the outputs out and lse aside).
   const NamedView inputs[] = {{"q", &q}, {kname, &k}, {vname, &v},
@@ -554,7 +586,7 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
     return Status::Invalid("out", std::string("dtype ") + dtype_name(out.dtype) + "; expected the dtype of q (" +
                                       dtype_name(q.dtype) + ")");
   if (Status s = check_output_strides("out", out); !s) return s;
-  if (Status s = check_kv_scales(params, k, kname, &p); !s) return s;
+  if (Status s = check_kv_scales(params, k, v, kname, vname, &p); !s) return s;
   p.group = p.Hq / p.Hkv;
 
   if (lse) {
@@ -690,8 +722,9 @@ Status validate_backward(const TensorView& q, const TensorView& k, const TensorV
   const NamedView grad_views[] = {{"grad_out", &grad_out}, {"grad_q", &grad_q}, {"grad_k", &grad_k},
                                   {"grad_v", &grad_v}, {"grad_sinks", grad_sinks ? &*grad_sinks : nullptr}};
   if (Status s = check_placement(q.device, grad_views); !s) return s;
-  if (k.dtype == DType::i8)
-    return Status::Invalid("k", "dtype i8; expected f32, bf16 or f16 (8-bit K/V are for inference: no backward)");
+  if (k.dtype == DType::i8 || k.dtype == DType::i4)
+    return Status::Invalid("k", std::string("dtype ") + dtype_name(k.dtype) +
+                                    "; expected f32, bf16 or f16 (quantised K/V are for inference: no backward)");
   // The LSE's values are not read: the backward recomputes each row's statistics from the scores (see
   // cpu/backward_kernel.h, row_statistics); only its shape and dtype are checked (above).
   const struct {

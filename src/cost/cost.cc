@@ -1,5 +1,6 @@
 // The cost model: closed-form counts, no measurement.
 #include "attn/cost.h"
+#include "attn/tensor.h"
 
 #include <limits>
 
@@ -96,13 +97,14 @@ Status parameter_count(const ParamShape& in, std::int64_t* count) {
   return Status::Ok();
 }
 
-std::int64_t kv_dtype_bytes(KvDType dtype) {
+double kv_dtype_bytes(KvDType dtype) {
   switch (dtype) {
     case KvDType::f32: return 4;
     case KvDType::f16:
     case KvDType::bf16: return 2;
     case KvDType::fp8:
     case KvDType::int8: return 1;
+    case KvDType::int4: return 0.5;
   }
   return 0;
 }
@@ -113,8 +115,10 @@ Status kv_cache_bytes(const KvCacheShape& s, double* bytes) {
   if (Status st = positive("head_dim", s.head_dim, "a head dim"); !st) return st;
   if (Status st = positive("seq", s.seq, "a sequence length"); !st) return st;
   if (Status st = positive("batch", s.batch, "a batch size"); !st) return st;
-  const double row_bytes = static_cast<double>(s.head_dim) * static_cast<double>(kv_dtype_bytes(s.dtype)) +
-                           (s.dtype == KvDType::int8 ? 4.0 : 0.0);  // + the row's fp32 scale
+  const double d = static_cast<double>(s.head_dim);
+  const double row_bytes = s.dtype == KvDType::int4 ? std::ceil(d / 2) + 4 * std::ceil(d / kI4Block)  // + block scales
+                                                    : d * kv_dtype_bytes(s.dtype) +
+                                                          (s.dtype == KvDType::int8 ? 4.0 : 0.0);  // + the row's scale
   *bytes = 2.0 * static_cast<double>(s.layers) * static_cast<double>(s.kv_heads) * static_cast<double>(s.seq) *
            static_cast<double>(s.batch) * row_bytes;
   return Status::Ok();

@@ -666,7 +666,8 @@ void lanes_step(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std
 // One block of lanes over keys [kv_lo, kv_hi) only (all keys, or one split of them): leaves the
 // unnormalised state of every lane in ws (m, l, and O: Oᵀ [Dv][BR] when NL = 0, else rows [BR][Dv]).
 // NL = 0: lanes across vectors (QV vectors of lanes). NL > 0: row-major for at most NL lanes, K and V rows read as
-// stored and widened in registers (unit-stride rows), or widened into the workspace first (strided rows).
+// stored and widened in registers (unit-stride rows of fp32, bf16, f16 or i8), or widened into the workspace first
+// (strided rows, and 4-bit rows, whose scale changes every kI4Block values).
 template <int QV, int NL, class QT, class KVT, class Variant>
 void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo, std::int64_t kv_hi, Workspace& ws) {
   const BlockKeys keys(p, lanes, kv_lo, kv_hi, Variant::from_far_side(p));
@@ -676,19 +677,22 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
   if constexpr (NL == 0) {
     for (std::int64_t t = 0; t < keys.tiles; ++t)
       lanes_step<QV, KVT, Variant>(p, lanes, keys.j0(t), keys.cols(t), keys.interior(t), u, ws);
-  } else if (krows.unit_stride() && vrows.unit_stride()) {
-    StoredTile<KVT> tile[2];  // this tile's rows and the next one's
-    if (keys.tiles > 0) tile[0].locate(krows, vrows, keys.j0(0), keys.cols(0));
-    for (std::int64_t t = 0; t < keys.tiles; ++t) {
-      StoredTile<KVT>& cur = tile[t & 1];
-      StoredTile<KVT>& next = tile[(t + 1) & 1];
-      next.cols = 0;
-      if (t + 1 < keys.tiles) next.locate(krows, vrows, keys.j0(t + 1), keys.cols(t + 1));
-      cur.prepare(next);
-      rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t), keys.cols(t),
-                                 keys.interior(t), u, ws, cur.look_ahead());
-    }
   } else {
+    if constexpr (!RowSource<KVT>::kI4)
+      if (krows.unit_stride() && vrows.unit_stride()) {
+        StoredTile<KVT> tile[2];  // this tile's rows and the next one's
+        if (keys.tiles > 0) tile[0].locate(krows, vrows, keys.j0(0), keys.cols(0));
+        for (std::int64_t t = 0; t < keys.tiles; ++t) {
+          StoredTile<KVT>& cur = tile[t & 1];
+          StoredTile<KVT>& next = tile[(t + 1) & 1];
+          next.cols = 0;
+          if (t + 1 < keys.tiles) next.locate(krows, vrows, keys.j0(t + 1), keys.cols(t + 1));
+          cur.prepare(next);
+          rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t), keys.cols(t),
+                                     keys.interior(t), u, ws, cur.look_ahead());
+        }
+        return;
+      }
     for (std::int64_t t = 0; t < keys.tiles; ++t) {
       krows.as_float(keys.j0(t), keys.cols(t), p.Dk, ws.k.data(), ws.krows);
       vrows.as_float(keys.j0(t), keys.cols(t), p.Dv, ws.v.data(), ws.vrows);
@@ -928,8 +932,9 @@ void flash_forward(const core::Problem& p, int threads) {
   Scratch local;
   Scratch& sc = core::scratch(p.workspace, &kScratchKey, local);
   core::Problem gathered;
-  if (plan.gather_bytes > 0 && gather_kv<KVT>(p, plan, threads, sc, &gathered))
-    return run_plan<QT, KVT, Variant>(gathered, threads, plan, sc);
+  if constexpr (!RowSource<KVT>::kScaled)  // (Plan: quantised rows are never gathered)
+    if (plan.gather_bytes > 0 && gather_kv<KVT>(p, plan, threads, sc, &gathered))
+      return run_plan<QT, KVT, Variant>(gathered, threads, plan, sc);
   run_plan<QT, KVT, Variant>(p, threads, plan, sc);
 }
 
@@ -942,7 +947,7 @@ struct ForwardKernel {
   static constexpr FlashFn fn = &flash_forward<QT, KVT, Variant>;
 };
 inline FlashFn pick_flash(DType q, DType kv, core::VariantKind variant) {
-  return pick_kernel<FlashFn, ForwardKernel, /*I8=*/true>(q, kv, variant);
+  return pick_kernel<FlashFn, ForwardKernel, /*Quantised=*/true>(q, kv, variant);
 }
 
 }  // namespace attn::cpu::ATTN_ISA_NS

@@ -23,27 +23,30 @@ Fn pick_for_variant(core::VariantKind variant) {
   return nullptr;
 }
 
-template <class Fn, template <class, class, class> class Kernel, bool I8, class QT>
+template <class Fn, template <class, class, class> class Kernel, bool Quantised, class QT>
 Fn pick_for_kv(DType kv, core::VariantKind variant) {
   switch (kv) {
     case DType::f32: return pick_for_variant<Fn, Kernel, QT, float>(variant);
     case DType::bf16: return pick_for_variant<Fn, Kernel, QT, core::bf16>(variant);
     case DType::f16: return pick_for_variant<Fn, Kernel, QT, core::f16>(variant);
     case DType::i8:
-      if constexpr (I8) return pick_for_variant<Fn, Kernel, QT, std::int8_t>(variant);
+      if constexpr (Quantised) return pick_for_variant<Fn, Kernel, QT, std::int8_t>(variant);
+      return nullptr;
+    case DType::i4:
+      if constexpr (Quantised) return pick_for_variant<Fn, Kernel, QT, core::q4x2>(variant);
       return nullptr;
     default: return nullptr;
   }
 }
 
 // The instantiation for these dtypes and this variant (core::variant_kind), or null for dtypes no kernel takes.
-// I8: whether the kernel takes 8-bit K/V (the forward; the backward does not).
-template <class Fn, template <class, class, class> class Kernel, bool I8 = false>
+// Quantised: whether the kernel takes 8- and 4-bit K/V (the forward; the backward does not).
+template <class Fn, template <class, class, class> class Kernel, bool Quantised = false>
 Fn pick_kernel(DType q, DType kv, core::VariantKind variant) {
   switch (q) {
-    case DType::f32: return pick_for_kv<Fn, Kernel, I8, float>(kv, variant);
-    case DType::bf16: return pick_for_kv<Fn, Kernel, I8, core::bf16>(kv, variant);
-    case DType::f16: return pick_for_kv<Fn, Kernel, I8, core::f16>(kv, variant);
+    case DType::f32: return pick_for_kv<Fn, Kernel, Quantised, float>(kv, variant);
+    case DType::bf16: return pick_for_kv<Fn, Kernel, Quantised, core::bf16>(kv, variant);
+    case DType::f16: return pick_for_kv<Fn, Kernel, Quantised, core::f16>(kv, variant);
     default: return nullptr;
   }
 }

@@ -1,18 +1,18 @@
 // The one way a kernel reads K or V rows (and the backward its Q and dO rows): whatever their storage (fp32, bf16,
-// f16, or 8-bit with a scale per row), their layout (contiguous [B, H, S, D], strided such as FlashAttention's
+// f16, 8-bit with a scale per row, or 4-bit with a scale per block of kI4Block values), their layout (contiguous [B, H, S, D], strided such as FlashAttention's
 // [B, S, H, D], or a page pool through a page table), every kernel (the vector forward, prefill and decode, the
 // backward's sweeps, the AMX forward's staging) asks this source for them in one of these forms:
-//   locate     where each stored row starts (and, 8-bit rows, its scale): one walk over the keys, through the page
-//              table without a division per key; for kernels that widen rows in registers (decode)
+//   locate     where each stored row starts (and, quantised rows, its first scale): one walk over the keys, through
+//              the page table without a division per key; for kernels that widen rows in registers (decode)
 //   as_float   the rows as fp32, each readable to `pitch` values (zeros past the row's `dim`): the caller's own
-//              memory when it already is that (fp32, unit stride, pitch = dim), else widened copies (8-bit values
-//              times their row's scale) in the kernel's buffer
+//              memory when it already is that (fp32, unit stride, pitch = dim), else widened copies (8- and 4-bit
+//              values times their scales) in the kernel's buffer
 //   as_float_block   the same at one row stride (row c at base + c·ld), for kernels whose products read rows at a
 //              stride (the backward): in place when fp32, unit stride, pitch = dim and not paged, else copies
 //   as_stored  the rows in their storage type, each readable to `pitch` values: in place when unit-stride and
 //              pitch = dim, else copies (the AMX kernel packs bf16 rows as they are)
-// and copy_stored for a gather. Widening is exact (a bf16/f16 value, or an 8-bit value times an fp32 scale, rounded
-// once), so every form holds the same values.
+// and copy_stored for a gather (not for 4-bit rows, which are only widened). Widening is exact (a bf16/f16 value, or a
+// quantised value times an fp32 scale, rounded once), so every form holds the same values.
 //
 // A kernel body (compiled per instruction set inside its namespace, after cpu/vec.h); includes nothing itself.
 
@@ -28,22 +28,27 @@ template <class T>
 struct RowSource {
   const core::Problem* p = nullptr;
   const core::Strided* t = nullptr;      // p.k, p.v (or p.q, the backward's dO)
-  const core::Strided* scale = nullptr;  // 8-bit rows: p.k_scale or p.v_scale
+  const core::Strided* scale = nullptr;  // quantised rows: p.k_scale or p.v_scale
   std::int64_t dim = 0, b = 0, hk = 0;
   bool paged = false;                    // K and V of a paged problem
 
-  static constexpr bool kScaled = std::is_same_v<T, std::int8_t>;
+  static constexpr bool kI4 = std::is_same_v<T, core::q4x2>;  // 4-bit rows: a scale per block of kI4Block values
+  static constexpr bool kScaled = std::is_same_v<T, std::int8_t> || kI4;
   bool unit_stride() const { return t->stride[3] == 1; }
+
+  // Where the element at offset `off` (in elements) lies; 4-bit rows start on a byte (validate: even strides).
+  const T* at(std::int64_t off) const { return static_cast<const T*>(t->data) + (kI4 ? off >> 1 : off); }
 
   // Where row j starts: strided, or through the page table.
   const T* row(std::int64_t j) const {
-    return static_cast<const T*>(t->data) + (paged ? core::kv_row_offset(*p, *t, b, hk, j) : t->offset(b, hk, j, 0));
+    return at(paged ? core::kv_row_offset(*p, *t, b, hk, j) : t->offset(b, hk, j, 0));
   }
 
-  // rows[c] = where row j0 + c starts, and (8-bit rows, when scales is given) scales[c] = where its scale is.
+  // rows[c] = where row j0 + c starts, and (quantised rows, when scales is given) scales[c] = where its (first)
+  // scale is.
   void locate(std::int64_t j0, std::int64_t n, const T** rows, const float** scales = nullptr) const {
     const auto at = [&](std::int64_t c, std::int64_t a, std::int64_t r) {  // (batch or page, row within it)
-      rows[c] = static_cast<const T*>(t->data) + t->offset(a, hk, r, 0);
+      rows[c] = this->at(t->offset(a, hk, r, 0));
       if constexpr (kScaled)
         if (scales) scales[c] = static_cast<const float*>(scale->data) + scale->offset(a, hk, r, 0);
     };
@@ -61,7 +66,7 @@ struct RowSource {
 
   // The scale of 8-bit row j (1 for rows of values).
   float row_scale(std::int64_t j) const {
-    if constexpr (kScaled) return core::kv_scale(*p, *scale, b, hk, j);
+    if constexpr (std::is_same_v<T, std::int8_t>) return core::kv_scale(*p, *scale, b, hk, j);
     return 1.0f;
   }
 
@@ -88,6 +93,7 @@ struct RowSource {
   // Rows j0 .. j0+n-1 in their storage type, out[c] readable to `pitch` values (zeros past dim): in place when
   // unit-stride and pitch = dim, else copied into buf [n][pitch].
   void as_stored(std::int64_t j0, std::int64_t n, std::int64_t pitch, T* buf, const T** out) const {
+    static_assert(!kI4, "4-bit rows are only read widened");
     locate(j0, n, out);
     if (unit_stride() && pitch == dim) return;
     for (std::int64_t c = 0; c < n; ++c) {
@@ -100,6 +106,7 @@ struct RowSource {
 
   // Rows j0 .. j0+n-1 copied as stored into dst [n][dim] (a gather into contiguous rows).
   void copy_stored(std::int64_t j0, std::int64_t n, T* dst) const {
+    static_assert(!kI4, "4-bit rows are only read widened");
     const T* src[kMaxRows];
     for (std::int64_t c0 = 0; c0 < n; c0 += kMaxRows) {
       const std::int64_t m = std::min(kMaxRows, n - c0);
@@ -114,10 +121,12 @@ struct RowSource {
   // Rows j0 .. j0+n-1 (n <= kMaxRows) widened into dst [n][pitch], out[c] = dst + c·pitch.
   void widen_into(std::int64_t j0, std::int64_t n, std::int64_t pitch, float* dst, const float** out) const {
     const T* src[kMaxRows];
-    locate(j0, n, src);
+    const float* scales[kMaxRows];
+    locate(j0, n, src, scales);
     for (std::int64_t c = 0; c < n; ++c) {
       float* d = dst + c * pitch;
-      widen(src[c], row_scale(j0 + c), d);
+      if constexpr (kI4) widen_blocks(src[c], scales[c], d);
+      else widen(src[c], row_scale(j0 + c), d);
       std::fill(d + dim, d + pitch, 0.0f);
       out[c] = d;
     }
@@ -126,6 +135,23 @@ struct RowSource {
   void copy_row(const T* src, T* dst) const {
     if (unit_stride()) std::memcpy(dst, src, static_cast<std::size_t>(dim) * sizeof(T));
     else for (std::int64_t d = 0; d < dim; ++d) dst[d] = src[d * t->stride[3]];
+  }
+
+  // One 4-bit row as fp32: each value q times its block's scale (scales: the row's first, at the scale view's last
+  // stride), rounded once; whole blocks a vector at a time.
+  void widen_blocks(const T* src, const float* scales, float* dst) const {
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(src);
+    for (std::int64_t d0 = 0; d0 < dim; d0 += kI4Block) {
+      const float f = scales[(d0 / kI4Block) * scale->stride[3]];
+      const std::int64_t end = std::min(dim, d0 + kI4Block);
+      std::int64_t d = d0;
+      if constexpr (kI4Block % Vec::W == 0)
+        if (end - d0 == kI4Block) {
+          const Vec::T fv = Vec::set1(f);
+          for (; d < end; d += Vec::W) Vec::store(dst + d, Vec::mul(Vec::load_q4(bytes + d / 2), fv));
+        }
+      for (; d < end; ++d) dst[d] = static_cast<float>(core::q4_value(bytes[d / 2], static_cast<int>(d & 1))) * f;
+    }
   }
 
   // One stored row as fp32 (8-bit values times the row's scale f).

@@ -34,6 +34,12 @@ struct Vec {
   }
   static T load_f16(const std::uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
   static T load_i8(const std::int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
+  // W 4-bit values (attn/tensor.h's i4, nibble less 8) from the W / 2 bytes at p.
+  static T load_q4(const std::uint8_t* p) {
+    const __m128i b = _mm_loadl_epi64((const __m128i*)p), m = _mm_set1_epi8(15);
+    const __m128i x = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(x, _mm_set1_epi8(8))));
+  }
   // The sums of W vectors at once (a transposing add tree, W - 1 adds): lane p of the result is the sum of
   // all lanes of v[kSumOrder[p]]. v is overwritten.
   static constexpr int kSumOrder[W] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
@@ -80,6 +86,13 @@ struct Vec {
   }
   static T load_f16(const std::uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
   static T load_i8(const std::int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
+  static T load_q4(const std::uint8_t* p) {
+    std::int32_t w;
+    std::memcpy(&w, p, 4);
+    const __m128i b = _mm_cvtsi32_si128(w), m = _mm_set1_epi8(15);
+    const __m128i x = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_sub_epi8(x, _mm_set1_epi8(8))));
+  }
   static constexpr int kSumOrder[W] = {0, 2, 1, 3, 4, 6, 5, 7};
   static T sum_each(T* v) {
     for (int i = 0; i < 4; ++i)
@@ -134,6 +147,14 @@ struct Vec {
     std::memcpy(&w, p, 4);
     const __m128i b = _mm_cvtsi32_si128(w);
     return _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(_mm_unpacklo_epi8(b, b), _mm_unpacklo_epi8(b, b)), 24));
+  }
+  static T load_q4(const std::uint8_t* p) {
+    std::uint16_t w;
+    std::memcpy(&w, p, 2);
+    const __m128i b = _mm_cvtsi32_si128(w), m = _mm_set1_epi8(15);
+    __m128i x = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    x = _mm_sub_epi8(x, _mm_set1_epi8(8));
+    return _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(_mm_unpacklo_epi8(x, x), _mm_unpacklo_epi8(x, x)), 24));
   }
   static constexpr int kSumOrder[W] = {0, 2, 1, 3};
   static T sum_each(T* v) {

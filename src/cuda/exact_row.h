@@ -1,4 +1,4 @@
-// attn's exact CUDA forward: every problem the tensor-core kernel does not take (fp32 Q/K/V, 8-bit K/V, head dims
+// attn's exact CUDA forward: every problem the tensor-core kernel does not take (fp32 Q/K/V, 8- and 4-bit K/V, head dims
 // above 256), computed in fp32 as the CPU's scalar path computes it, one thread per query row and chunk of
 // kChunk output dimensions. Host and device code: src/cuda/forward.cu launches exact_kernel over it, and
 // tests/test_cuda_forward.cc runs the same function over every row on the host against the fp64 reference.
@@ -27,14 +27,25 @@ using i64 = std::int64_t;
 inline constexpr int kChunk = 16;   // output dimensions a thread accumulates (registers)
 inline constexpr int kThreads = 128;  // threads per block of exact_kernel
 
-// Element `off` of a view as float: f32, bf16, f16, or an 8-bit value (before its row's scale).
+// Element `off` of a view as float: f32, bf16, f16, or a quantised value before its scale (i8; i4: the nibble of
+// element `off` less 8, attn/tensor.h's packing).
 ATTN_HD float load(const core::Strided& t, i64 off) {
   switch (t.dtype) {
     case DType::f32: return static_cast<const float*>(t.data)[off];
     case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(t.data)[off]);
     case DType::f16: return f16_to_float(static_cast<const std::uint16_t*>(t.data)[off]);
+    case DType::i4: {
+      const unsigned byte = static_cast<const std::uint8_t*>(t.data)[off >> 1];
+      return static_cast<float>(static_cast<int>((off & 1) ? byte >> 4 : byte & 15u) - 8);
+    }
     default: return static_cast<float>(static_cast<const std::int8_t*>(t.data)[off]);
   }
+}
+
+// The factor of value d of a quantised row whose scales start at `scales`: i4's block scale (scale stride
+// `stride`), 1 otherwise (i8's row scale multiplies the whole product instead).
+ATTN_HD float block_scale(bool i4, const float* scales, i64 stride, i64 d) {
+  return i4 ? scales[(d / kI4Block) * stride] : 1.0f;
 }
 
 ATTN_HD void store(const core::Strided& t, i64 off, float x) {
@@ -59,7 +70,7 @@ ATTN_HD void exact_row(const DeviceProblem& p, i64 b, i64 h, i64 i, i64 c) {
   const core::KeyRange keys = core::key_range(p, b, i);
   const float scale = static_cast<float>(p.scale);
   const float c2 = static_cast<float>(core::kLog2e);  // scores in natural-log units
-  const bool i8 = p.k_scale.data != nullptr;
+  const bool i4 = p.k.dtype == DType::i4, i8 = p.k_scale.data != nullptr && !i4;
   const i64 q0 = p.q.offset(b, h, i, 0);
   core::RowState st;
   float acc[kChunk];
@@ -68,8 +79,10 @@ ATTN_UNROLL
   for (i64 j = keys.lo; j < keys.hi; ++j) {
     if (V::kPerElement && row.hidden(j)) continue;
     const i64 k0 = p.kv_row_offset(p.k, b, hk, j);
+    const float* ks = i4 ? static_cast<const float*>(p.k_scale.data) + p.kv_row_offset(p.k_scale, b, hk, j) : nullptr;
     float dot = 0.0f;
-    for (i64 d = 0; d < p.Dk; ++d) dot += load(p.q, q0 + d * p.q.stride[3]) * load(p.k, k0 + d * p.k.stride[3]);
+    for (i64 d = 0; d < p.Dk; ++d)
+      dot += load(p.q, q0 + d * p.q.stride[3]) * (load(p.k, k0 + d * p.k.stride[3]) * block_scale(i4, ks, p.k_scale.stride[3], d));
     if (i8) dot *= static_cast<const float*>(p.k_scale.data)[p.kv_row_offset(p.k_scale, b, hk, j)];
     const float x = scale * dot;
     const float s = V::kPerElement ? row.logit(j, x) : x;
@@ -83,9 +96,10 @@ ATTN_UNROLL
     if (V::kDropout && p.dropout.on()) w *= p.dropout.factor(b, h, i, j);
     if (i8) w *= static_cast<const float*>(p.v_scale.data)[p.kv_row_offset(p.v_scale, b, hk, j)];
     const i64 v0 = p.kv_row_offset(p.v, b, hk, j) + d0 * p.v.stride[3];
+    const float* vs = i4 ? static_cast<const float*>(p.v_scale.data) + p.kv_row_offset(p.v_scale, b, hk, j) : nullptr;
 ATTN_UNROLL
     for (int u = 0; u < kChunk; ++u)
-      if (u < nd) acc[u] += w * load(p.v, v0 + u * p.v.stride[3]);
+      if (u < nd) acc[u] += w * (load(p.v, v0 + u * p.v.stride[3]) * block_scale(i4, vs, p.v_scale.stride[3], d0 + u));
   }
   const core::Finish f = core::finish_with_sink(st.m, st.l, 1.0, p.sink(h));
 ATTN_UNROLL

@@ -45,8 +45,8 @@ bool exact_forced() {
 
 std::string kernel_name(const core::Problem& p) {
   if (!supports(p) || exact_forced()) {
-    const bool i8 = p.k.dtype == DType::i8;
-    return std::string("exact forward (f32 FMAs, ") + dtype_name(p.q.dtype) + (i8 ? " with 8-bit K/V" : "") +
+    const char* quantised = p.k.dtype == DType::i8 ? " with 8-bit K/V" : p.k.dtype == DType::i4 ? " with 4-bit K/V" : "";
+    return std::string("exact forward (f32 FMAs, ") + dtype_name(p.q.dtype) + quantised +
            ", d" + std::to_string(p.Dk) + (general_variant(p) ? ", general variant)" : ", plain)");
   }
   std::string name;

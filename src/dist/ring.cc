@@ -151,8 +151,9 @@ Status validate_local(const TensorView& q, const TensorView& k, const TensorView
   p.softcap = rp.softcap;
   p.threads = rp.threads;
   core::Problem problem;
-  if (k.dtype == DType::i8)  // (core::validate would ask for k_scale, which RingParams does not carry)
-    return Status::Invalid("k", "dtype i8; expected f32, bf16 or f16 (ring attention passes K/V without scales)");
+  if (k.dtype == DType::i8 || k.dtype == DType::i4)  // (core::validate would ask for k_scale, which RingParams lacks)
+    return Status::Invalid("k", std::string("dtype ") + dtype_name(k.dtype) +
+                                    "; expected f32, bf16 or f16 (ring attention passes K/V without scales)");
   if (Status s = core::validate(q, k, v, out, p, lse, &problem); !s) return s;
   if (rp.layout != Layout::contiguous && rp.layout != Layout::zigzag)
     return Status::Invalid("layout", "value " + std::to_string(static_cast<int>(rp.layout)) + "; expected contiguous or zigzag");

@@ -23,7 +23,7 @@ Status positive(const char* name, std::int64_t value) {
   return Status::Ok();
 }
 
-// Checks that `t` is an f32, bf16 or f16 [1, heads, T, dim] view (T >= 0) and returns T; an i8 cache
+// Checks that `t` is an f32, bf16 or f16 [1, heads, T, dim] view (T >= 0) and returns T; an i8 or i4 cache
 // (`quantised`) also needs every value finite.
 Status check_tokens(const char* name, const TensorView& t, std::int64_t heads, std::int64_t dim, bool quantised,
                     std::int64_t* tokens) {
@@ -41,8 +41,8 @@ Status check_tokens(const char* name, const TensorView& t, std::int64_t heads, s
         for (std::int64_t d = 0; d < dim; ++d)
           if (!std::isfinite(core::float_at(t, h * t.strides[1] + j * t.strides[2] + d * t.strides[3])))
             return Status::Invalid(name, "value [0, " + str(h) + ", " + str(j) + ", " + str(d) +
-                                             "] is not finite; expected finite values (an i8 cache has no scale for "
-                                             "inf or NaN)");
+                                             "] is not finite; expected finite values (an i8 or i4 cache has no scale "
+                                             "for inf or NaN)");
   *tokens = t.shape[2];
   return Status::Ok();
 }
@@ -50,7 +50,7 @@ Status check_tokens(const char* name, const TensorView& t, std::int64_t heads, s
 Status check_pair(const TensorView& k, const TensorView& v, std::int64_t hkv, std::int64_t dk, std::int64_t dv,
                   DType storage, std::int64_t* tokens) {
   std::int64_t tk = 0, tv = 0;
-  const bool quantised = storage == DType::i8;
+  const bool quantised = storage == DType::i8 || storage == DType::i4;
   if (Status s = check_tokens("k", k, hkv, dk, quantised, &tk); !s) return s;
   if (Status s = check_tokens("v", v, hkv, dv, quantised, &tv); !s) return s;
   if (tk != tv) return Status::Invalid("v", "token count " + str(tv) + "; expected " + str(tk) + " (as k)");
@@ -60,8 +60,8 @@ Status check_pair(const TensorView& k, const TensorView& v, std::int64_t hkv, st
 
 // Sizes and storage a cache is created with: what attention_paged accepts for the views it is read through.
 Status check_dims(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim, DType dtype) {
-  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16 && dtype != DType::i8)
-    return Status::Invalid("dtype", std::string(dtype_name(dtype)) + "; expected f32, bf16, f16 or i8");
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16 && dtype != DType::i8 && dtype != DType::i4)
+    return Status::Invalid("dtype", std::string(dtype_name(dtype)) + "; expected f32, bf16, f16, i8 or i4");
   if (Status s = positive("kv_heads", kv_heads); !s) return s;
   if (Status s = positive("head_dim", head_dim); !s) return s;
   if (Status s = positive("v_head_dim", v_head_dim); !s) return s;
@@ -75,17 +75,33 @@ Status check_dims(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_h
   return Status::Ok();
 }
 
-// Allocates the K and V storage (zeroed) of `heads_times_tokens` rows in `dtype`, and their scales for i8: an
-// OutOfMemory Status naming `param` when the size overflows or the allocation fails (nothing else changes).
+// How a cache stores a row of `dim` values in `dtype`: rows `pitch()` elements apart (i4: dim rounded up to even, so
+// that every row starts on a byte), and `scales()` f32 scales per row (i8: 1; i4: one per kI4Block values; else 0).
+struct RowFormat {
+  DType dtype;
+  std::int64_t dim;
+  std::int64_t pitch() const { return dtype == DType::i4 ? (dim + 1) / 2 * 2 : dim; }
+  std::int64_t row_bytes() const { return dtype_bytes(dtype, pitch()); }
+  std::int64_t scales() const {
+    return dtype == DType::i8 ? 1 : dtype == DType::i4 ? (dim + kI4Block - 1) / kI4Block : 0;
+  }
+};
+
+// Allocates the K and V storage (zeroed) of `heads_times_tokens` rows in `dtype`, and their scales for i8 and i4:
+// an OutOfMemory Status naming `param` when the size overflows or the allocation fails (nothing else changes).
 Status allocate(const char* param, std::int64_t heads_times_tokens, std::int64_t dk, std::int64_t dv, DType dtype,
                 std::vector<unsigned char>* k, std::vector<unsigned char>* v, std::vector<float>* k_scale,
                 std::vector<float>* v_scale) {
-  const std::int64_t es = static_cast<std::int64_t>(dtype_size(dtype));
-  std::int64_t nk = 0, nv = 0, total = 0;
-  const bool overflow = __builtin_mul_overflow(heads_times_tokens, dk * es, &nk) ||
-                        __builtin_mul_overflow(heads_times_tokens, dv * es, &nv) || __builtin_add_overflow(nk, nv, &total) ||
+  const RowFormat fk{dtype, dk}, fv{dtype, dv};
+  std::int64_t nk = 0, nv = 0, total = 0, nks = 0, nvs = 0;
+  const bool overflow = __builtin_mul_overflow(heads_times_tokens, fk.row_bytes(), &nk) ||
+                        __builtin_mul_overflow(heads_times_tokens, fv.row_bytes(), &nv) ||
+                        __builtin_mul_overflow(heads_times_tokens, fk.scales() * 4, &nks) ||
+                        __builtin_mul_overflow(heads_times_tokens, fv.scales() * 4, &nvs) ||
+                        __builtin_add_overflow(nk, nv, &total) || __builtin_add_overflow(total, nks + nvs, &total) ||
                         total > static_cast<std::int64_t>(PTRDIFF_MAX / 2);
-  const double bytes = static_cast<double>(heads_times_tokens) * static_cast<double>((dk + dv) * es);
+  const double bytes = static_cast<double>(heads_times_tokens) *
+                       static_cast<double>(fk.row_bytes() + fv.row_bytes() + 4 * (fk.scales() + fv.scales()));
   char need[64];
   std::snprintf(need, sizeof need, "%.4g GiB", bytes / (1024.0 * 1024.0 * 1024.0));
   if (overflow)
@@ -94,10 +110,8 @@ Status allocate(const char* param, std::int64_t heads_times_tokens, std::int64_t
   try {
     k->assign(static_cast<std::size_t>(nk), 0);
     v->assign(static_cast<std::size_t>(nv), 0);
-    if (dtype == DType::i8) {
-      k_scale->assign(static_cast<std::size_t>(heads_times_tokens), 0.0f);
-      v_scale->assign(static_cast<std::size_t>(heads_times_tokens), 0.0f);
-    }
+    k_scale->assign(static_cast<std::size_t>(nks / 4), 0.0f);
+    v_scale->assign(static_cast<std::size_t>(nvs / 4), 0.0f);
   } catch (const std::bad_alloc&) {
     *k = {}, *v = {}, *k_scale = {}, *v_scale = {};
     return Status::OutOfMemory(param, std::string("could not allocate the cache's ") + need +
@@ -163,6 +177,24 @@ TensorView storage_view(const void* data, DType dtype, std::array<std::int64_t, 
   return t;
 }
 
+// The rows of a cache's storage `data` as [outer, heads, rows, dim]: `outer` blocks of `heads` runs of `slots` rows
+// (KVCache: 1 x Hkv x capacity; PagedKVCache: pages x Hkv x page_size), the first `rows` of each run in view.
+TensorView rows_view(const void* data, RowFormat f, std::int64_t outer, std::int64_t heads, std::int64_t rows,
+                     std::int64_t slots) {
+  const std::int64_t pitch = f.pitch();
+  return storage_view(data, f.dtype, {outer, heads, rows, f.dim}, {heads * slots * pitch, slots * pitch, pitch, 1}, 4);
+}
+
+// Their scales (Params::k_scale / v_scale): i8 [outer, heads, rows], i4 [outer, heads, rows, blocks]; an empty
+// view for other storage.
+TensorView scales_view(const std::vector<float>& data, RowFormat f, std::int64_t outer, std::int64_t heads,
+                       std::int64_t rows, std::int64_t slots) {
+  const std::int64_t n = f.scales();
+  if (n == 0) return {};
+  if (f.dtype == DType::i8) return storage_view(data.data(), DType::f32, {outer, heads, rows, 0}, {heads * slots, slots, 1, 0}, 3);
+  return storage_view(data.data(), DType::f32, {outer, heads, rows, n}, {heads * slots * n, slots * n, n, 1}, 4);
+}
+
 // An error of the attention_paged call that reads the cache, in the caller's terms: the pages, the page table
 // and the lengths are the cache's, not arguments the caller passed, so each of those names becomes "cache".
 Status as_cache_error(const Status& s) {
@@ -185,37 +217,56 @@ Status as_cache_error(const Status& s) {
   }
 }
 
-// Rows t0 .. t0+count-1 of head h of src [1, H, T, dim] into storage rows `row0`.. of `dst` (dim values each, in
-// `dtype`); for i8 each row quantised symmetrically with its scale s = max|x| / 127 into scale[row].
+// The quantisation of a block of n values x (finite) to `bits` bits: q = round(x / s), s = max|x| / qmax with qmax
+// 127 (i8) or 7 (i4), symmetric (-qmax .. qmax); an all-zero block gets s = 0 and q = 0. Returns s; q[d] written.
+float quantise(const float* x, std::int64_t n, float qmax, int* q) {
+  float amax = 0;
+  for (std::int64_t d = 0; d < n; ++d) amax = std::max(amax, std::fabs(x[d]));
+  const float s = amax / qmax;
+  for (std::int64_t d = 0; d < n; ++d)
+    q[d] = s > 0 ? static_cast<int>(std::clamp(std::nearbyint(x[d] / s), -qmax, qmax)) : 0;
+  return s;
+}
+
+// Rows t0 .. t0+count-1 of head h of src [1, H, T, dim] into storage rows `row0`.. of `dst` (rows of `dtype`, as
+// RowFormat lays them out); i8 rows quantised with a scale per row, i4 rows with a scale per block of kI4Block values
+// (quantise), the scales into `scale` (RowFormat::scales() per row).
 // With `rotary`, each key row is turned at position position0 + t first (attn/rotary.h), then stored: the new keys
 // are rotated as they are written, never in a second pass over the cache.
 void store_rows(const TensorView& src, std::int64_t h, std::int64_t t0, std::int64_t count, DType dtype,
                 std::vector<unsigned char>& dst, std::vector<float>& scale, std::int64_t row0,
                 const Rotary* rotary = nullptr, std::int64_t position0 = 0) {
   const std::int64_t dim = src.shape[3];
+  const RowFormat f{dtype, dim};
   std::vector<float> x(static_cast<std::size_t>(dim));
+  std::vector<int> q(static_cast<std::size_t>(dim));
   for (std::int64_t t = 0; t < count; ++t) {
     for (std::int64_t d = 0; d < dim; ++d)
       x[d] = core::float_at(src, h * src.strides[1] + (t0 + t) * src.strides[2] + d * src.strides[3]);
     if (rotary) kvcache::rotate_row(x.data(), *rotary, position0 + t);
-    float amax = 0;
-    for (std::int64_t d = 0; d < dim; ++d) amax = std::max(amax, std::fabs(x[d]));
     const std::int64_t row = row0 + t;
-    unsigned char* out = dst.data() + row * dim * static_cast<std::int64_t>(dtype_size(dtype));
-    const float s = amax / 127.0f;  // (i8: the row's scale)
-    for (std::int64_t d = 0; d < dim; ++d) {
-      switch (dtype) {
-        case DType::bf16: reinterpret_cast<core::bf16*>(out)[d] = core::from_float<core::bf16>(x[d]); break;
-        case DType::f16: reinterpret_cast<core::f16*>(out)[d] = core::from_float<core::f16>(x[d]); break;
-        case DType::i8: {
-          const float q = s > 0 ? std::nearbyint(x[d] / s) : 0.0f;
-          reinterpret_cast<std::int8_t*>(out)[d] = static_cast<std::int8_t>(std::clamp(q, -127.0f, 127.0f));
-          break;
-        }
-        default: reinterpret_cast<float*>(out)[d] = x[d];
-      }
+    unsigned char* out = dst.data() + row * f.row_bytes();
+    float* scales = scale.data() + row * f.scales();
+    switch (dtype) {
+      case DType::bf16:
+        for (std::int64_t d = 0; d < dim; ++d) reinterpret_cast<core::bf16*>(out)[d] = core::from_float<core::bf16>(x[d]);
+        break;
+      case DType::f16:
+        for (std::int64_t d = 0; d < dim; ++d) reinterpret_cast<core::f16*>(out)[d] = core::from_float<core::f16>(x[d]);
+        break;
+      case DType::i8:
+        scales[0] = quantise(x.data(), dim, 127.0f, q.data());
+        for (std::int64_t d = 0; d < dim; ++d) reinterpret_cast<std::int8_t*>(out)[d] = static_cast<std::int8_t>(q[d]);
+        break;
+      case DType::i4:  // nibble q + 8, element d in byte d / 2 (attn/tensor.h)
+        for (std::int64_t d0 = 0; d0 < dim; d0 += kI4Block)
+          scales[d0 / kI4Block] = quantise(x.data() + d0, std::min(kI4Block, dim - d0), 7.0f, q.data() + d0);
+        std::fill(out, out + f.row_bytes(), 0);
+        for (std::int64_t d = 0; d < dim; ++d) out[d / 2] |= static_cast<unsigned char>((q[d] + 8) << (4 * (d & 1)));
+        break;
+      default:
+        for (std::int64_t d = 0; d < dim; ++d) reinterpret_cast<float*>(out)[d] = x[d];
     }
-    if (dtype == DType::i8) scale[static_cast<std::size_t>(row)] = s;
   }
 }
 
@@ -282,25 +333,10 @@ Status KVCache::truncate(std::int64_t length) {
   return Status::Ok();
 }
 
-TensorView KVCache::keys() const {
-  return storage_view(k_.data(), dtype_, {1, hkv_, length_, dk_}, {hkv_ * capacity_ * dk_, capacity_ * dk_, dk_, 1}, 4);
-}
-
-TensorView KVCache::values() const {
-  return storage_view(v_.data(), dtype_, {1, hkv_, length_, dv_}, {hkv_ * capacity_ * dv_, capacity_ * dv_, dv_, 1}, 4);
-}
-
-TensorView KVCache::k_scales() const {
-  if (k_scale_.empty()) return {};  // (not an i8 cache)
-  return storage_view(k_scale_.data(), DType::f32, {1, hkv_, length_, 0},
-                      {hkv_ * capacity_, capacity_, 1, 0}, 3);
-}
-
-TensorView KVCache::v_scales() const {
-  if (v_scale_.empty()) return {};  // (not an i8 cache)
-  return storage_view(v_scale_.data(), DType::f32, {1, hkv_, length_, 0},
-                      {hkv_ * capacity_, capacity_, 1, 0}, 3);
-}
+TensorView KVCache::keys() const { return rows_view(k_.data(), {dtype_, dk_}, 1, hkv_, length_, capacity_); }
+TensorView KVCache::values() const { return rows_view(v_.data(), {dtype_, dv_}, 1, hkv_, length_, capacity_); }
+TensorView KVCache::k_scales() const { return scales_view(k_scale_, {dtype_, dk_}, 1, hkv_, length_, capacity_); }
+TensorView KVCache::v_scales() const { return scales_view(v_scale_, {dtype_, dv_}, 1, hkv_, length_, capacity_); }
 
 Status KVCache::attend(const TensorView& q, const TensorView& out, const Params& params,
                        const std::optional<TensorView>& lse) const {
@@ -453,25 +489,16 @@ Status PagedKVCache::append_impl(std::int64_t id, const TensorView& k, const Ten
 }
 
 TensorView PagedKVCache::k_pages() const {
-  return storage_view(k_.data(), dtype_, {num_pages_, hkv_, page_size_, dk_},
-                      {hkv_ * page_size_ * dk_, page_size_ * dk_, dk_, 1}, 4);
+  return rows_view(k_.data(), {dtype_, dk_}, num_pages_, hkv_, page_size_, page_size_);
 }
-
 TensorView PagedKVCache::v_pages() const {
-  return storage_view(v_.data(), dtype_, {num_pages_, hkv_, page_size_, dv_},
-                      {hkv_ * page_size_ * dv_, page_size_ * dv_, dv_, 1}, 4);
+  return rows_view(v_.data(), {dtype_, dv_}, num_pages_, hkv_, page_size_, page_size_);
 }
-
 TensorView PagedKVCache::k_scale_pages() const {
-  if (k_scale_.empty()) return {};  // (not an i8 cache)
-  return storage_view(k_scale_.data(), DType::f32, {num_pages_, hkv_, page_size_, 0},
-                      {hkv_ * page_size_, page_size_, 1, 0}, 3);
+  return scales_view(k_scale_, {dtype_, dk_}, num_pages_, hkv_, page_size_, page_size_);
 }
-
 TensorView PagedKVCache::v_scale_pages() const {
-  if (v_scale_.empty()) return {};  // (not an i8 cache)
-  return storage_view(v_scale_.data(), DType::f32, {num_pages_, hkv_, page_size_, 0},
-                      {hkv_ * page_size_, page_size_, 1, 0}, 3);
+  return scales_view(v_scale_, {dtype_, dv_}, num_pages_, hkv_, page_size_, page_size_);
 }
 
 Status PagedKVCache::tables(const std::vector<std::int64_t>& ids, std::vector<std::int32_t>* page_table,

@@ -20,12 +20,16 @@ double load(const core::Strided& t, std::int64_t a, std::int64_t b, std::int64_t
     case DType::f16: return core::to_float(static_cast<const core::f16*>(t.data)[off]);
     case DType::boolean: return static_cast<const unsigned char*>(t.data)[off] != 0;
     case DType::i8: return static_cast<const std::int8_t*>(t.data)[off];
+    case DType::i4: {  // the nibble of element off (attn/tensor.h), less 8
+      const unsigned byte = static_cast<const unsigned char*>(t.data)[off >> 1];
+      return static_cast<int>((off & 1) ? byte >> 4 : byte & 15u) - 8;
+    }
     default: return std::numeric_limits<double>::quiet_NaN();
   }
 }
 
 // K or V element (b, hk, j, d), through the page table when the cache is paged; i8 values times their row's
-// scale (exact in double: a float times an integer of at most 8 bits).
+// scale, i4 values times their block's (exact in double: a float times an integer of at most 8 bits).
 double load_kv(const core::Problem& p, const core::Strided& t, std::int64_t b, std::int64_t hk, std::int64_t j,
                std::int64_t d) {
   std::int64_t a = b, row = j;
@@ -34,9 +38,10 @@ double load_kv(const core::Problem& p, const core::Strided& t, std::int64_t b, s
     a = pg.table[b * pg.table_stride[0] + (j / pg.page_size) * pg.table_stride[1]], row = j % pg.page_size;
   }
   const double x = load(t, a, hk, row, d);
-  if (t.dtype != DType::i8) return x;
+  if (t.dtype != DType::i8 && t.dtype != DType::i4) return x;
   const core::Strided& scale = &t == &p.k ? *p.k_scale : *p.v_scale;
-  return static_cast<const float*>(scale.data)[scale.offset(a, hk, row, 0)] * x;
+  const std::int64_t block = t.dtype == DType::i4 ? d / kI4Block : 0;
+  return static_cast<const float*>(scale.data)[scale.offset(a, hk, row, block)] * x;
 }
 
 // The dense mask's contribution to score (b, h, i, j): the additive value, or 0 / -inf for keep/block.

@@ -1,5 +1,6 @@
-"""KV caches stored in bfloat16, float16 and int8 (a scale per token and KV head): decode matches fp64 attention
-over the exact values within what the storage costs, and an int8 cache refuses what it cannot hold."""
+"""KV caches stored in bfloat16, float16, int8 (a scale per token and KV head) and int4 (a scale per 32 values of a
+row): decode matches fp64 attention over the exact values within what the storage costs, and an int8 or int4 cache
+refuses what it cannot hold."""
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ def causal_last_rows(q, k, v, t):
 
 
 # max |out - exact| / max |exact| each storage may cost (measured about half of these; f32 is rounding only)
-BOUND = {"float32": 1e-5, "bfloat16": 0.01, "float16": 0.002, "int8": 0.02}
+BOUND = {"float32": 1e-5, "bfloat16": 0.01, "float16": 0.002, "int8": 0.02, "int4": 0.3}
 
 
 @pytest.mark.parametrize("dtype", list(BOUND))
@@ -39,7 +40,7 @@ def test_decode_within_the_storage_error(dtype, paged):
     else:
         cache = attn.KVCache(hkv, d, n, dtype=dtype)
         append, attend = cache.append, cache.attend
-    assert cache.dtype == {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8": "i8"}[dtype]
+    assert cache.dtype == {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8": "i8", "int4": "i4"}[dtype]
     worst = 0.0
     for t0 in range(0, n, 3):
         t1 = min(n, t0 + 3)
@@ -51,16 +52,24 @@ def test_decode_within_the_storage_error(dtype, paged):
     assert worst <= BOUND[dtype], worst
 
 
-def test_int8_cache_refuses_non_finite_values_and_unknown_dtypes():
-    cache = attn.KVCache(2, 8, 4, dtype="int8")
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_quantised_cache_refuses_non_finite_values_and_unknown_dtypes(dtype):
+    cache = attn.KVCache(2, 8, 4, dtype=dtype)
     k = np.ones((1, 2, 1, 8), np.float32)
     v = k.copy()
     v[0, 1, 0, 3] = np.nan
     with pytest.raises(ValueError, match="^v: value \\[0, 1, 0, 3\\] is not finite"):
         cache.append(k, v)
     assert len(cache) == 0
-    with pytest.raises(ValueError, match="^dtype: 'int4'"):
-        attn.KVCache(2, 8, 4, dtype="int4")
+    with pytest.raises(ValueError, match="^dtype: 'int2'"):
+        attn.KVCache(2, 8, 4, dtype="int2")
+
+
+def test_int4_cache_bytes():
+    """Half a byte per value (a row rounded up to whole bytes) and an fp32 scale per 32 values of a row."""
+    assert attn.kv_cache_bytes(32, 8, 128, 4096, dtype="int4") == 2 * 32 * 8 * 4096 * (64 + 4 * 4)
+    assert attn.kv_cache_bytes(1, 1, 33, 1, dtype="int4") == 2 * (17 + 4 * 2)
+    assert attn.kv_cache_bytes(1, 1, 128, 1, dtype="int4") < attn.kv_cache_bytes(1, 1, 128, 1, dtype="int8") / 1.6
 
 
 # ---- int8 K/V as inputs: scaled_dot_product_attention and attention_paged with k_scale / v_scale ----------------

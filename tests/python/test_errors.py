@@ -422,7 +422,7 @@ Q1 = uniform(RNG, (1, 4, 3, 8))
      "d_model: the layer has 4835703278458516698824704 parameters; expected at most 2**63 - 1 (an int64)"),
     (lambda: attn.MultiHeadAttention(2**40, 1), MemoryError,
      "d_model: the module would have 4835703278458516698824704 parameters, more than can be addressed"),
-    (lambda: attn.kv_cache_bytes(1, 1, 1, 1, dtype=2), TypeError, "dtype: 2; expected 'f32', 'f16', 'bf16', 'fp8' or 'int8'"),
+    (lambda: attn.kv_cache_bytes(1, 1, 1, 1, dtype=2), TypeError, "dtype: 2; expected 'f32', 'f16', 'bf16', 'fp8', 'int8' or 'int4'"),
     (lambda: attn.kv_cache_bytes(1, 1, 1, 1, dtype="f64"), ValueError, "dtype: 'f64'; expected 'f32'"),
     (lambda: attn.kv_cache_bytes("1", 1, 1, 1), TypeError, "layers: got str '1'; expected an int"),
 ])
