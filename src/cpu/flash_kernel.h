@@ -154,31 +154,33 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 
 // Row-major forms for blocks of few lanes (decode): with NL <= 8 lanes, vectors run along the head
 // dimension instead of across lanes, so no lane of a vector is wasted. K and V rows are read in their
-// storage type (fp32, bf16, f16 or i8) and widened in registers: decode is bound by the bytes of K and V.
+// storage type (fp32, bf16, f16, i8, or i4 through Q4Row) and widened in registers: decode is bound by the bytes of
+// K and V. R, the type of a row: a pointer to its stored values, or a Q4Row.
 
 // Prefetches, for a group of KG keys from c, their rows of pf (rows of pf_bytes bytes: the tile's V rows) and
 // of pk (rows of dk values further ahead: K rows; null entries skipped), either list null for none: one of each
 // per key, spread over the score loop rather than issued at once. Always inlined: as a function of its own GCC
 // finds it free of side effects (a prefetch is not one) and deletes its calls, every prefetch with them (measured:
 // decode 25-35 % slower until this was seen).
-template <int KG, class KVT>
-ATTN_INLINE void prefetch_group(const KVT* const* pf, std::int64_t pf_bytes, const KVT* const* pk, std::int64_t pk_bytes,
-                           std::int64_t c) {
+template <int KG, class R>
+ATTN_INLINE void prefetch_group(const R* pf, std::int64_t pf_bytes, const R* pk, std::int64_t pk_bytes, std::int64_t c) {
   if (pf)
     for (int g = 0; g < KG; ++g)
-      for (std::int64_t off = 0; off < pf_bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(pf[c + g]) + off, 0, 3);
+      for (std::int64_t off = 0; off < pf_bytes; off += 64)
+        __builtin_prefetch(static_cast<const char*>(row_address(pf[c + g])) + off, 0, 3);
   if (pk)
     for (int g = 0; g < KG; ++g)
       if (pk[c + g])
-        for (std::int64_t off = 0; off < pk_bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(pk[c + g]) + off, 0, 3);
+        for (std::int64_t off = 0; off < pk_bytes; off += 64)
+          __builtin_prefetch(static_cast<const char*>(row_address(pk[c + g])) + off, 0, 3);
 }
 
 // The scores of accumulators a0 .. a0+W-1 of a key group (accumulator a: key c + a / NL, lane a % NL; acc[a] holds
 // the lane sums of its dot product over the first d_end dims): their lanes summed by one transposing add tree
 // whose inputs are ordered so that lane a of its result is accumulator a0 + a, the last dk % W dims added one by
 // one, times mult, stored NS lanes at a time into st rows of BR.
-template <int NL, int NA, class KVT>
-inline void store_group_scores(const V* acc, int a0, const float* q, const KVT* const* k, std::int64_t dk,
+template <int NL, int NA, class R>
+inline void store_group_scores(const V* acc, int a0, const float* q, const R* k, std::int64_t dk,
                                std::int64_t d_end, std::int64_t c, float mult, float* st) {
   constexpr int NS = NL < W ? NL : W;  // lanes per store
   V in[W];
@@ -198,14 +200,13 @@ inline void store_group_scores(const V* acc, int a0, const float* q, const KVT* 
 // Sᵀ[c][r] = q_r · k_c for KG keys c at a time and lanes r < NL (q rows [NL][dk], st rows of BR): per group, its
 // rows prefetched, then KG·NL dot-product vectors over whole vectors of d (one widened key vector feeds NL FMAs),
 // then their scores stored. Returns the first key not done (cols less the last cols % KG).
-template <int NL, int KG, class KVT>
-inline std::int64_t score_keys(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t c, std::int64_t cols,
-                               float mult, float* st, const KVT* const* pf, std::int64_t pf_bytes,
-                               const KVT* const* pk) {
+template <int NL, int KG, class R>
+inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std::int64_t c, std::int64_t cols,
+                               float mult, float* st, const R* pf, std::int64_t pf_bytes, const R* pk) {
   constexpr int NA = KG * NL;
   const std::int64_t d_end = dk / W * W;
   for (; c + KG <= cols; c += KG) {
-    prefetch_group<KG>(pf, pf_bytes, pk, dk * static_cast<std::int64_t>(sizeof(KVT)), c);
+    prefetch_group<KG>(pf, pf_bytes, pk, row_bytes<R>(dk), c);
     V acc[NA];  // (exactly NA: rounded up to whole vectors of W, GCC zeroed and spilled them to the stack)
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t d = 0; d < d_end; d += W)
@@ -226,17 +227,16 @@ inline std::int64_t score_keys(const float* q, const KVT* const* k, std::int64_t
 // bf16 and int8 caches ran 5-35 % faster. f32 rows keep W / NL keys x NL lanes (8 accumulators): with 4-byte
 // values a step's rows are twice the bytes, decode from them is bound by memory alone, and the larger groups
 // measured slower on D1 and D3. The last cols % KG keys take groups of KG / 2 keys, then single keys.
-template <int NL, class KVT>
-inline void scores_rows(const float* q, const KVT* const* k, std::int64_t dk, std::int64_t cols, float mult,
-                        float* st, const KVT* const* pf = nullptr, std::int64_t pf_bytes = 0,
-                        const KVT* const* pk = nullptr) {
-  constexpr bool wide = W == 16 || std::is_same_v<KVT, float>;  // the W / NL x NL form
+template <int NL, class R>
+inline void scores_rows(const float* q, const R* k, std::int64_t dk, std::int64_t cols, float mult, float* st,
+                        const R* pf = nullptr, std::int64_t pf_bytes = 0, const R* pk = nullptr) {
+  constexpr bool wide = W == 16 || std::is_same_v<R, const float*>;  // the W / NL x NL form
   constexpr int kAcc = wide ? W : 12, NS = wide ? NL : (NL < 4 ? NL : 4), KG = kAcc / NS > 1 ? kAcc / NS : 1;
   for (int r0 = 0; r0 < NL; r0 += NS) {
     const float* qs = q + r0 * dk;
     float* ss = st + r0;
-    const KVT* const* ps = r0 == 0 ? pf : nullptr;
-    const KVT* const* pks = r0 == 0 ? pk : nullptr;
+    const R* ps = r0 == 0 ? pf : nullptr;
+    const R* pks = r0 == 0 ? pk : nullptr;
     std::int64_t c = score_keys<NS, KG>(qs, k, dk, 0, cols, mult, ss, ps, pf_bytes, pks);
     if constexpr (KG > 2) c = score_keys<NS, KG / 2>(qs, k, dk, c, cols, mult, ss, ps, pf_bytes, pks);
     if constexpr (KG > 1) score_keys<NS, 1>(qs, k, dk, c, cols, mult, ss, ps, pf_bytes, pks);
@@ -245,8 +245,8 @@ inline void scores_rows(const float* q, const KVT* const* k, std::int64_t dk, st
 
 // o_r = α_r·o_r + Σ_c Pᵀ[c][r] v_c for lanes r < NL (o rows [BR][dv]), DB vectors of value dims at a time
 // (NL·DB accumulators: enough independent FMA chains to hide their latency).
-template <int NL, int DB, class KVT>
-inline void pv_rows_step(const float* pt, const KVT* const* vrows, std::int64_t dv, std::int64_t cols,
+template <int NL, int DB, class R>
+inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::int64_t cols,
                          const float* alpha, float* o, std::int64_t d) {
   V acc[NL][DB];
   for (int r = 0; r < NL; ++r)
@@ -263,8 +263,8 @@ inline void pv_rows_step(const float* pt, const KVT* const* vrows, std::int64_t 
     for (int e = 0; e < DB; ++e) Vec::store(o + r * dv + d + e * W, acc[r][e]);
 }
 
-template <int NL, class KVT>
-inline void pv_rows(const float* pt, const KVT* const* vrows, std::int64_t dv, std::int64_t cols, const float* alpha,
+template <int NL, class R>
+inline void pv_rows(const float* pt, const R* vrows, std::int64_t dv, std::int64_t cols, const float* alpha,
                     float* o) {
   // NL·DB accumulators, DB value vectors and a broadcast weight in registers: 16 accumulators with AVX-512's 32
   // registers, 8 with the 16 of AVX2 and SSE2 (16 there spilled to the stack: measured on D2).
@@ -437,9 +437,9 @@ inline void softmax_step(float* st, std::int64_t cols, const V* mx, float c_log2
 // each score again from a double dot product (q from the block's fp32 Q: Qᵀ [Dk][BR] or rows [BR][Dk]; K rows
 // of any storage type), the lane's max rounded up to fp32 (so no weight exceeds 1), and every exponent (s - m)
 // formed in double. The other lanes take the fp32 scores as the vector step does. Same state, same outputs.
-template <class Variant, class KT>
+template <class Variant, class R>
 void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols,
-                       const float* q, bool q_rows, const KT* const* krows, const float* kscale, const Units& u,
+                       const float* q, bool q_rows, const R* krows, const float* kscale, const Units& u,
                        float* st, float* m, float* l, float* alpha_out) {
   const double neg_inf = -std::numeric_limits<double>::infinity();
   for (std::int64_t r = 0; r < lanes.n; ++r) {
@@ -488,9 +488,9 @@ void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t 
 // The softmax of one tile: Sᵀ (scores in the call's units, hidden pairs -inf) becomes Pᵀ, and every lane's
 // state takes the tile; the vector step, or the wide one when the tile's scores are large (kscale: the scales of
 // i8 K rows, null for rows of values).
-template <int QV, class Variant, class KT>
+template <int QV, class Variant, class R>
 inline void softmax_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool q_rows,
-                         const KT* const* krows, const float* kscale, const Units& u, Workspace& ws) {
+                         const R* krows, const float* kscale, const Units& u, Workspace& ws) {
   V mx[QV];
   tile_max<QV>(ws.st.data(), cols, mx);
   if (needs_wide<QV>(mx, ws.m.data(), u, lanes.n))
@@ -517,9 +517,9 @@ inline void drop_weights(const core::Problem& p, const Lanes& lanes, std::int64_
 // O = α·O + P V over the tile's keys for the pairs a lane attends only: the exact path for a tile where a
 // hidden (lane, key) pair meets a V row holding NaN or inf, which the vector products would turn into
 // 0·NaN = NaN for lanes that never attend that key. Lane r's value d is o[d·d_stride + r·r_stride].
-template <class Variant, class KVT>
+template <class Variant, class R>
 void pv_attended(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, const float* pt,
-                 const KVT* const* vrows, const float* alpha, float* o, std::int64_t d_stride, std::int64_t r_stride) {
+                 const R* vrows, const float* alpha, float* o, std::int64_t d_stride, std::int64_t r_stride) {
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     const core::KeyRange range = core::key_range(p, lanes.b, lanes.i[r]);
     const auto row = Variant::row(p, lanes.b, lanes.h[r], lanes.i[r]);
@@ -555,12 +555,11 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 // better; spreading the prefetches over the dot products' steps measured 30-50 % slower). i8 rows (kscale,
 // vscale: their scales; null otherwise) are widened in registers like the others; a key's scale then multiplies
 // its dot product and a value's scale its weight (after the softmax has summed the weights).
-template <int QV, int NL, class Variant, class T>
-void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows, const T* const* vrows,
-               const float* kscale, const float* vscale, std::int64_t j0, std::int64_t cols, bool interior,
-               const Units& u, Workspace& ws, const T* const* k_ahead = nullptr) {
-  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), vrows,
-                  p.Dv * static_cast<std::int64_t>(sizeof(T)), k_ahead);                        // Sᵀ = K Qᵀ
+template <int QV, int NL, class Variant, class R>
+void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
+               const float* vscale, std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws,
+               const R* k_ahead = nullptr) {
+  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), vrows, row_bytes<R>(p.Dv), k_ahead);  // Sᵀ = K Qᵀ
   if (kscale) scale_keys<NL>(ws.st.data(), kscale, cols);                                       // i8 K scales
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
   softmax_tile<QV, Variant>(p, lanes, j0, cols, true, krows, kscale, u, ws);                   // Pᵀ; m, l
@@ -578,22 +577,36 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const T* const* krows
 // scales are prefetched as soon as they are located.
 template <class KVT>
 struct StoredTile {
+  static constexpr bool kI4 = RowSource<KVT>::kI4;  // rows are Q4Rows, their block scales inside them
   static constexpr bool kScaled = std::is_same_v<KVT, std::int8_t>;
   static constexpr bool kLookAhead = !std::is_same_v<KVT, float>;
   static constexpr std::int64_t kAheadKeys = 16;
+  using Row = std::conditional_t<kI4, Q4Row, const KVT*>;
   std::int64_t cols = 0;
-  const KVT* k[BC];
-  const KVT* v[BC];
-  const float* ks_at[BC];  // i8: where each row's scale is
+  Row k[BC];
+  Row v[BC];
+  const float* ks_at[BC];  // i8: where each row's scale is; i4: its first block scale
   const float* vs_at[BC];
   alignas(64) float ks[BC], vs[BC];  // i8: the scales themselves
-  const KVT* ahead[BC];
+  Row ahead[BC];
 
   void locate(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n) {
     cols = n;
-    keys.locate(j0, n, k, ks_at);
-    values.locate(j0, n, v, vs_at);
-    if constexpr (kScaled)
+    if constexpr (kI4) {
+      const KVT* kb[BC];
+      const KVT* vb[BC];
+      keys.locate(j0, n, kb, ks_at);
+      values.locate(j0, n, vb, vs_at);
+      const std::int64_t kstride = keys.scale->stride[3], vstride = values.scale->stride[3];
+      for (std::int64_t c = 0; c < n; ++c) {
+        k[c] = {reinterpret_cast<const std::uint8_t*>(kb[c]), ks_at[c], kstride, 0};
+        v[c] = {reinterpret_cast<const std::uint8_t*>(vb[c]), vs_at[c], vstride, 0};
+      }
+    } else {
+      keys.locate(j0, n, k, ks_at);
+      values.locate(j0, n, v, vs_at);
+    }
+    if constexpr (kScaled || kI4)
       for (std::int64_t c = 0; c < n; ++c) __builtin_prefetch(ks_at[c], 0, 3), __builtin_prefetch(vs_at[c], 0, 3);
   }
   // Ready to be used, the next tile (cols = 0 when there is none) located already.
@@ -603,12 +616,12 @@ struct StoredTile {
     if constexpr (kLookAhead)
       for (std::int64_t c = 0; c < cols; ++c) {
         const std::int64_t a = c + kAheadKeys;
-        ahead[c] = a < cols ? k[a] : a - cols < next.cols ? next.k[a - cols] : nullptr;
+        ahead[c] = a < cols ? k[a] : a - cols < next.cols ? next.k[a - cols] : Row{};
       }
   }
   const float* kscale() const { return kScaled ? ks : nullptr; }
   const float* vscale() const { return kScaled ? vs : nullptr; }
-  const KVT* const* look_ahead() const { return kLookAhead ? ahead : nullptr; }
+  const Row* look_ahead() const { return kLookAhead ? ahead : nullptr; }
 };
 
 // The keys of a block over [kv_lo, kv_hi): those some lane may see (the union of the lanes' ranges, `visible`), and
@@ -666,8 +679,8 @@ void lanes_step(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std
 // One block of lanes over keys [kv_lo, kv_hi) only (all keys, or one split of them): leaves the
 // unnormalised state of every lane in ws (m, l, and O: Oᵀ [Dv][BR] when NL = 0, else rows [BR][Dv]).
 // NL = 0: lanes across vectors (QV vectors of lanes). NL > 0: row-major for at most NL lanes, K and V rows read as
-// stored and widened in registers (unit-stride rows of fp32, bf16, f16 or i8), or widened into the workspace first
-// (strided rows, and 4-bit rows, whose scale changes every kI4Block values).
+// stored and widened in registers (unit-stride rows; 4-bit rows always are), or widened into the workspace first
+// (strided rows).
 template <int QV, int NL, class QT, class KVT, class Variant>
 void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo, std::int64_t kv_hi, Workspace& ws) {
   const BlockKeys keys(p, lanes, kv_lo, kv_hi, Variant::from_far_side(p));
@@ -678,21 +691,20 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
     for (std::int64_t t = 0; t < keys.tiles; ++t)
       lanes_step<QV, KVT, Variant>(p, lanes, keys.j0(t), keys.cols(t), keys.interior(t), u, ws);
   } else {
-    if constexpr (!RowSource<KVT>::kI4)
-      if (krows.unit_stride() && vrows.unit_stride()) {
-        StoredTile<KVT> tile[2];  // this tile's rows and the next one's
-        if (keys.tiles > 0) tile[0].locate(krows, vrows, keys.j0(0), keys.cols(0));
-        for (std::int64_t t = 0; t < keys.tiles; ++t) {
-          StoredTile<KVT>& cur = tile[t & 1];
-          StoredTile<KVT>& next = tile[(t + 1) & 1];
-          next.cols = 0;
-          if (t + 1 < keys.tiles) next.locate(krows, vrows, keys.j0(t + 1), keys.cols(t + 1));
-          cur.prepare(next);
-          rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t), keys.cols(t),
-                                     keys.interior(t), u, ws, cur.look_ahead());
-        }
-        return;
+    if (krows.unit_stride() && vrows.unit_stride()) {
+      StoredTile<KVT> tile[2];  // this tile's rows and the next one's
+      if (keys.tiles > 0) tile[0].locate(krows, vrows, keys.j0(0), keys.cols(0));
+      for (std::int64_t t = 0; t < keys.tiles; ++t) {
+        StoredTile<KVT>& cur = tile[t & 1];
+        StoredTile<KVT>& next = tile[(t + 1) & 1];
+        next.cols = 0;
+        if (t + 1 < keys.tiles) next.locate(krows, vrows, keys.j0(t + 1), keys.cols(t + 1));
+        cur.prepare(next);
+        rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t), keys.cols(t),
+                                   keys.interior(t), u, ws, cur.look_ahead());
       }
+      return;
+    }
     for (std::int64_t t = 0; t < keys.tiles; ++t) {
       krows.as_float(keys.j0(t), keys.cols(t), p.Dk, ws.k.data(), ws.krows);
       vrows.as_float(keys.j0(t), keys.cols(t), p.Dv, ws.v.data(), ws.vrows);

@@ -168,6 +168,41 @@ struct Vec {
 #error "define one of ATTN_VEC_AVX512, ATTN_VEC_AVX2, ATTN_VEC_SSE2"
 #endif
 
+// A 4-bit row (attn/tensor.h's i4) as the row-major micro-kernels read it: like a pointer to the row's first value
+// (`+ d` moves it d values on; `[d]` is value d as fp32, its block's scale applied), with the row's block scales
+// (`scales`, `stride` apart) carried along, so that the kernels written over `row + d` and `row[d]` read 4-bit rows
+// as they read the others. Null (a default Q4Row) where a pointer would be.
+struct Q4Row {
+  const std::uint8_t* bytes = nullptr;
+  const float* scales = nullptr;
+  std::int64_t stride = 0, off = 0;
+  Q4Row operator+(std::int64_t d) const { return {bytes, scales, stride, off + d}; }
+  // The scale of value e >= 0 of the row (unsigned: a shift, not a signed division).
+  float scale_at(std::int64_t e) const {
+    return scales[static_cast<std::int64_t>(static_cast<std::uint64_t>(e) / kI4Block) * stride];
+  }
+  float operator[](std::int64_t d) const {
+    const std::int64_t e = off + d;
+    return static_cast<float>(core::q4_value(bytes[e >> 1], static_cast<int>(e & 1))) * scale_at(e);
+  }
+  explicit operator bool() const { return bytes != nullptr; }
+};
+inline const void* row_address(const Q4Row& r) { return r.bytes + (r.off >> 1); }
+template <class T>
+inline const void* row_address(const T* p) { return p; }
+// Bytes of `dim` stored values of rows of type R (a pointer to stored values, or Q4Row).
+template <class R>
+inline std::int64_t row_bytes(std::int64_t dim) {
+  if constexpr (std::is_same_v<R, Q4Row>) return (dim + 1) / 2;
+  else return dim * static_cast<std::int64_t>(sizeof(*R{}));
+}
+
+// W values from a 4-bit row at a whole vector of one block (off a multiple of W; kI4Block is a multiple of every
+// W): the values times their block's scale, each rounded once, as Q4Row's [] gives them.
+inline Vec::T load_as_float(const Q4Row& r) {
+  return Vec::mul(Vec::load_q4(r.bytes + (r.off >> 1)), Vec::set1(r.scale_at(r.off)));
+}
+
 // W storage values (fp32, bf16, f16, or i8 before its row's scale) as one vector of fp32.
 template <class T>
 inline Vec::T load_as_float(const T* p) {
@@ -237,10 +272,10 @@ struct VecLanes {
   static T tanh(T x) { return tanhv(x); }
 };
 
-// Whether every value of `cols` rows of `dim` values (fp32, bf16 or f16, unit stride) is finite: x·0 is 0 for a
-// finite x and NaN otherwise, summed over everything.
-template <class T>
-inline bool rows_finite(const T* const* rows, std::int64_t cols, std::int64_t dim) {
+// Whether every value of `cols` rows of `dim` values (rows R: pointers to fp32, bf16, f16 or i8 values of unit
+// stride, or Q4Rows) is finite: x·0 is 0 for a finite x and NaN otherwise, summed over everything.
+template <class R>
+inline bool rows_finite(const R* rows, std::int64_t cols, std::int64_t dim) {
   const Vec::T zero = Vec::zero();
   Vec::T acc = zero;
   float tail = 0.0f;
