@@ -78,8 +78,8 @@ bench: build
 
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this too), without repeating what
 # finds no memory error twice: each registry case at one instruction-set level (ATTN_TEST_LEVELS=rotate: the level
-# rotates over the cases, so every level's kernels still run), half the registry's fp64 comparisons
-# (ATTN_TEST_SAMPLE=2, by a hash of the case name; the others report as skipped), line tables only for the stack
+# rotates over the cases, so every level's kernels still run), a third of the registry's fp64 comparisons
+# (ATTN_TEST_SAMPLE=3, by a hash of the case name; the others report as skipped), line tables only for the stack
 # traces (-g1: the build is the phase's larger half), a tenth of the random configurations, no CUDA
 # (nvcc's objects are not instrumented), and not what `make test` proves once for all (SANITIZE_SKIP): the
 # registry's bitwise-determinism and scratch-bookkeeping checks (its fp64 comparisons, workspace reuse and the random
@@ -92,7 +92,7 @@ test-sanitize: deps
 	cmake --build $(BUILD)-sanitize -j $(JOBS)
 	cd $(BUILD)-sanitize && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ATTN_TEST_LEVELS=rotate \
-	  ATTN_RANDOM_COUNT=300 ATTN_RANDOM_BACKWARD_COUNT=30 ATTN_TEST_SAMPLE=2 \
+	  ATTN_RANDOM_COUNT=300 ATTN_RANDOM_BACKWARD_COUNT=30 ATTN_TEST_SAMPLE=3 \
 	  ctest --output-on-failure -j $(JOBS) -E '$(SANITIZE_SKIP)'
 
 # libFuzzer: installs clang-19 if missing (scripts/install-fuzz-deps.sh), builds fuzz/ with ASan + UBSan into

@@ -256,16 +256,19 @@ inline std::vector<bool> covered_bytes(const Tensor& t) {
 }
 
 // Every instruction-set level this machine supports, lowest first (each forced in turn by ForceIsa).
-// With ATTN_TEST_LEVELS=rotate (make test-sanitize) a test takes one of them instead, chosen by a hash of the
-// running test's full name, so the suite as a whole still runs every level while each case runs once: a memory
-// error does not need every level to show, and an instrumented run is several times slower.
-inline std::vector<cpu::Isa> supported_isas() {
+// With ATTN_TEST_LEVELS=rotate (make test-sanitize), or `rotate` set by the caller, a test takes one of them instead,
+// chosen by a hash of the running test's full name, so the suite as a whole still runs every level while each case
+// runs once: a memory error does not need every level to show, and an instrumented run is several times slower.
+// The registry's checks of bookkeeping (workspace reuse, the backward's bitwise determinism) always rotate: they
+// test the scheduling and scratch code every level shares, and at every level they were the largest part of
+// `make test`'s time (docs/testing.md).
+inline std::vector<cpu::Isa> supported_isas(bool rotate = false) {
   std::vector<cpu::Isa> out;
   for (int i = 0; i < cpu::kIsaCount; ++i)
     if (cpu::isa_supported(static_cast<cpu::Isa>(i))) out.push_back(static_cast<cpu::Isa>(i));
   const char* mode = std::getenv("ATTN_TEST_LEVELS");
   const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
-  if (mode && std::string(mode) == "rotate" && test && out.size() > 1) {
+  if ((rotate || (mode && std::string(mode) == "rotate")) && test && out.size() > 1) {
     const std::string name = std::string(test->test_suite_name()) + "." + test->name();
     const cpu::Isa one = out[std::hash<std::string>{}(name) % out.size()];
     out.assign(1, one);
@@ -273,10 +276,10 @@ inline std::vector<cpu::Isa> supported_isas() {
   return out;
 }
 
-// With ATTN_TEST_SAMPLE=n (make test-sanitize sets 2) a registry case of the fp64 comparisons runs only when a
+// With ATTN_TEST_SAMPLE=n (make test-sanitize sets 3) a registry case of the fp64 comparisons runs only when a
 // hash of its test's full name is divisible by n, and is reported as skipped otherwise: under the sanitizers
 // every kernel, mask and variant still runs (the registry holds each configuration at several sizes and dtypes),
-// in half the time. `make test` runs every case.
+// in a fraction of the time. `make test` runs every case.
 inline bool sampled_out() {
   const char* env = std::getenv("ATTN_TEST_SAMPLE");
   const long n = env ? std::strtol(env, nullptr, 10) : 1;

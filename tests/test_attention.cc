@@ -76,7 +76,7 @@ TEST_P(AttentionCase, WorkspaceReuseChangesNothing) {
   ATTN_SKIP_UNLESS_SAMPLED();
   const Case& c = GetParam();
   Instance in = instantiate(c);
-  for (cpu::Isa isa : supported_isas()) {
+  for (cpu::Isa isa : supported_isas(/*rotate=*/true)) {  // (one level per case; every level over the registry)
     SCOPED_TRACE(cpu::isa_name(isa));
     ForceIsa force(isa);
     Workspace shared;

@@ -283,7 +283,7 @@ TEST(CliBench, Errors) {
   expect_error({"bench"}, "--heads");
   expect_error({"bench", "--heads", "6", "--kv-heads", "4", "--q-len", "2", "--head-dim", "8"}, "--kv-heads");
   expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--dtype", "f64"}, "--dtype");
-  expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--kv-dtype", "int4"}, "--kv-dtype");
+  expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--kv-dtype", "int2"}, "--kv-dtype");
   expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--dtype", "int8"}, "--dtype");
   expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--kv-dtype", "int8", "--backward"},
                "--kv-dtype");
