@@ -626,7 +626,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   const double nominal = pass_factor * 4.0 * static_cast<double>(s.Hq * s.Sq * s.D) * static_cast<double>(kv_tokens) *
                          (s.causal && s.Sq == s.Skv ? 0.5 : 1.0);
   // K/V bytes per token: the stored rows with their scales (i8, i4), what decode has to read.
-  const double kv_row_bytes = static_cast<double>(dtype_bytes(setup.kv_dtype, s.D) + 4 * scales_per_row(s, setup.kv_dtype));
+  const double kv_row_bytes =
+      static_cast<double>(dtype_bytes(setup.kv_dtype, s.D) + 4 * scales_per_row(s, setup.kv_dtype));
   const double bytes = (a.backward ? 2.0 : 1.0) * (2.0 * static_cast<double>(q_bytes) +
                                                    static_cast<double>(kv_tokens) * static_cast<double>(s.Hkv * 2) *
                                                        kv_row_bytes);

@@ -574,7 +574,7 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
 // The stored K and V rows of a row-major (decode) block's tile, located one tile ahead of their use, so that the
 // tile before can prefetch them: its score loop prefetches the first K rows of this one (`ahead`: the K row
 // kAheadKeys keys after each of its keys; not for f32 rows, where it measured slower on D1 and D3), and i8 rows'
-// scales are prefetched as soon as they are located.
+// scales (i4 rows' block scales, carried in their Q4Rows) are prefetched as soon as they are located.
 template <class KVT>
 struct StoredTile {
   static constexpr bool kI4 = RowSource<KVT>::kI4;  // rows are Q4Rows, their block scales inside them
@@ -690,21 +690,19 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
   if constexpr (NL == 0) {
     for (std::int64_t t = 0; t < keys.tiles; ++t)
       lanes_step<QV, KVT, Variant>(p, lanes, keys.j0(t), keys.cols(t), keys.interior(t), u, ws);
-  } else {
-    if (krows.unit_stride() && vrows.unit_stride()) {
-      StoredTile<KVT> tile[2];  // this tile's rows and the next one's
-      if (keys.tiles > 0) tile[0].locate(krows, vrows, keys.j0(0), keys.cols(0));
-      for (std::int64_t t = 0; t < keys.tiles; ++t) {
-        StoredTile<KVT>& cur = tile[t & 1];
-        StoredTile<KVT>& next = tile[(t + 1) & 1];
-        next.cols = 0;
-        if (t + 1 < keys.tiles) next.locate(krows, vrows, keys.j0(t + 1), keys.cols(t + 1));
-        cur.prepare(next);
-        rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t), keys.cols(t),
-                                   keys.interior(t), u, ws, cur.look_ahead());
-      }
-      return;
+  } else if (krows.unit_stride() && vrows.unit_stride()) {
+    StoredTile<KVT> tile[2];  // this tile's rows and the next one's
+    if (keys.tiles > 0) tile[0].locate(krows, vrows, keys.j0(0), keys.cols(0));
+    for (std::int64_t t = 0; t < keys.tiles; ++t) {
+      StoredTile<KVT>& cur = tile[t & 1];
+      StoredTile<KVT>& next = tile[(t + 1) & 1];
+      next.cols = 0;
+      if (t + 1 < keys.tiles) next.locate(krows, vrows, keys.j0(t + 1), keys.cols(t + 1));
+      cur.prepare(next);
+      rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t), keys.cols(t),
+                                 keys.interior(t), u, ws, cur.look_ahead());
     }
+  } else {
     for (std::int64_t t = 0; t < keys.tiles; ++t) {
       krows.as_float(keys.j0(t), keys.cols(t), p.Dk, ws.k.data(), ws.krows);
       vrows.as_float(keys.j0(t), keys.cols(t), p.Dv, ws.v.data(), ws.vrows);

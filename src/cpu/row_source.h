@@ -1,6 +1,6 @@
 // The one way a kernel reads K or V rows (and the backward its Q and dO rows): whatever their storage (fp32, bf16,
-// f16, 8-bit with a scale per row, or 4-bit with a scale per block of kI4Block values), their layout (contiguous [B, H, S, D], strided such as FlashAttention's
-// [B, S, H, D], or a page pool through a page table), every kernel (the vector forward, prefill and decode, the
+// f16, 8-bit with a scale per row, or 4-bit with a scale per block of kI4Block values), their layout (contiguous
+// [B, H, S, D], strided such as FlashAttention's [B, S, H, D], or a page pool through a page table), every kernel (the vector forward, prefill and decode, the
 // backward's sweeps, the AMX forward's staging) asks this source for them in one of these forms:
 //   locate     where each stored row starts (and, quantised rows, its first scale): one walk over the keys, through
 //              the page table without a division per key; for kernels that widen rows in registers (decode)
