@@ -93,7 +93,7 @@ struct Tensor {
       case DType::i32: return static_cast<const std::int32_t*>(view.data)[off];
       case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(view.data)[off]);
       case DType::i8: return static_cast<const std::int8_t*>(view.data)[off];
-      case DType::i4: return core::q4_value(static_cast<const std::uint8_t*>(view.data)[off >> 1], static_cast<int>(off & 1));
+      case DType::i4: return core::q4_at(view.data, off);
     }
     return 0;
   }

@@ -245,36 +245,32 @@ TEST(BadInputPaged, ClearErrorsAndOutputsUntouched) {
   }
 }
 
-// 8-bit K/V run forward only: the backward refuses them (naming k), writing nothing.
-TEST(BadInputI8, BackwardRefused) {
-  Env s;
-  s.kv = s.k8.view, s.vv = s.v8.view, s.p.k_scale = s.ks.view, s.p.v_scale = s.vs.view;
+// Quantised K/V run forward only: the backward refuses them (naming k and the dtype), writing nothing. `s` holds the
+// quantised call (its K head dim dk); the gradients are f32 of the same shapes.
+void expect_forward_only(Env& s, std::int64_t dk, const char* dtype) {
   ASSERT_TRUE(attention(s.qv, s.kv, s.vv, s.ov, s.p, s.lsev).ok());
-  Tensor dout(DType::f32, 2, 4, 5, 3), dq(DType::f32, 2, 4, 5, 8), dk(DType::i8, 2, 2, 6, 8), dv(DType::i8, 2, 2, 6, 3);
+  Tensor dout(DType::f32, 2, 4, 5, 3), dq(DType::f32, 2, 4, 5, dk), dk_(DType::f32, 2, 2, 6, dk), dv(DType::f32, 2, 2, 6, 3);
   std::mt19937_64 rng(3);
-  dout.randomize(rng), dq.poison(), dk.poison(), dv.poison();
+  dout.randomize(rng), dq.poison(), dk_.poison(), dv.poison();
   const auto before = dq.storage;
-  const Status st = attention_backward(s.qv, s.kv, s.vv, s.ov, *s.lsev, dout.view, dq.view, dk.view, dv.view, s.p);
+  const Status st = attention_backward(s.qv, s.kv, s.vv, s.ov, *s.lsev, dout.view, dq.view, dk_.view, dv.view, s.p);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.param(), "k") << st.message();
   EXPECT_NE(st.message().find("expected"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(dtype), std::string::npos) << st.message();
   EXPECT_EQ(dq.storage, before);
 }
 
-// 4-bit K/V likewise: the forward takes them, the backward refuses them, writing nothing.
+TEST(BadInputI8, BackwardRefused) {
+  Env s;
+  s.kv = s.k8.view, s.vv = s.v8.view, s.p.k_scale = s.ks.view, s.p.v_scale = s.vs.view;
+  expect_forward_only(s, 8, "i8");
+}
+
 TEST(BadInputI4, ForwardTakesThemBackwardRefuses) {
   Env s;
   s.qv = s.q40.view, s.kv = s.k4.view, s.vv = s.v4.view, s.p.k_scale = s.ks4.view, s.p.v_scale = s.vs4.view;
-  ASSERT_TRUE(attention(s.qv, s.kv, s.vv, s.ov, s.p, s.lsev).ok());
-  Tensor dout(DType::f32, 2, 4, 5, 3), dq(DType::f32, 2, 4, 5, 40), dk(DType::f32, 2, 2, 6, 40), dv(DType::f32, 2, 2, 6, 3);
-  std::mt19937_64 rng(3);
-  dout.randomize(rng), dq.poison(), dk.poison(), dv.poison();
-  const auto before = dq.storage;
-  const Status st = attention_backward(s.qv, s.kv, s.vv, s.ov, *s.lsev, dout.view, dq.view, dk.view, dv.view, s.p);
-  ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.param(), "k") << st.message();
-  EXPECT_NE(st.message().find("i4"), std::string::npos) << st.message();
-  EXPECT_EQ(dq.storage, before);
+  expect_forward_only(s, 40, "i4");
 }
 
 TEST(BadInputList, EveryParameterHasACase) {

@@ -242,7 +242,7 @@ TEST_P(StorageDtype, StoresRoundedValuesAndDecodesThem) {
               EXPECT_EQ(static_cast<const core::f16*>(ks.data)[off].bits, core::from_float<core::f16>(x).bits);
               break;
             default: {
-              const double q = i4 ? core::q4_value(static_cast<const std::uint8_t*>(ks.data)[off >> 1], off & 1)
+              const double q = i4 ? core::q4_at(ks.data, off)
                                   : static_cast<const std::int8_t*>(ks.data)[off];
               ASSERT_LE(std::fabs(scale * q - x), 0.5 * scale * (1 + 1e-6) + 1e-30)
                   << "row " << h << ", " << j << ", " << d;

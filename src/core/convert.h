@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/q4.h"
+
 namespace attn::core {
 
 // Storage-only 16-bit types (arithmetic always happens in fp32).
@@ -20,8 +22,6 @@ struct f16 {
 struct q4x2 {
   std::uint8_t bits;
 };
-// The signed value q of nibble `high` (0 low, 1 high) of a byte.
-inline int q4_value(std::uint8_t byte, int high) { return static_cast<int>(high ? byte >> 4 : byte & 15u) - 8; }
 
 inline float to_float(float x) { return x; }
 inline float to_float(std::int8_t x) { return x; }  // an 8-bit K/V value, before its row's scale

@@ -150,7 +150,7 @@ struct RowSource {
           const Vec::T fv = Vec::set1(f);
           for (; d < end; d += Vec::W) Vec::store(dst + d, Vec::mul(Vec::load_q4(bytes + d / 2), fv));
         }
-      for (; d < end; ++d) dst[d] = static_cast<float>(core::q4_value(bytes[d / 2], static_cast<int>(d & 1))) * f;
+      for (; d < end; ++d) dst[d] = static_cast<float>(core::q4_at(bytes, d)) * f;
     }
   }
 

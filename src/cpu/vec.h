@@ -183,7 +183,7 @@ struct Q4Row {
   }
   float operator[](std::int64_t d) const {
     const std::int64_t e = off + d;
-    return static_cast<float>(core::q4_value(bytes[e >> 1], static_cast<int>(e & 1))) * scale_at(e);
+    return static_cast<float>(core::q4_at(bytes, e)) * scale_at(e);
   }
   explicit operator bool() const { return bytes != nullptr; }
 };

@@ -16,6 +16,7 @@
 
 #include "core/mask.h"
 #include "core/online_softmax.h"
+#include "core/q4.h"
 #include "core/variant.h"
 #include "cuda/device_problem.h"
 #include "cuda/elem.h"
@@ -34,10 +35,7 @@ ATTN_HD float load(const core::Strided& t, i64 off) {
     case DType::f32: return static_cast<const float*>(t.data)[off];
     case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(t.data)[off]);
     case DType::f16: return f16_to_float(static_cast<const std::uint16_t*>(t.data)[off]);
-    case DType::i4: {
-      const unsigned byte = static_cast<const std::uint8_t*>(t.data)[off >> 1];
-      return static_cast<float>(static_cast<int>((off & 1) ? byte >> 4 : byte & 15u) - 8);
-    }
+    case DType::i4: return static_cast<float>(core::q4_at(t.data, off));
     default: return static_cast<float>(static_cast<const std::int8_t*>(t.data)[off]);
   }
 }

@@ -20,10 +20,7 @@ double load(const core::Strided& t, std::int64_t a, std::int64_t b, std::int64_t
     case DType::f16: return core::to_float(static_cast<const core::f16*>(t.data)[off]);
     case DType::boolean: return static_cast<const unsigned char*>(t.data)[off] != 0;
     case DType::i8: return static_cast<const std::int8_t*>(t.data)[off];
-    case DType::i4: {  // the nibble of element off (attn/tensor.h), less 8
-      const unsigned byte = static_cast<const unsigned char*>(t.data)[off >> 1];
-      return static_cast<int>((off & 1) ? byte >> 4 : byte & 15u) - 8;
-    }
+    case DType::i4: return core::q4_at(t.data, off);
     default: return std::numeric_limits<double>::quiet_NaN();
   }
 }
