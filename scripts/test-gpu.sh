@@ -10,9 +10,15 @@
 # 4. the benchmark: attn_gpu_bench on bench/gpu/shapes.json (CUDA events), then, where PyTorch with CUDA is
 #    installed, bench/gpu/peers.py: PyTorch's SDPA backends on the same inputs in the same run, the machine's
 #    measured ceilings, and attn's output at full size against an fp64 reference;
-# 5. compute-sanitizer memcheck and racecheck on the first SANITIZE_CASES registry cases through attn's own kernels
+# 5. the Python package on torch CUDA tensors (tests/python/test_cuda.py: scaled_dot_product_attention eager, with
+#    autograd and under torch.compile, attention_paged, the cascade, merge_attention, flash_attn_*, the Hugging Face
+#    adapter), where PyTorch with CUDA is installed: the package from the wheel ATTN_GPU_WHEEL names (built
+#    elsewhere for this machine's Python), else built here by pip (no download: scikit-build-core and nanobind
+#    must be installed);
+# 6. compute-sanitizer memcheck and racecheck on the first SANITIZE_CASES registry cases through attn's own kernels
 #    (whole, split-KV, the merge), where it is installed (cuDNN's kernels are cuDNN's to sanitize);
 # then a short table of every step (scripts/gpu_summary.py), last, whatever failed. Everything lands in RESULTS_DIR.
+# ATTN_GPU_SKIP_BENCH=1 leaves out step 4 (a short run that checks correctness only).
 # ATTN_GPU_PREBUILT=1: BUILD_DIR already holds the three programs (tests/cuda/attn_gpu_selftest, tests/cuda/
 # attn_gpu_bench and, where GoogleTest was there, tests/test_cuda_forward), built on another machine: nothing is
 # configured or built (a GPU machine without GoogleTest, or one whose time is short).
@@ -42,7 +48,9 @@ if [ -z "${ATTN_CUDNN_LIBRARY:-}" ]; then
   echo "cuDNN and libcudart from: ${libdirs:-the default search path}"
 fi
 mkdir -p "$results"
-rm -f "$results"/registry*.json "$results"/registry*.txt "$results"/*.status "$results"/attn-bench.json "$results"/gpu-bench.json
+results=$(cd "$results" && pwd)  # absolute: the Python step runs from tests/python
+rm -f "$results"/registry*.json "$results"/registry*.txt "$results"/*.status "$results"/attn-bench.json "$results"/gpu-bench.json \
+  "$results"/python.txt
 timeout "$step_timeout" "$build/tests/cuda/attn_gpu_selftest" --out "$results"
 status=$?
 [ $status -eq 77 ] && exit 77
@@ -62,14 +70,19 @@ if [ $tests = ON ]; then
   done
 fi
 dump=$(mktemp -d)
-if timeout "$step_timeout" "$build/tests/cuda/attn_gpu_bench" --shapes bench/gpu/shapes.json \
+if [ -n "${ATTN_GPU_SKIP_BENCH:-}" ]; then
+  echo "not run (ATTN_GPU_SKIP_BENCH)" > "$results/bench.status"
+  echo "not run (ATTN_GPU_SKIP_BENCH)" > "$results/peers.status"
+elif timeout "$step_timeout" "$build/tests/cuda/attn_gpu_bench" --shapes bench/gpu/shapes.json \
     --out "$results/attn-bench.json" --dump "$dump"; then
   echo "pass" > "$results/bench.status"
 else
   echo "FAIL (see attn-bench.json)" > "$results/bench.status"
   status=1
 fi
-if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+if [ -n "${ATTN_GPU_SKIP_BENCH:-}" ]; then
+  :
+elif python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   if timeout "$step_timeout" python3 bench/gpu/peers.py --attn "$results/attn-bench.json" --dump "$dump" \
       --out "$results/gpu-bench.json" > "$results/peers.txt" 2>&1; then
     echo "pass (attn's outputs within the tolerance rule at full size)" > "$results/peers.status"
@@ -82,6 +95,29 @@ else
   echo "not run (no PyTorch with CUDA)" > "$results/peers.status"
 fi
 rm -rf "$dump"
+if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  site="$(cd "$build" && pwd)/python-site"
+  rm -rf "$site"
+  if [ -n "${ATTN_GPU_WHEEL:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$ATTN_GPU_WHEEL"
+  else
+    CMAKE_BUILD_PARALLEL_LEVEL=$jobs python3 -m pip install -q --no-build-isolation --no-deps --no-index \
+      --config-settings=build-dir="$(cd "$build" && pwd)/python-build" --target "$site" .
+  fi > "$results/python.txt" 2>&1
+  if [ $? -ne 0 ]; then
+    echo "FAIL (the package did not install: see python.txt)" > "$results/python.status"
+    status=1
+  elif (cd tests/python && PYTHONPATH="$site" timeout "$step_timeout" python3 -m pytest -q -rs -p no:cacheprovider \
+        test_cuda.py >> "$results/python.txt" 2>&1); then
+    echo "pass ($(tail -n 1 "$results/python.txt" | tr -d '=' | sed 's/^ *//'))" > "$results/python.status"
+  else
+    echo "FAIL ($(tail -n 1 "$results/python.txt" | tr -d '=' | sed 's/^ *//'); see python.txt)" > "$results/python.status"
+    status=1
+  fi
+  tail -n 40 "$results/python.txt"
+else
+  echo "not run (no PyTorch with CUDA)" > "$results/python.status"
+fi
 if [ $tests = ON ]; then
   for tool in memcheck racecheck; do
     if ! command -v compute-sanitizer >/dev/null; then

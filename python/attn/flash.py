@@ -97,7 +97,7 @@ def _attn_probs(q, k, dropout_p, softmax_scale, causal, window_size, softcap, al
     the position). Costs O(seqlen_q · seqlen_k²) per head: for tests and small inputs."""
     torch = _torch()
     b, sk, hk = k.shape[0], k.shape[1], k.shape[2]
-    eye = torch.eye(sk, dtype=q.dtype)[None, :, None, :].expand(b, sk, hk, sk)  # v[b, j, h, :] = e_j, no copy
+    eye = torch.eye(sk, dtype=q.dtype, device=q.device)[None, :, None, :].expand(b, sk, hk, sk)  # v[b, j, h, :] = e_j, no copy
     with torch.no_grad():
         q, k = q.detach(), k.detach()
         probs, _ = _attend(q, k, eye, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes)
@@ -226,7 +226,7 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                                  f"{int(max_seqlen_k)} and the {capacity} slots of its block_table row")
             qs = q[starts_q[b]:starts_q[b + 1]].unsqueeze(0)
             out, lse = attention_paged(qs.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_table[b:b + 1],
-                                       torch.tensor([n], dtype=torch.int64), is_causal=bool(causal),
+                                       torch.tensor([n], dtype=torch.int64, device=q.device), is_causal=bool(causal),
                                        causal_alignment="bottom_right", scale=softmax_scale,
                                        window=_window(window_size), return_lse=True, softcap=softcap,
                                        alibi_slopes=_slopes_of(alibi_slopes, b))
@@ -349,10 +349,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              "position turned: cache_seqlens + seqlen_new - 1)")
     with torch.no_grad():
         if rotary_cos is not None:
-            at = torch.tensor(lens, dtype=torch.int64)[:, None]
-            k = _rotary(k, rotary_cos, rotary_sin, at + torch.arange(new), rotary_interleaved)
+            at = torch.tensor(lens, dtype=torch.int64, device=rotary_cos.device)[:, None]
+            k = _rotary(k, rotary_cos, rotary_sin, at + torch.arange(new, device=at.device), rotary_interleaved)
             per_token = bool(causal) or _window(window_size) is not None
-            q_pos = at + (torch.arange(q.shape[1]) if per_token else torch.zeros(q.shape[1], dtype=torch.int64))
+            q_pos = at + (torch.arange(q.shape[1], device=at.device) if per_token
+                          else torch.zeros(q.shape[1], dtype=torch.int64, device=at.device))
             q = _rotary(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
         if k is not None:  # append in place
             for b in range(batch):
@@ -365,7 +366,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                     else:
                         k_cache[rows[b], pos] = k[b, t]
                         v_cache[rows[b], pos] = v[b, t]
-        seq = torch.tensor(total, dtype=torch.int64)
+        seq = torch.tensor(total, dtype=torch.int64, device=q.device)
         if not paged and (cache_batch_idx is not None or any(starts)):
             # each sequence over its own row's keys [leftpad, end): views of the cache, no copy
             outs, lses = [], []

@@ -369,6 +369,15 @@ def _torch_ints(name, x, low, high, keep, target, expected):
     return wide if target == "int64" else wide.to(torch.int32)
 
 
+def _on_device(kind, query, x):
+    """An index argument given as a list (now a NumPy array) as a torch tensor on a CUDA query's device: every
+    tensor of a call lives on one device (a torch tensor given on another is the library's clear error, naming it).
+    Anything else as it is."""
+    if kind == "torch" and isinstance(x, np.ndarray) and query.device.type != "cpu":
+        return _torch().from_numpy(x).to(query.device)
+    return x
+
+
 def _lengths(name, lens, kind, like):
     """kv_lens / seq_lens: [B] key lengths of any integer dtype (or a list or tuple of ints), as int32/int64."""
     if lens is None:
@@ -476,9 +485,11 @@ def describe_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
                        enable_gqa=False, *, causal_alignment=None, kv_lens=None, window=None, return_lse=False,
                        softcap=0.0, alibi_slopes=None, sinks=None, seed=None, k_scale=None, v_scale=None):
     """What scaled_dot_product_attention would run for these arguments (the same signature), without running it:
-    a dict with 'backend' ('flash' or 'reference'), 'isa' (the instruction-set level whose kernel runs: 'sse2',
-    'avx2', 'avx512', 'avx512bf16' or 'amx'; '' for the reference), 'kernel' ('vector', 'amx' or 'reference'),
-    'threads' and 'workspace_bytes' (the scratch the call allocates beyond its inputs and outputs). The arguments
+    a dict with 'backend' ('flash' or 'reference'; on CUDA tensors 'cudnn' or 'flash'), 'isa' (the instruction-set
+    level whose kernel runs: 'sse2', 'avx2', 'avx512', 'avx512bf16' or 'amx'; '' for the reference; on CUDA the
+    device's compute capability, 'sm_90'), 'kernel' ('vector', 'amx' or 'reference'; on CUDA the GPU kernel, e.g.
+    'cudnn sdpa ...'), 'threads' (0 on CUDA) and 'workspace_bytes' (the scratch the call allocates beyond its inputs
+    and outputs; on CUDA, device memory). The arguments
     are checked as scaled_dot_product_attention checks them (the same errors); nothing is computed (an output of
     the result's size is allocated, unwritten, for the library's checks; with dropout and seed=None no seed is
     drawn, as the seed changes nothing of the answer)."""
@@ -553,6 +564,7 @@ def attention_paged_cascade(query, k_pages, v_pages, prefix_table, prefix_len, p
                     v_scale=v_scale, lens=seq_lens, page_table=page_table)
     table = _ints("prefix_table", prefix_table, c.kind, "query", "int32", 1, "[n]",
                   "a page index that fits in int32 (-2**31 <= index < 2**31)")
+    table = _on_device(c.kind, query, table)
     if isinstance(prefix_len, (bool, np.bool_)) or not isinstance(prefix_len, (int, np.integer)):
         raise TypeError(f"prefix_len: got {type(prefix_len).__name__}; expected an int >= 0")
     b, hq, sq, _ = query.shape
@@ -669,6 +681,7 @@ def _check_call(query, key, value, *, paged=False, attn_mask, is_causal, causal_
         c.seq_lens = _lengths("seq_lens", lens, kind, "query")
     else:
         c.kv_lens = _lengths("kv_lens", lens, kind, "query")
+    c.page_table, c.seq_lens, c.kv_lens = (_on_device(kind, query, x) for x in (c.page_table, c.seq_lens, c.kv_lens))
     c.causal, c.window_left, c.window_right, c.window_align = _diagonals(is_causal, causal_alignment, window)
     c.scale = _scale(scale)
     c.softcap = _softcap(softcap)

@@ -38,7 +38,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if position_bias is not None:
         bias = position_bias.to(torch.float32)
         if attention_mask is None and causal:
-            attention_mask = torch.ones(q_length, key.shape[2], dtype=torch.bool).tril(key.shape[2] - q_length)
+            attention_mask = torch.ones(q_length, key.shape[2], dtype=torch.bool,
+                                        device=query.device).tril(key.shape[2] - q_length)
             causal = False
         if attention_mask is None:
             attention_mask = bias
