@@ -11,7 +11,7 @@
 #    installed, bench/gpu/peers.py: PyTorch's SDPA backends on the same inputs in the same run, the machine's
 #    measured ceilings, and attn's output at full size against an fp64 reference;
 # 5. the Python package on torch CUDA tensors (tests/python/test_cuda.py: scaled_dot_product_attention eager, with
-#    autograd and under torch.compile, attention_paged, the cascade, merge_attention, flash_attn_*, the Hugging Face
+#    autograd and under torch.compile, attention_paged, merge_attention, flash_attn_*, the Hugging Face
 #    adapter), where PyTorch with CUDA is installed: the package from the wheel ATTN_GPU_WHEEL names (built
 #    elsewhere for this machine's Python), else built here by pip (no download: scikit-build-core and nanobind
 #    must be installed);

@@ -1,4 +1,4 @@
-"""attn: exact scaled dot-product attention for NumPy arrays and PyTorch CPU tensors.
+"""attn: exact scaled dot-product attention for NumPy arrays and PyTorch tensors (CPU, or CUDA where built).
 
     import attn
     out = attn.scaled_dot_product_attention(query, key, value, is_causal=True)

@@ -1,5 +1,5 @@
-"""FlashAttention's Python API (flash_attn 2.x) on the CPU, over attn: code written for FlashAttention runs
-unchanged on torch CPU tensors.
+"""FlashAttention's Python API (flash_attn 2.x) over attn: code written for FlashAttention runs unchanged on torch CPU
+tensors, and on CUDA tensors through attn's CUDA backend.
 
     from attn.flash import flash_attn_func          # instead of: from flash_attn import flash_attn_func
     out = flash_attn_func(q, k, v, causal=True)     # q [batch, seqlen, heads, dim], k, v [batch, seqlen_k, heads_k, dim]

@@ -1,4 +1,4 @@
-"""attn's functions with PyTorch-compatible signatures, over NumPy arrays and PyTorch CPU tensors:
+"""attn's functions with PyTorch-compatible signatures, over NumPy arrays and PyTorch tensors (CPU or CUDA):
 scaled_dot_product_attention, attention_paged, attention_paged_cascade, describe_attention and merge_attention.
 
 Each function checks what only Python knows (which kind of array came in, PyTorch's rules that the C++
@@ -412,7 +412,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (out, lse), lse float32 [B, Hq, Sq]: the natural log of each row's softmax denominator.
 
     Kinds: every array argument is of query's kind, all NumPy arrays (bfloat16 through ml_dtypes) or all
-    dense CPU torch tensors; kv_lens may also be a list or tuple of ints.
+    dense torch tensors on one device (CPU, or CUDA: attn's CUDA backend); kv_lens may also be a list or tuple of
+    ints.
 
     attn_mask   broadcastable to [B, Hq, Sq, Skv]; bool: True = take part, False = masked out;
                 float (any float dtype, used as float32): added to the scaled scores (finite or -inf).
@@ -517,7 +518,8 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
 
     query, k_pages and v_pages are float32, bfloat16 (NumPy: ml_dtypes.bfloat16) or float16; k_pages
     and v_pages share a dtype. Kinds: every array argument is of query's kind, all NumPy arrays or all
-    dense CPU torch tensors; page_table and seq_lens may also be (nested) lists or tuples of ints.
+    dense torch tensors on one device (CPU or CUDA); page_table and seq_lens may also be (nested) lists or tuples
+    of ints.
     page_table: any integer dtype, converted to int32 when every value fits (else a ValueError naming the
     element); seq_lens: any integer dtype (int32 and int64 as they are, the others converted to int64
     after a range check). bool and float dtypes are TypeErrors. attn_mask, is_causal, causal_alignment,
@@ -813,7 +815,7 @@ def merge_attention(out_a, lse_a, out_b, lse_b):
     distributed attention) into the result over both: returns (out, lse), as if the keys had been
     attended together. out_* [B, H, S, Dv] and lse_* [B, H, S] float32, as returned by
     scaled_dot_product_attention(..., return_lse=True) (or [H, S, Dv] and [H, S]); all four of out_a's
-    kind (NumPy arrays or dense CPU torch tensors). A side with lse = -inf contributes nothing.
+    kind (NumPy arrays or dense torch tensors, CPU or CUDA). A side with lse = -inf contributes nothing.
     """
     kind = _array("out_a", out_a)
     args = (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b))

@@ -84,7 +84,7 @@ template <class Array>
 attn::TensorView to_view(const std::string& name, const Array& a, bool bf16_bits = false) {
   // CPU memory, or a CUDA device's (torch CUDA tensors through DLPack): the library validates placement (every
   // tensor of a call on one device) and runs the CUDA backend on the default stream, which orders the call after
-  // the work PyTorch queued on its default stream. (Not yet run on a GPU: docs/cuda.md.)
+  // the work PyTorch queued on its default stream (run on an H100: tests/python/test_cuda.py, docs/cuda.md).
   const bool cuda = a.device_type() == nb::device::cuda::value;
   if (a.device_type() != nb::device::cpu::value && !cuda)
     throw nb::type_error((name + ": lives on DLPack device type " + std::to_string(a.device_type()) +
