@@ -45,7 +45,7 @@ GGML_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "q8_0": 34 / 32}
 # tools/canonical_shapes.h) by load_shapes(): SHAPES holds the full dimensions, TINY the small stand-ins of the
 # same kinds that --self-test runs, DECODE the ids of the decode shapes (Sq = 1). kv_min > 0: ragged key
 # lengths spread evenly from kv_min to Skv.
-SHAPE_IDS = ("P1", "P2", "P3", "D1", "D2", "D3", "X1")
+SHAPE_IDS = ("P1", "P2", "P3", "D1", "D2", "D3", "X1", "M1", "M2", "M3", "M4")
 SHAPES, TINY, DECODE = {}, {}, set()
 
 
@@ -53,8 +53,8 @@ def load_shapes(attn):
     out = subprocess.run([str(attn), "bench", "--list-shapes"], check=True, capture_output=True, text=True).stdout
 
     def dims(d):
-        return dict(B=d["B"], Hq=d["Hq"], Hkv=d["Hkv"], Sq=d["Sq"], Skv=d["Skv"], D=d["D"], causal=d["causal"],
-                    page=d["page_size"], kv_min=d["kv_len_min"])
+        return dict(B=d["B"], Hq=d["Hq"], Hkv=d["Hkv"], Sq=d["Sq"], Skv=d["Skv"], D=d["D"], Dv=d["Dv"],
+                    latent=d["latent"], causal=d["causal"], page=d["page_size"], kv_min=d["kv_len_min"])
 
     for line in out.splitlines():
         o = json.loads(line)
@@ -117,6 +117,10 @@ def rotation_sets(set_bytes, llc):
 def dims_args(shape):
     a = ["--batch", shape["B"], "--heads", shape["Hq"], "--kv-heads", shape["Hkv"], "--q-len", shape["Sq"],
          "--kv-len", shape["Skv"], "--head-dim", shape["D"]]
+    if shape.get("Dv", shape["D"]) != shape["D"]:
+        a += ["--value-dim", shape["Dv"]]
+    if shape.get("latent"):
+        a.append("--latent")
     if shape["causal"]:
         a.append("--causal")
     if shape["page"]:
@@ -218,17 +222,28 @@ class Peer:
         # no 8-bit K/V, so against attn's int8 cache it runs in Q's dtype (what its user would run).
         dt = self.dtype(q_dtype if kv_dtype in (q_dtype, "i8") else kv_dtype)
         B, Hq, Hkv, Sq, Skv, D = (shape[k] for k in ("B", "Hq", "Hkv", "Sq", "Skv", "D"))
+        Dv, latent = shape.get("Dv", D), shape.get("latent", False)
         gen = t.Generator().manual_seed(1)
 
         def rand(*size):
             return (t.rand(*size, generator=gen, dtype=t.float32) * 2 - 1).to(dt)
 
-        sets = rotation_sets(2 * B * Hkv * Skv * D * t.finfo(dt).bits // 8, self.llc if rotate else 0)
+        row = D if latent else D + Dv  # values per cached token and KV head (a latent V is in K's rows)
+        sets = rotation_sets(B * Hkv * Skv * row * t.finfo(dt).bits // 8, self.llc if rotate else 0)
         q = rand(B, Hq, Sq, D)
-        kv = [(rand(B, Hkv, Skv, D), rand(B, Hkv, Skv, D)) for _ in range(sets)]
+        if Hkv == 1 and Hq > 1 and (Sq == 1 or not shape["causal"]):
+            # one KV head (MQA, MLA): every query head's rows as rows of one head, the same attention without the
+            # Hq-fold expansion of K and V that SDPA's CPU path makes for enable_gqa (MLA's M2 in fp32 would need
+            # 18 GB), as a PyTorch user runs MLA's absorbed decode
+            q = q.reshape(B, 1, Hq * Sq, D)
+        # MLA (latent): V is the first Dv columns of K, as attn reads it (SDPA takes the strided view as it is)
+        kv = [(k, k[..., :Dv]) if latent else (k, rand(B, Hkv, Skv, Dv))
+              for k in (rand(B, Hkv, Skv, D) for _ in range(sets))]
         kwargs = self.sdpa_kwargs(shape)
 
         def call(k, v):
+            if q.shape[1] == Hkv:  # (heads folded into rows above)
+                return F.scaled_dot_product_attention(q, k, v, **{a: b for a, b in kwargs.items() if a != "enable_gqa"})
             if Hq != Hkv and not self.gqa:  # older torch: expand the KV heads (inside the timing)
                 k = k.repeat_interleave(Hq // Hkv, dim=1)
                 v = v.repeat_interleave(Hq // Hkv, dim=1)
@@ -413,7 +428,8 @@ def run_ggml(rows, shapes_table, threads, llc):
     for row in rows:
         s = shapes_table[row["shape"]]
         kv = GGML_KV[row["kv_dtype"]]
-        sets = rotation_sets(2 * s["B"] * s["Hkv"] * s["Skv"] * s["D"] * GGML_BYTES[kv],
+        row_values = s["D"] + (0 if s.get("latent") else s.get("Dv", s["D"]))
+        sets = rotation_sets(s["B"] * s["Hkv"] * s["Skv"] * row_values * GGML_BYTES[kv],
                              llc if row["shape"] in DECODE else 0)
         cmd = [str(GGML_PEER)] + ggml_dims(s) + ["--kv-type", kv, "--threads", str(threads),
                                                  "--reps", str(row["attn"]["reps"]), "--sets", str(sets)]
@@ -645,6 +661,10 @@ def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_p
         "reads K/V from memory (both attn and PyTorch).",
         "D3: attn runs attention_paged (pages of 16 keys scattered over the pool); PyTorch has no paged path "
         "and runs a padded batch (Skv = 8000) with a key-padding mask.",
+        "M1–M4 (multi-head latent attention, DeepSeek-V3's absorbed decode: 128 query heads on one latent row of "
+        "576 per token, V its first 512 columns): attn and ggml take V as a view into K's rows (the cache is read "
+        "once, as llama.cpp runs MLA), PyTorch the same strided view; M3/M4 run attention_paged from pages of 64 "
+        "for attn and a contiguous cache for the peers. With 128 heads per cached row they are compute-bound.",
         "\"fp32 Q, fp16 K/V\": attn keeps Q and O in fp32; SDPA needs one dtype, so PyTorch runs all in fp16.",
         "\"bf16 Q, int8 K/V\": attn reads an 8-bit KV cache (a scale per token and head); PyTorch has no 8-bit "
         "attention and runs bf16 throughout.",

@@ -72,11 +72,12 @@ std::vector<Case> registry() {
   const Causal causals[] = {Causal::none, Causal::top_left, Causal::bottom_right};
 
   // The canonical benchmark shapes (tools/canonical_shapes.h, the table `attn bench` and bench/run_bench.py time),
-  // as their tiny stand-ins, fp32 and bf16; D3's ragged lengths as random per-sequence key lengths.
+  // as their tiny stand-ins, fp32 and bf16; D3's ragged lengths as random per-sequence key lengths; the MLA shapes'
+  // V as a separate tensor of Dv columns (V as a view into K's rows: tests/test_mla.cc).
   for (const shapes::Canonical& s : shapes::kCanonical)
     for (DType dt : {DType::f32, DType::bf16}) {
       const shapes::Dims& d = s.tiny;
-      add({.B = d.B, .Hq = d.Hq, .Hkv = d.Hkv, .Sq = d.Sq, .Skv = d.Skv, .Dk = d.D, .Dv = d.D,
+      add({.B = d.B, .Hq = d.Hq, .Hkv = d.Hkv, .Sq = d.Sq, .Skv = d.Skv, .Dk = d.D, .Dv = shapes::value_dim(d),
            .causal = d.causal ? Causal::bottom_right : Causal::none, .kv_lens = d.kv_len_min > 0, .dtype = dt,
            .kv_dtype = dt, .page_size = d.page_size});
     }

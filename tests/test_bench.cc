@@ -129,7 +129,7 @@ const char* const kBenchKeys[] = {
     "huge_pages", "time_median_s", "time_min_s", "time_max_s", "times_s", "flops", "flops_nominal", "gflops",
     "bytes", "gbps", "ceilings", "frac_fma", "frac_amx", "frac_read_bw", "bound", "frac_bound",
     "rss_before_inputs_bytes", "rss_with_inputs_bytes", "peak_rss_bytes", "extra_rss_bytes", "peak_rss_scope",
-    "maxrss_bytes", "output_finite"};
+    "maxrss_bytes", "output_finite", "latent"};
 // clang-format on
 
 void expect_bench_json(const std::string& line) {
@@ -276,7 +276,45 @@ TEST(CliBench, BackwardPassJsonAndText) {
   EXPECT_FALSE(has(t.out, "WARNING")) << t.out;
 }
 
+TEST(CliBench, LatentShapeReadsKsRowsOnce) {
+  // MLA-like: 4 query heads on one latent head, Dk = 24, V the first 16 columns of K's rows. flops = 2·(24 + 16)·4·40
+  // = 12800; bytes = Q 4·24 + O 4·16 + the 40 latent rows of 24, all f32 (no V rows of its own).
+  const Outcome r = cli({"bench", "--heads", "4", "--kv-heads", "1", "--q-len", "1", "--kv-len", "40", "--head-dim",
+                         "24", "--value-dim", "16", "--latent", "--reps", "1", "--json", "--no-ceilings"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_bench_json(lines(r.out).at(0));
+  EXPECT_TRUE(has(r.out, "\"Dk\":24,\"Dv\":16,")) << r.out;
+  EXPECT_TRUE(has(r.out, "\"latent\":true")) << r.out;
+  EXPECT_TRUE(has(r.out, "\"flops\":12800,")) << r.out;
+  EXPECT_TRUE(has(r.out, "\"bytes\":4480,")) << r.out;
+  // Without --latent V has rows of its own (40·16 more floats); paged, quantised rows with their scales (int4: V's
+  // scales a view of the first blocks of K's, int8: K's row scales) and the text form.
+  const Outcome v = cli({"bench", "--heads", "4", "--kv-heads", "1", "--q-len", "1", "--kv-len", "40", "--head-dim",
+                         "24", "--value-dim", "16", "--reps", "1", "--json", "--no-ceilings"});
+  ASSERT_EQ(v.code, 0) << v.err;
+  EXPECT_TRUE(has(v.out, "\"bytes\":7040,")) << v.out;
+  for (const char* kv : {"int4", "int8", "bf16"}) {
+    const Outcome p = cli({"bench", "--batch", "2", "--heads", "8", "--kv-heads", "1", "--q-len", "2", "--kv-len", "37",
+                           "--head-dim", "72", "--value-dim", "40", "--latent", "--paged", "8", "--dtype", "bf16",
+                           "--kv-dtype", kv, "--reps", "1", "--no-ceilings"});
+    ASSERT_EQ(p.code, 0) << kv << ": " << p.err;
+    EXPECT_TRUE(has(p.out, "Dk=72 Dv=40 latent (V in K's rows) paged(8)")) << p.out;
+    EXPECT_FALSE(has(p.out, "WARNING")) << kv << ": " << p.out;
+  }
+  // The canonical MLA shapes are listed with their value dim.
+  const Outcome l = cli({"bench", "--list-shapes"});
+  ASSERT_EQ(l.code, 0) << l.err;
+  EXPECT_TRUE(has(l.out, "{\"id\":\"M2\",\"what\":\"MLA decode, 32k latent cache\",\"full\":{\"B\":1,\"Hq\":128,\"Hkv\":1,"
+                         "\"Sq\":1,\"Skv\":32768,\"D\":576,\"Dv\":512,\"latent\":true,"))
+      << l.out;
+}
+
 TEST(CliBench, Errors) {
+  expect_error({"bench", "--heads", "2", "--q-len", "1", "--head-dim", "8", "--value-dim", "16", "--latent"},
+               "--value-dim");
+  expect_error({"bench", "--heads", "2", "--q-len", "1", "--head-dim", "8", "--value-dim", "0"}, "--value-dim");
+  expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--latent", "--backward"}, "--latent");
+  expect_error({"bench", "--shape", "M1", "--latent"}, "--shape");
   expect_error({"bench", "--heads", "2", "--q-len", "1", "--kv-len", "64", "--head-dim", "8", "--paged", "16",
                 "--backward"},
                "--paged");

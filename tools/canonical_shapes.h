@@ -10,11 +10,15 @@
 namespace attn::shapes {
 
 struct Dims {
-  std::int64_t B, Hq, Hkv, Sq, Skv, D;
+  std::int64_t B, Hq, Hkv, Sq, Skv, D;  // D: the head dim of Q and K (Dk)
   bool causal;              // bottom-right aligned (the same as top-left when Sq = Skv)
   std::int64_t page_size;   // 0: contiguous K/V; else attention_paged with pages of this many keys
   std::int64_t kv_len_min;  // 0: every sequence has Skv keys; else lengths spread evenly kv_len_min..Skv
+  std::int64_t Dv = 0;      // V's head dim; 0: D
+  bool latent = false;      // multi-head latent attention: V is the first Dv columns of K's rows (one cache)
 };
+
+inline std::int64_t value_dim(const Dims& d) { return d.Dv > 0 ? d.Dv : d.D; }
 
 struct Canonical {
   const char* id;
@@ -32,6 +36,17 @@ inline constexpr Canonical kCanonical[] = {
     {"D3", "batched paged decode, ragged lengths", {16, 32, 8, 1, 8000, 128, false, 16, 100},
      {4, 4, 2, 1, 101, 32, false, 4, 10}},
     {"X1", "cross-attention", {4, 8, 8, 128, 1024, 64, false, 0, 0}, {2, 2, 2, 17, 65, 16, false, 0, 0}},
+    // Multi-head latent attention (DeepSeek-V3's absorbed decode): 128 query heads on one latent cache row of
+    // [c_kv (512) ; k_rope (64)] per token, V its first 512 columns (a view: the cache is read once); FlashMLA's
+    // pages of 64 for the batched ones. Their tiny stand-ins keep Dk > Dv, Hkv = 1 and paging.
+    {"M1", "MLA decode, 4k latent cache", {1, 128, 1, 1, 4096, 576, false, 0, 0, 512, true},
+     {1, 8, 1, 1, 67, 72, false, 0, 0, 64, true}},
+    {"M2", "MLA decode, 32k latent cache", {1, 128, 1, 1, 32768, 576, false, 0, 0, 512, true},
+     {1, 16, 1, 1, 203, 40, false, 0, 0, 32, true}},
+    {"M3", "MLA batch decode B8, 4k, pages of 64", {8, 128, 1, 1, 4096, 576, false, 64, 0, 512, true},
+     {2, 8, 1, 1, 101, 72, false, 16, 0, 64, true}},
+    {"M4", "MLA batch decode B8, 32k, pages of 64", {8, 128, 1, 1, 32768, 576, false, 64, 0, 512, true},
+     {2, 4, 1, 1, 131, 40, false, 4, 0, 32, true}},
 };
 
 // Key length of sequence b of a batch: Skv, or evenly spaced from kv_len_min (b = 0) to Skv (b = B - 1).

@@ -4,7 +4,9 @@
 //
 // Layout is llama.cpp's: q [D, Sq, Hq, B] f32, k and v [D, Skv, Hkv, B] in the cache type (f32, f16, bf16 or q8_0:
 // llama.cpp's -ctk/-ctv), an f16 mask [Skv, Sq, 1, B] of 0 / -inf for causal rows and ragged key lengths (ggml's
-// kernel skips keys whose mask is -inf without reading them), scale 1/sqrt(D).
+// kernel skips keys whose mask is -inf without reading them), scale 1/sqrt(D). --value-dim gives V its own head dim;
+// --latent makes V a view of K's first --value-dim values per row (multi-head latent attention, as llama.cpp runs
+// DeepSeek's MLA: one cache read once).
 #include <ggml-cpu.h>
 #include <ggml.h>
 
@@ -21,8 +23,8 @@
 namespace {
 
 struct Row {
-  long B = 1, Hq = 1, Hkv = 1, Sq = 1, Skv = 1, D = 64, kv_min = 0;
-  bool causal = false;
+  long B = 1, Hq = 1, Hkv = 1, Sq = 1, Skv = 1, D = 64, Dv = 0, kv_min = 0;
+  bool causal = false, latent = false;
   std::string kv_type = "f32";
   int threads = 1, reps = 10, sets = 1;
 };
@@ -37,6 +39,7 @@ Row parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--causal") { r.causal = true; continue; }
+    if (a == "--latent") { r.latent = true; continue; }
     if (i + 1 >= argc) die("missing value for " + a);
     std::string v = argv[++i];
     if (a == "--batch") r.B = std::stol(v);
@@ -46,6 +49,7 @@ Row parse(int argc, char** argv) {
     else if (a == "--kv-len") r.Skv = std::stol(v);
     else if (a == "--kv-len-min") r.kv_min = std::stol(v);
     else if (a == "--head-dim") r.D = std::stol(v);
+    else if (a == "--value-dim") r.Dv = std::stol(v);
     else if (a == "--kv-type") r.kv_type = v;
     else if (a == "--threads") r.threads = std::stoi(v);
     else if (a == "--reps") r.reps = std::stoi(v);
@@ -53,6 +57,8 @@ Row parse(int argc, char** argv) {
     else die("unknown argument " + a);
   }
   if (r.Hq % r.Hkv != 0) die("--heads must be a multiple of --kv-heads");
+  if (r.Dv <= 0) r.Dv = r.D;
+  if (r.latent && r.Dv > r.D) die("--value-dim must be at most --head-dim with --latent");
   return r;
 }
 
@@ -95,8 +101,10 @@ int main(int argc, char** argv) {
   if (r.D % ggml_blck_size(kt) != 0) die("--head-dim must be a multiple of the block of " + r.kv_type);
   const bool masked = r.causal || r.kv_min > 0;
 
-  const size_t kv_bytes = 2 * ggml_row_size(kt, r.D) * r.Skv * r.Hkv * r.B;
-  const size_t bytes = size_t(r.sets) * (kv_bytes + 4096) + (size_t(r.D) * r.Sq * r.Hq * r.B * 4) * 2 +
+  if (r.Dv % ggml_blck_size(kt) != 0) die("--value-dim must be a multiple of the block of " + r.kv_type);
+  const size_t kv_bytes = (ggml_row_size(kt, r.D) + (r.latent ? 0 : ggml_row_size(kt, r.Dv))) * r.Skv * r.Hkv * r.B;
+  const size_t out_bytes = size_t(r.Dv) * r.Sq * r.Hq * r.B * 4;  // each set's output
+  const size_t bytes = size_t(r.sets) * (kv_bytes + out_bytes + 4096) + size_t(r.D) * r.Sq * r.Hq * r.B * 4 +
                        (masked ? size_t(r.Skv) * r.Sq * r.B * 2 : 0) + 64 * ggml_tensor_overhead() +
                        size_t(r.sets) * ggml_graph_overhead() + (1 << 20);
   ggml_init_params ip{bytes, nullptr, false};
@@ -122,9 +130,10 @@ int main(int argc, char** argv) {
   std::vector<ggml_tensor*> outs;
   for (int s = 0; s < r.sets; ++s) {
     ggml_tensor* k = ggml_new_tensor_4d(ctx, kt, r.D, r.Skv, r.Hkv, r.B);
-    ggml_tensor* v = ggml_new_tensor_4d(ctx, kt, r.D, r.Skv, r.Hkv, r.B);
     fill(k, gen);
-    fill(v, gen);
+    ggml_tensor* v = r.latent ? ggml_view_4d(ctx, k, r.Dv, r.Skv, r.Hkv, r.B, k->nb[1], k->nb[2], k->nb[3], 0)
+                              : ggml_new_tensor_4d(ctx, kt, r.Dv, r.Skv, r.Hkv, r.B);
+    if (!r.latent) fill(v, gen);
     ggml_tensor* o = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.f / std::sqrt(float(r.D)), 0.f, 0.f);
     ggml_cgraph* g = ggml_new_graph(ctx);
     ggml_build_forward_expand(g, o);

@@ -3,8 +3,9 @@
 // the same process (bench/harness/ceilings.h) and the resident memory before, with and while running.
 //
 // Counting: flops = 2·(Dk + Dv)·Hq·(allowed (query, key) pairs), exact for the causal mask and ragged key
-// lengths (flops_nominal is docs/DESIGN.md's 4·B·Hq·Sq·Skv·D, halved for causal when Sq = Skv);
-// bytes = Q read + O written at their dtype + the K and V rows the keys use, read once, at the KV dtype.
+// lengths (flops_nominal is docs/DESIGN.md's 2·B·Hq·Sq·Skv·(Dk + Dv), halved for causal when Sq = Skv);
+// bytes = Q read + O written at their dtype + the K and V rows the keys use, read once, at the KV dtype (a
+// latent shape's V is a view into K's rows: its K rows alone).
 //
 // --backward times attn::attention_backward instead (dQ, dK, dV from dO and the O and LSE of one forward run
 // before the timing). Its flops follow the FlashAttention convention: 2.5x the forward's (five products of
@@ -64,14 +65,16 @@ using Clock = std::chrono::steady_clock;
 
 struct Shape {
   std::string name;
-  std::int64_t B = 1, Hq = 0, Hkv = 0, Sq = 0, Skv = 0, D = 0;
+  std::int64_t B = 1, Hq = 0, Hkv = 0, Sq = 0, Skv = 0, D = 0;  // D: Q's and K's head dim
   bool causal = false;          // bottom-right (the KV-cache alignment; the same as top-left when Sq = Skv)
   std::int64_t page_size = 0;   // 0: contiguous K/V; else attention_paged with pages of this many keys
   std::int64_t kv_len_min = 0;  // 0: every sequence has Skv keys; else lengths spread evenly kv_len_min..Skv
+  std::int64_t Dv = 0;          // V's head dim
+  bool latent = false;          // V is a view of the first Dv columns of K's rows (multi-head latent attention)
 };
 
 Shape from_table(const char* id, const shapes::Dims& d) {
-  return {id, d.B, d.Hq, d.Hkv, d.Sq, d.Skv, d.D, d.causal, d.page_size, d.kv_len_min};
+  return {id, d.B, d.Hq, d.Hkv, d.Sq, d.Skv, d.D, d.causal, d.page_size, d.kv_len_min, shapes::value_dim(d), d.latent};
 }
 
 std::int64_t kv_len(const Shape& s, std::int64_t b) {
@@ -258,8 +261,8 @@ std::string percent(double x) { return std::isfinite(x) ? fmt("%.0f%%", 100 * x)
 struct BenchArgs {
   std::string shapes;  // comma-separated canonical ids
   bool list_shapes = false;
-  std::int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
-  bool causal = false;
+  std::int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0, value_dim = 0;
+  bool causal = false, latent = false;
   std::string dtype = "f32", kv_dtype;
   int threads = 0;
   std::int64_t paged = 0, kv_len_min = 0;
@@ -292,33 +295,42 @@ Status positive(std::int64_t value, const char* option) {
   return Status::Ok();
 }
 
+// "P1, P2, ..., M4": the canonical ids, for messages.
+std::string shape_ids() {
+  std::string ids;
+  for (const shapes::Canonical& c : shapes::kCanonical) ids += (ids.empty() ? "" : ", ") + std::string(c.id);
+  return ids;
+}
+
 // The shapes to run: the canonical ones named by --shape, else the one the dimension options describe.
 Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
   const bool dims =
-      a.batch || a.heads || a.kv_heads || a.q_len || a.kv_len || a.head_dim || a.causal || a.paged || a.kv_len_min;
+      a.batch || a.heads || a.kv_heads || a.q_len || a.kv_len || a.head_dim || a.value_dim || a.causal || a.latent ||
+      a.paged || a.kv_len_min;
   if (!a.shapes.empty()) {
     if (dims)
       return Status::Invalid(
           "--shape", "'" + a.shapes +
                          "' together with dimension options; expected either --shape "
-                         "or --batch/--heads/--kv-heads/--q-len/--kv-len/--head-dim/--causal/--paged/--kv-len-min");
+                         "or --batch/--heads/--kv-heads/--q-len/--kv-len/--head-dim/--value-dim/--latent/--causal/"
+                         "--paged/--kv-len-min");
     std::stringstream list(a.shapes);
     std::string id;
     while (std::getline(list, id, ',')) {
       bool found = false;
       for (const shapes::Canonical& c : shapes::kCanonical)
         if (id == "all" || id == c.id) shapes->push_back(from_table(c.id, c.full)), found = true;
-      if (!found) return Status::Invalid("--shape", "'" + id + "'; expected P1, P2, P3, D1, D2, D3, X1 or all");
+      if (!found) return Status::Invalid("--shape", "'" + id + "'; expected " + shape_ids() + " or all");
     }
-    if (shapes->empty()) return Status::Invalid("--shape", "empty; expected P1, P2, P3, D1, D2, D3, X1 or all");
+    if (shapes->empty()) return Status::Invalid("--shape", "empty; expected " + shape_ids() + " or all");
     return Status::Ok();
   }
   if (!a.heads || !a.q_len || !a.head_dim)
     return Status::Invalid(!a.heads   ? "--heads"
                            : !a.q_len ? "--q-len"
                                       : "--head-dim",
-                           "missing; expected --shape P1|P2|P3|D1|D2|D3|X1|all, or at least --heads, --q-len and "
-                           "--head-dim");
+                           "missing; expected --shape (" + shape_ids() + " or all), or at least --heads, --q-len "
+                           "and --head-dim");
   Shape s;
   s.name = "custom";
   s.B = a.batch ? a.batch : 1;
@@ -327,6 +339,8 @@ Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
   s.Sq = a.q_len;
   s.Skv = a.kv_len ? a.kv_len : a.q_len;
   s.D = a.head_dim;
+  s.Dv = a.value_dim ? a.value_dim : a.head_dim;
+  s.latent = a.latent;
   s.causal = a.causal;
   s.page_size = a.paged;
   s.kv_len_min = a.kv_len_min;
@@ -336,6 +350,10 @@ Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
   if (Status st = positive(s.Sq, "--q-len"); !st) return st;
   if (Status st = positive(s.Skv, "--kv-len"); !st) return st;
   if (Status st = positive(s.D, "--head-dim"); !st) return st;
+  if (Status st = positive(s.Dv, "--value-dim"); !st) return st;
+  if (s.latent && s.Dv > s.D)
+    return Status::Invalid("--value-dim", std::to_string(s.Dv) + " with --latent; expected at most --head-dim (" +
+                                              std::to_string(s.D) + "): V is the first columns of K's rows");
   if (s.Hq % s.Hkv != 0)
     return Status::Invalid("--kv-heads", std::to_string(s.Hkv) + " does not divide --heads " + std::to_string(s.Hq) +
                                              "; expected a divisor (Hkv = Hq: MHA, 1: MQA, between: GQA)");
@@ -385,81 +403,92 @@ std::int64_t kv_rows(const Shape& s, std::int64_t* pool_pages) {
   return checked_mul({s.B, s.Hkv, s.Skv});
 }
 
-// Scales per row of quantised K/V: i8 1, i4 one per kI4Block values, else 0.
-std::int64_t scales_per_row(const Shape& s, DType kv_dtype) {
-  return kv_dtype == DType::i8 ? 1 : kv_dtype == DType::i4 ? (s.D + kI4Block - 1) / kI4Block : 0;
+// Scales per row of `dim` quantised values: i8 1, i4 one per kI4Block values, else 0.
+std::int64_t scales_per_row(std::int64_t dim, DType kv_dtype) {
+  return kv_dtype == DType::i8 ? 1 : kv_dtype == DType::i4 ? (dim + kI4Block - 1) / kI4Block : 0;
 }
 
-// Bytes of one K/V set: contiguous [B, Hkv, Skv, D] twice, or the page pool; for i8 and i4 K/V with their f32
-// scales (4 bytes each).
+// Bytes of one stored K or V row of `dim` values with its f32 scales (i8, i4).
+std::int64_t row_bytes(std::int64_t dim, DType kv_dtype) {
+  return dtype_bytes(kv_dtype, dim) + 4 * scales_per_row(dim, kv_dtype);
+}
+
+// Bytes of one K/V set: contiguous [B, Hkv, Skv, D] and [B, Hkv, Skv, Dv], or the page pool's; for i8 and i4 K/V
+// with their f32 scales (4 bytes each). A latent shape's V is a view of K: K's bytes alone.
 std::int64_t kv_set_bytes(const Shape& s, DType kv_dtype, std::int64_t* pool_pages) {
-  const std::int64_t per_row = dtype_bytes(kv_dtype, s.D) + 4 * scales_per_row(s, kv_dtype);
-  return checked_mul({2, kv_rows(s, pool_pages), per_row});
+  const std::int64_t per_row = row_bytes(s.D, kv_dtype) + (s.latent ? 0 : row_bytes(s.Dv, kv_dtype));
+  return checked_mul({kv_rows(s, pool_pages), per_row});
 }
 
 Status make_inputs(const Shape& s, const Setup& setup, int sets, bool backward, Inputs* in) {
   const std::int64_t qsize = static_cast<std::int64_t>(dtype_size(setup.dtype));
   const std::int64_t kvsize = static_cast<std::int64_t>(dtype_size(setup.kv_dtype));
-  const std::int64_t q_elems = checked_mul({s.B, s.Hq, s.Sq, s.D});
+  const std::int64_t q_elems = checked_mul({s.B, s.Hq, s.Sq, s.D}), o_elems = checked_mul({s.B, s.Hq, s.Sq, s.Dv});
   std::int64_t pages = 0;
   in->kv_set_bytes = kv_set_bytes(s, setup.kv_dtype, &pages);
 
   in->q = Buffer(q_elems * qsize, setup.huge_pages);
-  in->out = Buffer(q_elems * qsize, setup.huge_pages);
+  in->out = Buffer(o_elems * qsize, setup.huge_pages);
   fill_random(in->q.get(), setup.dtype, q_elems, 1, setup.threads);
-  fill_nan(in->out.get(), setup.dtype, q_elems);  // poison: an element the kernel leaves unwritten shows
+  fill_nan(in->out.get(), setup.dtype, o_elems);  // poison: an element the kernel leaves unwritten shows
   in->qv = TensorView::contiguous(in->q.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.D});
-  in->ov = TensorView::contiguous(in->out.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.D});
+  in->ov = TensorView::contiguous(in->out.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.Dv});
 
-  const std::int64_t rows = kv_rows(s, &pages), kv_elems = checked_mul({rows, s.D});
-  const std::int64_t per_row_scales = scales_per_row(s, setup.kv_dtype);
+  const std::int64_t rows = kv_rows(s, &pages);
   const bool i4 = setup.kv_dtype == DType::i4;
-  const std::int64_t pitch = i4 ? (s.D + 1) / 2 * 2 : s.D;  // i4 rows start on a byte
-  const std::int64_t kv_bytes = checked_mul({rows, dtype_bytes(setup.kv_dtype, pitch)});
+  const std::int64_t lead = s.page_size > 0 ? pages : s.B, seq = s.page_size > 0 ? s.page_size : s.Skv;
+  // One K (dim = D) or V (dim = Dv) set: random rows (i4 rows start on a byte), its views, its scales (1/127 for
+  // i8, 1/7 for i4: values in [-1, 1] and [-8/7, 1]).
+  const auto make_rows = [&](std::int64_t dim, std::uint64_t seed, std::vector<Buffer>* data, std::vector<TensorView>* views,
+                             std::vector<Buffer>* scales, std::vector<TensorView>* scale_views) {
+    const std::int64_t pitch = i4 ? (dim + 1) / 2 * 2 : dim;
+    const std::int64_t bytes = checked_mul({rows, dtype_bytes(setup.kv_dtype, pitch)});
+    data->emplace_back(bytes, setup.huge_pages);
+    fill_random(data->back().get(), setup.kv_dtype, i4 ? bytes : checked_mul({rows, dim}), seed, setup.threads);
+    TensorView t = TensorView::contiguous(data->back().get(), setup.kv_dtype, {lead, s.Hkv, seq, dim});
+    t.strides = {s.Hkv * seq * pitch, seq * pitch, pitch, 1};
+    views->push_back(t);
+    if (const std::int64_t per_row = scales_per_row(dim, setup.kv_dtype); per_row > 0) {
+      scales->emplace_back(rows * per_row * 4, setup.huge_pages);
+      std::fill_n(reinterpret_cast<float*>(scales->back().get()), rows * per_row, i4 ? 1.0f / 7 : 1.0f / 127);
+      scale_views->push_back(i4 ? TensorView::contiguous(scales->back().get(), DType::f32, {lead, s.Hkv, seq, per_row})
+                                : TensorView::contiguous(scales->back().get(), DType::f32, {lead, s.Hkv, seq}));
+    }
+  };
   for (int set = 0; set < sets; ++set) {
-    in->k.emplace_back(kv_bytes, setup.huge_pages);
-    in->v.emplace_back(kv_bytes, setup.huge_pages);
-    const std::int64_t fill = i4 ? kv_bytes : kv_elems;  // (i4: random bytes)
-    fill_random(in->k.back().get(), setup.kv_dtype, fill, 1000 + 2 * set, setup.threads);
-    fill_random(in->v.back().get(), setup.kv_dtype, fill, 1001 + 2 * set, setup.threads);
-    const std::int64_t lead = s.page_size > 0 ? pages : s.B, seq = s.page_size > 0 ? s.page_size : s.Skv;
-    const auto rows_of = [&](void* data) {
-      TensorView t = TensorView::contiguous(data, setup.kv_dtype, {lead, s.Hkv, seq, s.D});
-      t.strides = {s.Hkv * seq * pitch, seq * pitch, pitch, 1};
-      return t;
-    };
-    in->kv.push_back(rows_of(in->k.back().get()));
-    in->vv.push_back(rows_of(in->v.back().get()));
-    if (per_row_scales > 0) {  // scales 1/127 (i8) or 1/7 (i4): values in [-1, 1] and [-8/7, 1]
-      for (auto* scales : {&in->k_scale, &in->v_scale}) {
-        scales->emplace_back(rows * per_row_scales * 4, setup.huge_pages);
-        std::fill_n(reinterpret_cast<float*>(scales->back().get()), rows * per_row_scales, i4 ? 1.0f / 7 : 1.0f / 127);
-      }
-      const auto scales_of = [&](void* data) {
-        return i4 ? TensorView::contiguous(data, DType::f32, {lead, s.Hkv, seq, per_row_scales})
-                  : TensorView::contiguous(data, DType::f32, {lead, s.Hkv, seq});
-      };
-      in->ksv.push_back(scales_of(in->k_scale.back().get()));
-      in->vsv.push_back(scales_of(in->v_scale.back().get()));
+    make_rows(s.D, 1000 + 2 * set, &in->k, &in->kv, &in->k_scale, &in->ksv);
+    if (!s.latent) {
+      make_rows(s.Dv, 1001 + 2 * set, &in->v, &in->vv, &in->v_scale, &in->vsv);
+      continue;
+    }
+    // Multi-head latent attention: V is the first Dv columns of K's rows, and their scales K's (i4: the first
+    // ceil(Dv / 32) blocks of each row), views with K's strides: the one cache is read once.
+    TensorView v = in->kv.back();
+    v.shape[3] = s.Dv;
+    in->vv.push_back(v);
+    if (!in->ksv.empty()) {
+      TensorView vs = in->ksv.back();
+      if (i4) vs.shape[3] = scales_per_row(s.Dv, setup.kv_dtype);
+      in->vsv.push_back(vs);
     }
   }
 
   if (backward) {  // dO random, the gradients poisoned; O and the LSE come from one forward run
-    const std::int64_t kv_elems_set = checked_mul({s.B, s.Hkv, s.Skv, s.D});
+    const std::int64_t dk_elems = checked_mul({s.B, s.Hkv, s.Skv, s.D}), dv_elems = checked_mul({s.B, s.Hkv, s.Skv, s.Dv});
     in->lse = Buffer(s.B * s.Hq * s.Sq * 4, setup.huge_pages);
-    in->dout = Buffer(q_elems * qsize, setup.huge_pages);
+    in->dout = Buffer(o_elems * qsize, setup.huge_pages);
     in->dq = Buffer(q_elems * qsize, setup.huge_pages);
-    in->dk = Buffer(kv_elems_set * kvsize, setup.huge_pages);
-    in->dv = Buffer(kv_elems_set * kvsize, setup.huge_pages);
-    fill_random(in->dout.get(), setup.dtype, q_elems, 2, setup.threads);
+    in->dk = Buffer(dk_elems * kvsize, setup.huge_pages);
+    in->dv = Buffer(dv_elems * kvsize, setup.huge_pages);
+    fill_random(in->dout.get(), setup.dtype, o_elems, 2, setup.threads);
     fill_nan(in->dq.get(), setup.dtype, q_elems);
-    fill_nan(in->dk.get(), setup.kv_dtype, kv_elems_set);
-    fill_nan(in->dv.get(), setup.kv_dtype, kv_elems_set);
+    fill_nan(in->dk.get(), setup.kv_dtype, dk_elems);
+    fill_nan(in->dv.get(), setup.kv_dtype, dv_elems);
     in->lse_view = TensorView::contiguous(in->lse.get(), DType::f32, {s.B, s.Hq, s.Sq});
-    in->dout_view = TensorView::contiguous(in->dout.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.D});
+    in->dout_view = TensorView::contiguous(in->dout.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.Dv});
     in->dq_view = TensorView::contiguous(in->dq.get(), setup.dtype, {s.B, s.Hq, s.Sq, s.D});
     in->dk_view = TensorView::contiguous(in->dk.get(), setup.kv_dtype, {s.B, s.Hkv, s.Skv, s.D});
-    in->dv_view = TensorView::contiguous(in->dv.get(), setup.kv_dtype, {s.B, s.Hkv, s.Skv, s.D});
+    in->dv_view = TensorView::contiguous(in->dv.get(), setup.kv_dtype, {s.B, s.Hkv, s.Skv, s.Dv});
   }
   if (s.page_size > 0 || s.kv_len_min > 0) {
     in->lens = Buffer(s.B * 4, false);
@@ -529,6 +558,11 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   std::int64_t pool_pages = 0;
   const std::int64_t set_bytes = kv_set_bytes(s, setup.kv_dtype, &pool_pages);
   const std::int64_t q_bytes = checked_mul({s.B, s.Hq, s.Sq, s.D, qsize});
+  const std::int64_t o_bytes = checked_mul({s.B, s.Hq, s.Sq, s.Dv, qsize});
+  if (a.backward && s.latent)
+    return Status::Invalid(a.shapes.empty() ? "--latent" : "--shape",
+                           "a latent shape (" + s.name + ") with --backward; expected separate K and V (V as a view "
+                           "into K's rows would take two gradients)");
   if (a.backward && s.page_size > 0)
     return Status::Invalid(a.shapes.empty() ? "--paged" : "--shape",
                            "a paged shape (" + s.name + ") with --backward; expected contiguous K/V (the backward "
@@ -537,8 +571,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     return Status::Invalid("--kv-dtype", std::string(setup.kv_dtype == DType::i8 ? "int8" : "int4") +
                                              " with --backward; expected f32, bf16 or f16 (quantised K/V have no "
                                              "backward)");
-  const int sets = a.backward ? 1 : choose_kv_sets(s, set_bytes, a.kv_sets, 2 * q_bytes);
-  const std::int64_t need = (a.backward ? 5 : 2) * q_bytes + set_bytes * sets * (a.backward ? 2 : 1);
+  const int sets = a.backward ? 1 : choose_kv_sets(s, set_bytes, a.kv_sets, q_bytes + o_bytes);
+  const std::int64_t need = (a.backward ? 2 : 1) * q_bytes + (a.backward ? 3 : 1) * o_bytes + set_bytes * sets * (a.backward ? 2 : 1);
   if (const std::int64_t avail = available_memory_bytes(); avail > 0 && need > avail - avail / 8)
     return Status::Invalid(a.kv_sets > 0      ? "--kv-sets"
                            : a.shapes.empty() ? "--kv-len"
@@ -601,14 +635,12 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   }
   r.peak_rss = r.peak_is_runs ? proc_status_bytes("VmHWM") : maxrss_bytes();
   r.maxrss = maxrss_bytes();
-  const std::int64_t o_elems = checked_mul({s.B, s.Hq, s.Sq, s.D});
+  const std::int64_t o_elems = checked_mul({s.B, s.Hq, s.Sq, s.Dv});
   r.output_finite = all_finite(in.out.get(), setup.dtype, o_elems);
-  if (a.backward) {
-    const std::int64_t kv_elems = checked_mul({s.B, s.Hkv, s.Skv, s.D});
-    r.output_finite = all_finite(in.dq.get(), setup.dtype, o_elems) &&
-                      all_finite(in.dk.get(), setup.kv_dtype, kv_elems) &&
-                      all_finite(in.dv.get(), setup.kv_dtype, kv_elems);
-  }
+  if (a.backward)
+    r.output_finite = all_finite(in.dq.get(), setup.dtype, checked_mul({s.B, s.Hq, s.Sq, s.D})) &&
+                      all_finite(in.dk.get(), setup.kv_dtype, checked_mul({s.B, s.Hkv, s.Skv, s.D})) &&
+                      all_finite(in.dv.get(), setup.kv_dtype, checked_mul({s.B, s.Hkv, s.Skv, s.Dv}));
   std::vector<double> sorted = r.times;
   std::sort(sorted.begin(), sorted.end());
   const std::size_t n = sorted.size();
@@ -622,14 +654,15 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   }
   const double pass_factor = a.backward ? 2.5 : 1.0;  // the backward: FlashAttention's 2.5x the forward
   const double flops =
-      pass_factor * 2.0 * static_cast<double>(2 * s.D) * static_cast<double>(s.Hq) * static_cast<double>(pairs);
-  const double nominal = pass_factor * 4.0 * static_cast<double>(s.Hq * s.Sq * s.D) * static_cast<double>(kv_tokens) *
-                         (s.causal && s.Sq == s.Skv ? 0.5 : 1.0);
-  // K/V bytes per token: the stored rows with their scales (i8, i4), what decode has to read.
-  const double kv_row_bytes =
-      static_cast<double>(dtype_bytes(setup.kv_dtype, s.D) + 4 * scales_per_row(s, setup.kv_dtype));
-  const double bytes = (a.backward ? 2.0 : 1.0) * (2.0 * static_cast<double>(q_bytes) +
-                                                   static_cast<double>(kv_tokens) * static_cast<double>(s.Hkv * 2) *
+      pass_factor * 2.0 * static_cast<double>(s.D + s.Dv) * static_cast<double>(s.Hq) * static_cast<double>(pairs);
+  const double nominal = pass_factor * 2.0 * static_cast<double>(s.Hq * s.Sq * (s.D + s.Dv)) *
+                         static_cast<double>(kv_tokens) * (s.causal && s.Sq == s.Skv ? 0.5 : 1.0);
+  // K/V bytes per token and KV head: the stored rows with their scales (i8, i4), what decode has to read (a latent
+  // shape's V is in K's rows).
+  const double kv_row_bytes = static_cast<double>(row_bytes(s.D, setup.kv_dtype) +
+                                                  (s.latent ? 0 : row_bytes(s.Dv, setup.kv_dtype)));
+  const double bytes = (a.backward ? 2.0 : 1.0) * (static_cast<double>(q_bytes + o_bytes) +
+                                                   static_cast<double>(kv_tokens) * static_cast<double>(s.Hkv) *
                                                        kv_row_bytes);
   const double gflops = flops / r.median / 1e9, gbps = bytes / r.median / 1e9;
 
@@ -661,7 +694,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
         .add("backend", setup.backend == Backend::reference ? "reference" : "flash")
         .add("pass", a.backward ? "backward" : "forward")
         .add("isa", isa);
-    o.add("B", s.B).add("Hq", s.Hq).add("Hkv", s.Hkv).add("Sq", s.Sq).add("Skv", s.Skv).add("Dk", s.D).add("Dv", s.D);
+    o.add("B", s.B).add("Hq", s.Hq).add("Hkv", s.Hkv).add("Sq", s.Sq).add("Skv", s.Skv).add("Dk", s.D).add("Dv", s.Dv);
+    o.add("latent", s.latent);
     o.add("causal", s.causal).add("dtype", dtype_name(setup.dtype)).add("kv_dtype", dtype_name(setup.kv_dtype));
     o.add("page_size", s.page_size).add("kv_len_min", s.kv_len_min).add("kv_tokens", kv_tokens);
     o.add("threads", setup.threads).add("warmup", r.warmup).add("reps", static_cast<int>(r.times.size()));
@@ -686,7 +720,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
 
   out << label << ": B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Sq=" << s.Sq << " Skv=" << s.Skv
       << (s.kv_len_min > 0 ? " (ragged " + std::to_string(s.kv_len_min) + ".." + std::to_string(s.Skv) + ")" : "")
-      << " D=" << s.D << (s.causal ? " causal" : "")
+      << (s.Dv == s.D ? " D=" + std::to_string(s.D) : " Dk=" + std::to_string(s.D) + " Dv=" + std::to_string(s.Dv))
+      << (s.latent ? " latent (V in K's rows)" : "") << (s.causal ? " causal" : "")
       << (s.page_size ? " paged(" + std::to_string(s.page_size) + ")" : "") << (a.backward ? ", backward" : "")
       << ", q/out " << dtype_name(setup.dtype)
       << ", k/v " << dtype_name(setup.kv_dtype) << "; " << isa << ", " << setup.threads << " thread"
@@ -724,6 +759,7 @@ void list_shapes(std::ostream& out) {
   const auto dims = [](const shapes::Dims& d) {
     JsonObject j;
     j.add("B", d.B).add("Hq", d.Hq).add("Hkv", d.Hkv).add("Sq", d.Sq).add("Skv", d.Skv).add("D", d.D);
+    j.add("Dv", shapes::value_dim(d)).add("latent", d.latent);
     return j.add("causal", d.causal).add("page_size", d.page_size).add("kv_len_min", d.kv_len_min);
   };
   for (const shapes::Canonical& c : shapes::kCanonical)
@@ -767,6 +803,7 @@ Status bench(const BenchArgs& a, std::ostream& out) {
     given.threads = setup.threads, given.fma_gflops = v[0], given.amx_bf16_gflops = v[1], given.read_gbps = v[2];
     given.given = true, given.huge_pages = setup.huge_pages;
     given.amx_note = v[1] > 0 ? "" : "given as 0";
+    given.fma_isa = "given";
     ceil = &given;
   } else if (!a.no_ceilings) {
     ceil = &measure_ceilings(CeilingOptions{setup.threads, a.quick_ceilings, setup.huge_pages});
@@ -803,7 +840,7 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
       "bench",
       "Time attention on random inputs: median time, GFLOP/s, GB/s, fractions of the ceilings (peak FMA, "
       "AMX, streaming read) measured in the same run, and resident memory");
-  sub->add_option("--shape", a->shapes, "Canonical shape(s) of docs/DESIGN.md (tools/canonical_shapes.h), comma-separated: P1,P2,P3,D1,D2,D3,X1 or all")
+  sub->add_option("--shape", a->shapes, "Canonical shape(s) of docs/DESIGN.md (tools/canonical_shapes.h), comma-separated: P1,P2,P3,D1,D2,D3,X1, the MLA decodes M1,M2,M3,M4, or all")
       ->type_name("IDS");
   sub->add_flag("--list-shapes", a->list_shapes,
                 "Print the canonical shapes (full and tiny stand-in dimensions) as JSON lines, and exit");
@@ -813,7 +850,10 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
   sub->add_option("--q-len", a->q_len, "Queries per sequence Sq")->type_name("SQ");
   sub->add_option("--kv-len", a->kv_len, "Keys per sequence Skv (default Sq); the longest with --kv-len-min")
       ->type_name("SKV");
-  sub->add_option("--head-dim", a->head_dim, "Head dimension D (Dk = Dv)")->type_name("D");
+  sub->add_option("--head-dim", a->head_dim, "Head dimension D of Q and K (and V, unless --value-dim)")->type_name("D");
+  sub->add_option("--value-dim", a->value_dim, "Head dimension of V (default: --head-dim)")->type_name("DV");
+  sub->add_flag("--latent", a->latent,
+                "Multi-head latent attention: V is a view of the first --value-dim columns of K's rows (one cache)");
   sub->add_flag("--causal", a->causal, "Causal mask, bottom-right aligned (top-left when Sq = Skv)");
   sub->add_option("--dtype", a->dtype, "Q and O dtype: f32 (default), bf16 or f16")->type_name("DTYPE");
   sub->add_option("--kv-dtype", a->kv_dtype, "K and V dtype (default: --dtype)")->type_name("DTYPE");
