@@ -261,7 +261,8 @@ std::string percent(double x) { return std::isfinite(x) ? fmt("%.0f%%", 100 * x)
 struct BenchArgs {
   std::string shapes;  // comma-separated canonical ids
   bool list_shapes = false;
-  std::int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0, value_dim = 0;
+  std::int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
+  std::int64_t value_dim = -1;  // -1: not given (Dv = head_dim)
   bool causal = false, latent = false;
   std::string dtype = "f32", kv_dtype;
   int threads = 0;
@@ -305,7 +306,7 @@ std::string shape_ids() {
 // The shapes to run: the canonical ones named by --shape, else the one the dimension options describe.
 Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
   const bool dims =
-      a.batch || a.heads || a.kv_heads || a.q_len || a.kv_len || a.head_dim || a.value_dim || a.causal || a.latent ||
+      a.batch || a.heads || a.kv_heads || a.q_len || a.kv_len || a.head_dim || a.value_dim != -1 || a.causal || a.latent ||
       a.paged || a.kv_len_min;
   if (!a.shapes.empty()) {
     if (dims)
@@ -339,7 +340,7 @@ Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
   s.Sq = a.q_len;
   s.Skv = a.kv_len ? a.kv_len : a.q_len;
   s.D = a.head_dim;
-  s.Dv = a.value_dim ? a.value_dim : a.head_dim;
+  s.Dv = a.value_dim != -1 ? a.value_dim : a.head_dim;
   s.latent = a.latent;
   s.causal = a.causal;
   s.page_size = a.paged;
