@@ -77,11 +77,12 @@ CONFIGS = [
 BENCH_KEYS = (
     "tool label shape backend isa B Hq Hkv Sq Skv Dk Dv causal dtype kv_dtype page_size kv_len_min kv_tokens "
     "threads warmup reps kv_sets kv_set_bytes huge_pages time_median_s time_min_s time_max_s times_s flops flops_nominal "
-    "gflops bytes gbps ceilings frac_fma frac_amx frac_read_bw bound frac_bound rss_before_inputs_bytes "
+    "gflops bytes gbps ceilings frac_fma frac_amx frac_bf16_dot frac_read_bw bound frac_bound rss_before_inputs_bytes "
     "rss_with_inputs_bytes peak_rss_bytes extra_rss_bytes peak_rss_scope maxrss_bytes output_finite"
 ).split()
-CEILING_KEYS = ("threads fma_gflops fma_isa amx_bf16_gflops amx_note read_gbps read_buffer_bytes huge_pages seconds "
-                "read_setup_seconds fma_trials read_trials fma_spread read_spread given").split()
+CEILING_KEYS = ("threads fma_gflops fma_isa amx_bf16_gflops amx_note bf16_dot_gflops bf16_dot_note read_gbps "
+                "read_buffer_bytes huge_pages seconds read_setup_seconds fma_trials read_trials bf16_dot_trials "
+                "fma_spread read_spread given").split()
 
 SCALING_N = [512 * 2**i for i in range(7)]  # 512 .. 32768
 SCALING_PREFILL = dict(B=1, Hq=4, Hkv=1, D=128, causal=True)  # one head group of P1
@@ -337,7 +338,8 @@ def measure_ceilings(attn, threads, args):
 
 
 def ceiling_values_arg(c):
-    return ["--ceiling-values", f"{c['fma_gflops']},{c['amx_bf16_gflops'] or 0},{c['read_gbps']}"]
+    return ["--ceiling-values",
+            f"{c['fma_gflops']},{c['amx_bf16_gflops'] or 0},{c['read_gbps']},{c.get('bf16_dot_gflops') or 0}"]
 
 
 def run_shapes(args, attn, peer, shapes_table, ids, threads):

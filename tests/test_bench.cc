@@ -127,7 +127,7 @@ const char* const kBenchKeys[] = {
     "tool", "label", "shape", "backend", "isa", "B", "Hq", "Hkv", "Sq", "Skv", "Dk", "Dv", "causal", "dtype",
     "kv_dtype", "page_size", "kv_len_min", "kv_tokens", "threads", "warmup", "reps", "kv_sets", "kv_set_bytes",
     "huge_pages", "time_median_s", "time_min_s", "time_max_s", "times_s", "flops", "flops_nominal", "gflops",
-    "bytes", "gbps", "ceilings", "frac_fma", "frac_amx", "frac_read_bw", "bound", "frac_bound",
+    "bytes", "gbps", "ceilings", "frac_fma", "frac_amx", "frac_bf16_dot", "frac_read_bw", "bound", "frac_bound",
     "rss_before_inputs_bytes", "rss_with_inputs_bytes", "peak_rss_bytes", "extra_rss_bytes", "peak_rss_scope",
     "maxrss_bytes", "output_finite", "latent"};
 // clang-format on
@@ -222,6 +222,11 @@ TEST(CliBench, CeilingsOnceAndGiven) {
   EXPECT_TRUE(has(c.out, "\"read_trials\":[")) << c.out;
   EXPECT_TRUE(has(c.out, "\"read_spread\":")) << c.out;
   EXPECT_TRUE(has(c.out, "\"given\":false")) << c.out;
+  // The bf16 dot-product peak where the CPU has AVX512-BF16 (else null, with the reason).
+  if (cpu::cpu_features().avx512_bf16 && cpu::cpu_features().avx512_usable())
+    EXPECT_TRUE(has(c.out, "\"bf16_dot_gflops\":") && !has(c.out, "\"bf16_dot_gflops\":null")) << c.out;
+  else
+    EXPECT_TRUE(has(c.out, "\"bf16_dot_gflops\":null")) << c.out;
   const Outcome g = cli({"bench", "--heads", "2", "--q-len", "4", "--kv-len", "64", "--head-dim", "8", "--reps", "1",
                          "--json", "--ceiling-values", "100,0,10"});
   ASSERT_EQ(g.code, 0) << g.err;
@@ -229,8 +234,15 @@ TEST(CliBench, CeilingsOnceAndGiven) {
   EXPECT_TRUE(has(g.out, "\"read_gbps\":10,")) << g.out;
   EXPECT_TRUE(has(g.out, "\"given\":true")) << g.out;
   EXPECT_TRUE(has(g.out, "\"amx_bf16_gflops\":null")) << g.out;
+  EXPECT_TRUE(has(g.out, "\"bf16_dot_gflops\":null")) << g.out;
+  EXPECT_TRUE(has(g.out, "\"frac_bf16_dot\":null")) << g.out;  // (an f32 row)
+  const Outcome d = cli({"bench", "--heads", "2", "--q-len", "4", "--kv-len", "64", "--head-dim", "8", "--reps", "1",
+                         "--dtype", "bf16", "--json", "--ceiling-values", "100,0,10,400"});
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_TRUE(has(d.out, "\"bf16_dot_gflops\":400,")) << d.out;
+  EXPECT_FALSE(has(d.out, "\"frac_bf16_dot\":null")) << d.out;
   const std::vector<std::string> shape = {"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8"};
-  for (const std::string& bad : {"1,2", "0,0,10", "100,0,-1", "a,b,c"}) {
+  for (const std::string& bad : {"1,2", "0,0,10", "100,0,-1", "a,b,c", "1,0,1,-1", "1,0,1,1,1"}) {
     std::vector<std::string> args = shape;
     args.insert(args.end(), {"--ceiling-values", bad});
     expect_error(args, "--ceiling-values");

@@ -213,6 +213,14 @@ Ceilings measure(const CeilingOptions& options) {
     c.amx_bf16_gflops = best_of(c.amx_trials);
   }
 
+  if (!loops.dpbf16_loop) {
+    c.bf16_dot_note = f.avx512_bf16 ? "the OS does not enable AVX-512 state" : "no AVX512-BF16 on this CPU";
+  } else {
+    c.bf16_dot_trials = peak_rate(c.threads, loops.dot_flops, trial_s, trials,
+                                  [&loops](std::int64_t n) { return loops.dpbf16_loop(n, 1.0f); });
+    c.bf16_dot_gflops = best_of(c.bf16_dot_trials);
+  }
+
   // Twice the last-level cache and at least 256 MiB, but never more than a quarter of the free memory.
   std::int64_t bytes = std::max<std::int64_t>(2 * f.last_level_cache_bytes(), std::int64_t{256} << 20);
   if (const std::int64_t avail = available_memory_bytes(); avail > 0) bytes = std::min(bytes, avail / 4);

@@ -2,6 +2,7 @@
 //   - peak fp32 FMA rate: a register-only loop of independent multiply-adds, compiled per instruction
 //     set (the best one the CPU and OS allow), on every thread at once;
 //   - peak AMX bf16 rate (tdpbf16ps on tiles that stay in the tile registers), where the CPU has AMX;
+//   - peak bf16 dot-product rate (vdpbf16ps on registers), where the CPU has AVX512-BF16;
 //   - streaming read bandwidth: every thread sums its slice of a buffer far larger than the last-level
 //     cache.
 // Each is the best of several short trials (the ceiling is what the machine can do, so the fastest
@@ -29,10 +30,12 @@ struct Ceilings {
   std::string fma_isa;         // "avx512", "avx2" or "sse2"
   double amx_bf16_gflops = 0;  // 0 when not measured
   std::string amx_note;        // why AMX was not measured ("" when it was)
+  double bf16_dot_gflops = 0;  // AVX512-BF16 vdpbf16ps (a pair product and its sum: 4 flops per lane); 0 when not
+  std::string bf16_dot_note;   // why it was not measured ("" when it was)
   double read_gbps = 0;        // 1e9 bytes per second
   std::int64_t read_buffer_bytes = 0;
   bool huge_pages = true;
-  std::vector<double> fma_trials, amx_trials, read_trials;  // every trial (GFLOP/s, GB/s); empty when given
+  std::vector<double> fma_trials, amx_trials, read_trials, bf16_dot_trials;  // every trial; empty when given
   bool given = false;             // the values came from --ceiling-values, not measured in this process
   double seconds = 0;             // time spent measuring all of them
   double read_setup_seconds = 0;  // of which allocating and first-touching the bandwidth buffer
@@ -49,12 +52,15 @@ std::int64_t available_memory_bytes();
 
 // What each instruction-set level's ceiling unit (ceilings_unit.cc.in, one per line of src/cpu/isa_list.h)
 // gives measure_ceilings(): its vector flavour's name ("sse2", "avx2", "avx512": Ceilings::fma_isa), the flops of
-// one fma_loop iteration, and the two loops compiled for that level.
+// one fma_loop iteration, and the loops compiled for that level (the bf16 dot-product loop only where the level's
+// target has AVX512-BF16).
 struct CeilingLoops {
   const char* vec = "";
   double fma_flops = 0;
   float (*fma_loop)(std::int64_t iters, float seed) = nullptr;  // returns a sum, so the work is not dropped
   std::uint64_t (*read_sum)(const std::uint64_t* words, std::int64_t n) = nullptr;
+  double dot_flops = 0;                                          // of one dpbf16_loop iteration
+  float (*dpbf16_loop)(std::int64_t iters, float seed) = nullptr;  // null: the level has no vdpbf16ps
 };
 
 }  // namespace attn::tools

@@ -51,8 +51,13 @@ JsonObject ceilings_json(const Ceilings& ceil) {
   c.add("threads", ceil.threads).add("fma_gflops", ceil.fma_gflops).add("fma_isa", ceil.fma_isa);
   if (ceil.amx_bf16_gflops > 0) c.add("amx_bf16_gflops", ceil.amx_bf16_gflops);
   else c.add_null("amx_bf16_gflops");
-  c.add("amx_note", ceil.amx_note).add("read_gbps", ceil.read_gbps).add("read_buffer_bytes", ceil.read_buffer_bytes);
+  c.add("amx_note", ceil.amx_note);
+  if (ceil.bf16_dot_gflops > 0) c.add("bf16_dot_gflops", ceil.bf16_dot_gflops);
+  else c.add_null("bf16_dot_gflops");
+  c.add("bf16_dot_note", ceil.bf16_dot_note);
+  c.add("read_gbps", ceil.read_gbps).add("read_buffer_bytes", ceil.read_buffer_bytes);
   c.add("fma_trials", ceil.fma_trials).add("amx_trials", ceil.amx_trials).add("read_trials", ceil.read_trials);
+  c.add("bf16_dot_trials", ceil.bf16_dot_trials);
   c.add("fma_spread", spread(ceil.fma_trials)).add("read_spread", spread(ceil.read_trials));
   c.add("given", ceil.given);
   c.add("huge_pages", ceil.huge_pages).add("seconds", ceil.seconds).add("read_setup_seconds", ceil.read_setup_seconds);
@@ -669,13 +674,16 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
 
   // Fractions of the ceilings; the bound is the one the shape's arithmetic intensity hits first.
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  double frac_fma = nan, frac_amx = nan, frac_read = nan, frac_bound = nan;
+  double frac_fma = nan, frac_amx = nan, frac_read = nan, frac_bound = nan, frac_dot = nan;
   std::string bound = "unknown";
   if (ceil) {
     frac_fma = gflops / ceil->fma_gflops;
     frac_read = gbps / ceil->read_gbps;
     const bool amx = setup.dtype == DType::bf16 && ceil->amx_bf16_gflops > 0;
     if (amx) frac_amx = gflops / ceil->amx_bf16_gflops;
+    // bf16 rows against the bf16 dot-product peak too, where the CPU has one (the kernels' bound stays the rate of
+    // the instructions they run: AMX's, else fp32 FMAs)
+    if (setup.dtype == DType::bf16 && ceil->bf16_dot_gflops > 0) frac_dot = gflops / ceil->bf16_dot_gflops;
     const double compute = amx ? ceil->amx_bf16_gflops : ceil->fma_gflops;
     // Memory-bound: below the ridge point, and the data really come from DRAM (rotated K/V sets, or more
     // than the last-level cache); a small prefill below the ridge runs from cache, against compute.
@@ -709,7 +717,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     } else {
       o.add_null("ceilings");
     }
-    o.add("frac_fma", frac_fma).add("frac_amx", frac_amx).add("frac_read_bw", frac_read);
+    o.add("frac_fma", frac_fma).add("frac_amx", frac_amx).add("frac_bf16_dot", frac_dot).add("frac_read_bw", frac_read);
     o.add("bound", bound).add("frac_bound", frac_bound);
     o.add("rss_before_inputs_bytes", r.rss_before).add("rss_with_inputs_bytes", r.rss_inputs);
     o.add("peak_rss_bytes", r.peak_rss).add("extra_rss_bytes", r.peak_rss - r.rss_inputs);
@@ -739,6 +747,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
         << ceil->fma_isa << ")";
     if (std::isfinite(frac_amx))
       out << ", " << percent(frac_amx) << " of AMX bf16 (" << fmt("%.0f", ceil->amx_bf16_gflops) << ")";
+    if (std::isfinite(frac_dot))
+      out << ", " << percent(frac_dot) << " of bf16 dot product (" << fmt("%.0f", ceil->bf16_dot_gflops) << ")";
   }
   out << "   [" << fmt("%.4g", flops) << " flops, exact pair count" << (a.backward ? ", 2.5x the forward's" : "")
       << "]\n";
@@ -797,13 +807,16 @@ Status bench(const BenchArgs& a, std::ostream& out) {
   Ceilings given;
   if (!a.ceiling_values.empty()) {
     const std::vector<double>& v = a.ceiling_values;
-    if (v.size() != 3 || !(v[0] > 0) || !(v[1] >= 0) || !(v[2] > 0))
-      return Status::Invalid("--ceiling-values", "expected three numbers FMA,AMX,READ: GFLOP/s > 0, GFLOP/s >= 0 "
-                                                 "(0: no AMX), GB/s > 0");
+    if ((v.size() != 3 && v.size() != 4) || !(v[0] > 0) || !(v[1] >= 0) || !(v[2] > 0) || (v.size() == 4 && !(v[3] >= 0)))
+      return Status::Invalid("--ceiling-values", "expected three or four numbers FMA,AMX,READ[,DOT]: GFLOP/s > 0, "
+                                                 "GFLOP/s >= 0 (0: no AMX), GB/s > 0, GFLOP/s >= 0 (0: no bf16 dot "
+                                                 "product)");
     if (a.no_ceilings) return Status::Invalid("--ceiling-values", "given with --no-ceilings; expected one of them");
     given.threads = setup.threads, given.fma_gflops = v[0], given.amx_bf16_gflops = v[1], given.read_gbps = v[2];
     given.given = true, given.huge_pages = setup.huge_pages;
     given.amx_note = v[1] > 0 ? "" : "given as 0";
+    given.bf16_dot_gflops = v.size() == 4 ? v[3] : 0;
+    given.bf16_dot_note = given.bf16_dot_gflops > 0 ? "" : "not given";
     given.fma_isa = "given";
     ceil = &given;
   } else if (!a.no_ceilings) {
@@ -822,6 +835,8 @@ Status bench(const BenchArgs& a, std::ostream& out) {
         << " s of it filling the bandwidth buffer): fp32 FMA " << fmt("%.1f", ceil->fma_gflops) << " GFLOP/s ("
         << ceil->fma_isa << "), AMX bf16 "
         << (ceil->amx_bf16_gflops > 0 ? fmt("%.0f GFLOP/s", ceil->amx_bf16_gflops) : "n/a: " + ceil->amx_note)
+        << ", bf16 dot product "
+        << (ceil->bf16_dot_gflops > 0 ? fmt("%.0f GFLOP/s", ceil->bf16_dot_gflops) : "n/a: " + ceil->bf16_dot_note)
         << ", streaming read " << fmt("%.1f", ceil->read_gbps) << " GB/s ("
         << bytes_text(double(ceil->read_buffer_bytes)) << " buffer); best of " << ceil->read_trials.size()
         << " trials, spread " << fmt("%.0f", 100 * spread(ceil->fma_trials)) << " % (FMA), "
@@ -885,9 +900,10 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
   sub->add_flag("--ceilings-only", a->ceilings_only, "Measure the ceilings (best of 7 trials each), print them, run nothing");
   sub->add_option("--ceiling-values", a->ceiling_values,
                   "Judge the runs against these ceilings instead of measuring them (bench/run_bench.py measures once "
-                  "per run): FMA GFLOP/s, AMX bf16 GFLOP/s (0: none), streaming read GB/s")
+                  "per run): FMA GFLOP/s, AMX bf16 GFLOP/s (0: none), streaming read GB/s[, bf16 dot-product "
+                  "GFLOP/s (0 or left out: none)]")
       ->delimiter(',')
-      ->type_name("FMA,AMX,READ");
+      ->type_name("FMA,AMX,READ[,DOT]");
   sub->add_flag("--no-huge-pages", a->no_huge_pages,
                 "Do not ask for transparent huge pages for the inputs and the bandwidth buffer");
   sub->add_flag("--quick-ceilings", a->quick_ceilings, "Measure the ceilings with tiny loops and buffer (for tests)")
