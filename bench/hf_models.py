@@ -14,6 +14,15 @@ Workloads:
 Each round runs every implementation once (interleaved); the median of `--repeats` rounds after one warm-up is
 reported, and attn's time as a ratio to sdpa's (< 1 = faster).
 Whole-model time: the projections and MLPs are PyTorch's in every column, only attention changes.
+
+    python3 bench/hf_models.py --llama8b [--layers 1] [--contexts 8192,32768] [--decode 64] [--markdown FILE]
+
+Llama-3-8B-shaped layers instead (issue 31): hidden 4096, 32 query / 8 key-value heads of 128, MLP 14336, bf16,
+seeded random weights from a config (vocabulary 1000: the embedding and head are not what is measured), `--layers`
+of them (each layer does the same work, so the ratios hold for any count; the default 1 fits a 2-core machine's
+time). For each context length: one prefill of that many tokens (seconds), then `--decode` greedy steps on the
+KV cache (tokens per second), per implementation (sdpa and attn; eager too up to 8192 tokens, where its
+[32, S, S] weights still fit in memory), after a 256-token warm-up; the greedy tokens must agree.
 """
 
 import argparse
@@ -22,12 +31,87 @@ import sys
 import time
 
 
+def llama8b(args):
+    """Llama-3-8B-shaped layers: prefill seconds and decode tokens per second per implementation (see the module
+    docstring)."""
+    import torch
+    import transformers
+    import attn
+    import attn.integrations.transformers as attn_hf
+
+    torch.set_num_threads(args.threads)
+    attn_hf.register()
+    transformers.logging.set_verbosity_error()
+    contexts = [int(c) for c in args.contexts.split(",")]
+    config = transformers.LlamaConfig(vocab_size=1000, hidden_size=4096, intermediate_size=14336,
+                                      num_hidden_layers=args.layers, num_attention_heads=32, num_key_value_heads=8,
+                                      max_position_embeddings=max(contexts) + args.decode + 8, rope_theta=500000.0)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    gen = torch.Generator().manual_seed(1)
+
+    def run(name, ids):
+        """(prefill seconds, decode tokens per second, the greedy tokens) of one implementation."""
+        model.set_attn_implementation(name)
+        with torch.no_grad():
+            start = time.perf_counter()
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            prefill = time.perf_counter() - start
+            cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            tokens = [token]
+            start = time.perf_counter()
+            for _ in range(args.decode):
+                out = model(input_ids=token, past_key_values=cache, use_cache=True)
+                token = out.logits[:, -1].argmax(-1, keepdim=True)
+                tokens.append(token)
+            decode = args.decode / (time.perf_counter() - start)
+        return prefill, decode, torch.cat(tokens, 1)
+
+    rows = []
+    for n in contexts:
+        ids = torch.randint(3, 1000, (1, n), generator=gen)
+        names = ("sdpa", "eager", "attn") if n <= 8192 and not args.no_eager else ("sdpa", "attn")
+        for name in names:  # warm-up: a short prefill and a few steps
+            run(name, ids[:, :256])
+        results = {}
+        for name in names:
+            results[name] = run(name, ids)
+            p, d, _ = results[name]
+            print(f"{n} tokens, {name}: prefill {p:.2f} s, decode {d:.2f} tokens/s", file=sys.stderr, flush=True)
+        same = all(torch.equal(results[name][2], results["sdpa"][2]) for name in names)
+        rows.append((n, results, same))
+
+    lines = [f"Llama-3-8B-shaped, {args.layers} layer{'s' if args.layers > 1 else ''} (hidden 4096, GQA 32/8, d128, MLP "
+             f"14336), bf16, batch 1; torch {torch.__version__}, transformers {transformers.__version__}, attn "
+             f"{attn.__version__}, {args.threads} threads; one run each after a warm-up", "",
+             "| context | implementation | prefill (s) | decode (tokens/s) | prefill sdpa / this | decode this / sdpa "
+             "| greedy tokens agree |", "|---|---|---|---|---|---|---|"]
+    for n, results, same in rows:
+        ps, ds, _ = results["sdpa"]
+        for name, (p, d, _) in results.items():
+            lines.append(f"| {n} | {name} | {p:.2f} | {d:.2f} | {ps / p:.2f}× | {d / ds:.2f}× | "
+                         f"{'yes' if same else 'NO'} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return 0 if all(same for _, _, same in rows) else 1
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--markdown", help="also write the table to this file")
+    parser.add_argument("--llama8b", action="store_true", help="Llama-3-8B-shaped layers instead (see above)")
+    parser.add_argument("--layers", type=int, default=1, help="--llama8b: decoder layers")
+    parser.add_argument("--contexts", default="8192,32768", help="--llama8b: prompt lengths, comma-separated")
+    parser.add_argument("--decode", type=int, default=64, help="--llama8b: greedy decode steps after each prefill")
+    parser.add_argument("--no-eager", action="store_true", help="--llama8b: leave eager out")
     args = parser.parse_args()
+    if args.llama8b:
+        return llama8b(args)
 
     import torch
     import transformers
@@ -116,4 +200,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
