@@ -289,8 +289,8 @@ TEST(CliBench, BackwardPassJsonAndText) {
 }
 
 TEST(CliBench, LatentShapeReadsKsRowsOnce) {
-  // MLA-like: 4 query heads on one latent head, Dk = 24, V the first 16 columns of K's rows. flops = 2·(24 + 16)·4·40
-  // = 12800; bytes = Q 4·24 + O 4·16 + the 40 latent rows of 24, all f32 (no V rows of its own).
+  // MLA-like: 4 query heads on one latent head, Dk = 24, V the first 16 columns of K's rows.
+  // flops = 2·(24 + 16)·4·40 = 12800; bytes = Q 4·24 + O 4·16 + the 40 latent rows of 24, all f32 (no V rows of its own).
   const Outcome r = cli({"bench", "--heads", "4", "--kv-heads", "1", "--q-len", "1", "--kv-len", "40", "--head-dim",
                          "24", "--value-dim", "16", "--latent", "--reps", "1", "--json", "--no-ceilings"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -316,8 +316,8 @@ TEST(CliBench, LatentShapeReadsKsRowsOnce) {
   // The canonical MLA shapes are listed with their value dim.
   const Outcome l = cli({"bench", "--list-shapes"});
   ASSERT_EQ(l.code, 0) << l.err;
-  EXPECT_TRUE(has(l.out, "{\"id\":\"M2\",\"what\":\"MLA decode, 32k latent cache\",\"full\":{\"B\":1,\"Hq\":128,\"Hkv\":1,"
-                         "\"Sq\":1,\"Skv\":32768,\"D\":576,\"Dv\":512,\"latent\":true,"))
+  EXPECT_TRUE(has(l.out, "{\"id\":\"M2\",\"what\":\"MLA decode, 32k latent cache\",\"full\":{\"B\":1,"
+                         "\"Hq\":128,\"Hkv\":1,\"Sq\":1,\"Skv\":32768,\"D\":576,\"Dv\":512,\"latent\":true,"))
       << l.out;
 }
 

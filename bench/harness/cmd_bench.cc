@@ -311,8 +311,8 @@ std::string shape_ids() {
 // The shapes to run: the canonical ones named by --shape, else the one the dimension options describe.
 Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
   const bool dims =
-      a.batch || a.heads || a.kv_heads || a.q_len || a.kv_len || a.head_dim || a.value_dim != -1 || a.causal || a.latent ||
-      a.paged || a.kv_len_min;
+      a.batch || a.heads || a.kv_heads || a.q_len || a.kv_len || a.head_dim || a.value_dim != -1 || a.causal ||
+      a.latent || a.paged || a.kv_len_min;
   if (!a.shapes.empty()) {
     if (dims)
       return Status::Invalid(
@@ -445,8 +445,9 @@ Status make_inputs(const Shape& s, const Setup& setup, int sets, bool backward, 
   const std::int64_t lead = s.page_size > 0 ? pages : s.B, seq = s.page_size > 0 ? s.page_size : s.Skv;
   // One K (dim = D) or V (dim = Dv) set: random rows (i4 rows start on a byte), its views, its scales (1/127 for
   // i8, 1/7 for i4: values in [-1, 1] and [-8/7, 1]).
-  const auto make_rows = [&](std::int64_t dim, std::uint64_t seed, std::vector<Buffer>* data, std::vector<TensorView>* views,
-                             std::vector<Buffer>* scales, std::vector<TensorView>* scale_views) {
+  const auto make_rows = [&](std::int64_t dim, std::uint64_t seed, std::vector<Buffer>* data,
+                             std::vector<TensorView>* views, std::vector<Buffer>* scales,
+                             std::vector<TensorView>* scale_views) {
     const std::int64_t pitch = i4 ? (dim + 1) / 2 * 2 : dim;
     const std::int64_t bytes = checked_mul({rows, dtype_bytes(setup.kv_dtype, pitch)});
     data->emplace_back(bytes, setup.huge_pages);
@@ -480,7 +481,8 @@ Status make_inputs(const Shape& s, const Setup& setup, int sets, bool backward, 
   }
 
   if (backward) {  // dO random, the gradients poisoned; O and the LSE come from one forward run
-    const std::int64_t dk_elems = checked_mul({s.B, s.Hkv, s.Skv, s.D}), dv_elems = checked_mul({s.B, s.Hkv, s.Skv, s.Dv});
+    const std::int64_t dk_elems = checked_mul({s.B, s.Hkv, s.Skv, s.D});
+    const std::int64_t dv_elems = checked_mul({s.B, s.Hkv, s.Skv, s.Dv});
     in->lse = Buffer(s.B * s.Hq * s.Sq * 4, setup.huge_pages);
     in->dout = Buffer(o_elems * qsize, setup.huge_pages);
     in->dq = Buffer(q_elems * qsize, setup.huge_pages);
@@ -578,7 +580,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
                                              " with --backward; expected f32, bf16 or f16 (quantised K/V have no "
                                              "backward)");
   const int sets = a.backward ? 1 : choose_kv_sets(s, set_bytes, a.kv_sets, q_bytes + o_bytes);
-  const std::int64_t need = (a.backward ? 2 : 1) * q_bytes + (a.backward ? 3 : 1) * o_bytes + set_bytes * sets * (a.backward ? 2 : 1);
+  const std::int64_t need = (a.backward ? 2 : 1) * q_bytes + (a.backward ? 3 : 1) * o_bytes +
+                            set_bytes * sets * (a.backward ? 2 : 1);
   if (const std::int64_t avail = available_memory_bytes(); avail > 0 && need > avail - avail / 8)
     return Status::Invalid(a.kv_sets > 0      ? "--kv-sets"
                            : a.shapes.empty() ? "--kv-len"
@@ -807,7 +810,8 @@ Status bench(const BenchArgs& a, std::ostream& out) {
   Ceilings given;
   if (!a.ceiling_values.empty()) {
     const std::vector<double>& v = a.ceiling_values;
-    if ((v.size() != 3 && v.size() != 4) || !(v[0] > 0) || !(v[1] >= 0) || !(v[2] > 0) || (v.size() == 4 && !(v[3] >= 0)))
+    if ((v.size() != 3 && v.size() != 4) || !(v[0] > 0) || !(v[1] >= 0) || !(v[2] > 0) ||
+        (v.size() == 4 && !(v[3] >= 0)))
       return Status::Invalid("--ceiling-values", "expected three or four numbers FMA,AMX,READ[,DOT]: GFLOP/s > 0, "
                                                  "GFLOP/s >= 0 (0: no AMX), GB/s > 0, GFLOP/s >= 0 (0: no bf16 dot "
                                                  "product)");
@@ -856,7 +860,9 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
       "bench",
       "Time attention on random inputs: median time, GFLOP/s, GB/s, fractions of the ceilings (peak FMA, "
       "AMX, streaming read) measured in the same run, and resident memory");
-  sub->add_option("--shape", a->shapes, "Canonical shape(s) of docs/DESIGN.md (tools/canonical_shapes.h), comma-separated: P1,P2,P3,D1,D2,D3,X1, the MLA decodes M1,M2,M3,M4, or all")
+  sub->add_option("--shape", a->shapes,
+                  "Canonical shape(s) of docs/DESIGN.md (tools/canonical_shapes.h), comma-separated: "
+                  "P1,P2,P3,D1,D2,D3,X1, the MLA decodes M1,M2,M3,M4, or all")
       ->type_name("IDS");
   sub->add_flag("--list-shapes", a->list_shapes,
                 "Print the canonical shapes (full and tiny stand-in dimensions) as JSON lines, and exit");

@@ -97,7 +97,8 @@ def _attn_probs(q, k, dropout_p, softmax_scale, causal, window_size, softcap, al
     the position). Costs O(seqlen_q · seqlen_k²) per head: for tests and small inputs."""
     torch = _torch()
     b, sk, hk = k.shape[0], k.shape[1], k.shape[2]
-    eye = torch.eye(sk, dtype=q.dtype, device=q.device)[None, :, None, :].expand(b, sk, hk, sk)  # v[b, j, h, :] = e_j, no copy
+    # v[b, j, h, :] = e_j, no copy
+    eye = torch.eye(sk, dtype=q.dtype, device=q.device)[None, :, None, :].expand(b, sk, hk, sk)
     with torch.no_grad():
         q, k = q.detach(), k.detach()
         probs, _ = _attend(q, k, eye, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes)
