@@ -37,9 +37,10 @@ IPEX_PINS = ["torch==2.8.0", "intel-extension-for-pytorch==2.8.0", "numpy", "psu
 GGML_DIR = BENCH_DIR / ".ggml"
 GGML_PIN = "llama-cpp-python==0.3.36"
 GGML_PEER = GGML_DIR / "build" / "ggml_peer"
-# attn's K/V dtype -> the llama.cpp cache type of the same row (-ctk/-ctv): int8 -> q8_0 (blocks of 32, f16 scale)
-GGML_KV = {"f32": "f32", "bf16": "bf16", "f16": "f16", "i8": "q8_0"}
-GGML_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "q8_0": 34 / 32}
+# attn's K/V dtype -> the llama.cpp cache type of the same row (-ctk/-ctv): int8 -> q8_0, int4 -> q4_0 (blocks of 32,
+# an f16 scale each)
+GGML_KV = {"f32": "f32", "bf16": "bf16", "f16": "f16", "i8": "q8_0", "i4": "q4_0"}
+GGML_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 # docs/DESIGN.md's canonical shapes, read from the attn program (`attn bench --list-shapes`, the one table:
 # tools/canonical_shapes.h) by load_shapes(): SHAPES holds the full dimensions, TINY the small stand-ins of the
@@ -71,6 +72,7 @@ CONFIGS = [
     ("bf16", "bf16", "bf16", None),
     ("fp32 Q, fp16 K/V", "f32", "f16", DECODE),
     ("bf16 Q, int8 K/V", "bf16", "i8", DECODE),
+    ("bf16 Q, int4 K/V", "bf16", "i4", DECODE),
 ]
 
 # What every `attn bench --json` object must carry (documented in docs/benchmarks.md).
@@ -220,8 +222,8 @@ class Peer:
         """Median seconds of SDPA on `shape`, rotating K/V sets like attn when `rotate` (decode)."""
         t, F = self.torch, self.F
         # SDPA takes one dtype for Q, K and V: with 16-bit K/V and fp32 Q it runs everything in the K/V dtype; it has
-        # no 8-bit K/V, so against attn's int8 cache it runs in Q's dtype (what its user would run).
-        dt = self.dtype(q_dtype if kv_dtype in (q_dtype, "i8") else kv_dtype)
+        # no 8- or 4-bit K/V, so against attn's int8 and int4 caches it runs in Q's dtype (what its user would run).
+        dt = self.dtype(q_dtype if kv_dtype in (q_dtype, "i8", "i4") else kv_dtype)
         B, Hq, Hkv, Sq, Skv, D = (shape[k] for k in ("B", "Hq", "Hkv", "Sq", "Skv", "D"))
         Dv, latent = shape.get("Dv", D), shape.get("latent", False)
         gen = t.Generator().manual_seed(1)
@@ -668,8 +670,8 @@ def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_p
         "once, as llama.cpp runs MLA), PyTorch the same strided view; M3/M4 run attention_paged from pages of 64 "
         "for attn and a contiguous cache for the peers. With 128 heads per cached row they are compute-bound.",
         "\"fp32 Q, fp16 K/V\": attn keeps Q and O in fp32; SDPA needs one dtype, so PyTorch runs all in fp16.",
-        "\"bf16 Q, int8 K/V\": attn reads an 8-bit KV cache (a scale per token and head); PyTorch has no 8-bit "
-        "attention and runs bf16 throughout.",
+        "\"bf16 Q, int8 K/V\": attn reads an 8-bit KV cache (a scale per token and head); \"bf16 Q, int4 K/V\": a "
+        "4-bit one (a scale per 32 values of a row); PyTorch has no 8- or 4-bit attention and runs bf16 throughout.",
         "attn extra RSS: peak resident memory while running minus the resident memory with the inputs allocated.",
     ] + peer_notes
     if huge_pages:
@@ -823,13 +825,14 @@ def main(argv):
                               "ipex.llm.functional.varlen_attention and SDPA with IPEX loaded, decode rows "
                               "ipex.llm.modules.PagedAttention.single_query_cached_kv_attention over a paged cache "
                               "(pages of 16, scattered; ragged lengths for D3); IPEX has no 8-bit KV attention, so "
-                              "the int8 rows run in the Q dtype.")
+                              "the int8 and int4 rows run in the Q dtype.")
     if rows and not args.no_ggml and not args.self_test and GGML_PEER.exists():
         version = run_ggml(rows, shapes_table, threads, info.get("l3_bytes") or 0)
         if version:
             peer_notes.append(f"{version}, built with -march=native and OpenMP: ggml_flash_attn_ext on the CPU "
                               "backend, in llama.cpp's layout (Q f32; K/V in the cache type llama.cpp's -ctk/-ctv "
-                              "would take: f32, bf16, f16, and q8_0 for the int8 rows; an f16 mask for causal and "
+                              "would take: f32, bf16, f16, q8_0 for the int8 rows and q4_0 for the int4 rows; an f16 "
+                              "mask for causal and "
                               "ragged rows); D3 runs a padded batch whose masked keys ggml skips unread.")
 
     points = []

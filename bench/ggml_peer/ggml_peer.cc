@@ -2,7 +2,7 @@
 // way bench/run_bench.py times PyTorch: warm-up while under 50 ms, then the median of --reps calls, K/V sets
 // rotated between calls (--sets) so decode reads from memory, not from the cache. Prints one JSON object.
 //
-// Layout is llama.cpp's: q [D, Sq, Hq, B] f32, k and v [D, Skv, Hkv, B] in the cache type (f32, f16, bf16 or q8_0:
+// Layout is llama.cpp's: q [D, Sq, Hq, B] f32, k and v [D, Skv, Hkv, B] in the cache type (f32, f16, bf16, q8_0 or q4_0:
 // llama.cpp's -ctk/-ctv), an f16 mask [Skv, Sq, 1, B] of 0 / -inf for causal rows and ragged key lengths (ggml's
 // kernel skips keys whose mask is -inf without reading them), scale 1/sqrt(D). --value-dim gives V its own head dim;
 // --latent makes V a view of K's first --value-dim values per row (multi-head latent attention, as llama.cpp runs
@@ -67,7 +67,8 @@ ggml_type kv_type(const std::string& s) {
   if (s == "f16") return GGML_TYPE_F16;
   if (s == "bf16") return GGML_TYPE_BF16;
   if (s == "q8_0") return GGML_TYPE_Q8_0;
-  die("--kv-type: expected f32, f16, bf16 or q8_0, got " + s);
+  if (s == "q4_0") return GGML_TYPE_Q4_0;
+  die("--kv-type: expected f32, f16, bf16, q8_0 or q4_0, got " + s);
 }
 
 // Key length of sequence b: run_bench.py's (and attn bench's) formula.
