@@ -141,6 +141,10 @@ RandomConfig random_config(std::uint64_t seed, bool backward) {
   r.with_lse = backward || d.chance(0.8);
   // Dropout, drawn last so that the draws above stay what they were for a seed.
   if (d.chance(0.1)) c.dropout = d.chance(0.5) ? d.log_uniform(1e-3, 0.5) : d.one_of({0.17, 0.9});
+  // Quantised K/V (forward only: the backward refuses them), after everything else for the same reason: an 8-bit
+  // cache (a scale per row) or a 4-bit one (a scale per 32 values); the amplitudes and special values then go into
+  // the scales (instantiate_random).
+  if (!backward && d.chance(0.12)) c.kv_dtype = d.chance(0.5) ? DType::i8 : DType::i4;
   return r;
 }
 
@@ -184,9 +188,16 @@ void place_special(Tensor& t, Special s, std::mt19937_64& rng) {
 
 Instance instantiate_random(const RandomConfig& rc) {
   return instantiate(rc.shape, rc.seed * 0x9E3779B97F4A7C15ull + 1, [&](Instance& in, std::mt19937_64& rng) {
+    // Quantised K/V hold integers: their amplitudes and subnormal specials go into their scales; a NaN or inf
+    // goes into q instead (the scales' contract is finite values: the kernels apply a row's scale to its dot
+    // product, the reference to each value, and the two differ for an inf scale: docs/api.md).
+    const bool quantised = rc.shape.kv_dtype == DType::i8 || rc.shape.kv_dtype == DType::i4;
+    const bool into_q = quantised && rc.special != Special::none && rc.special != Special::subnormal;
+    Tensor& k = into_q ? in.q : quantised ? in.k_scale : in.k;
+    Tensor& v = into_q ? in.q : quantised ? in.v_scale : in.v;
     scale_values(in.q, rc.qk_amplitude);
-    scale_values(in.k, rc.qk_amplitude);
-    scale_values(in.v, rc.v_amplitude);
+    scale_values(quantised ? in.k_scale : in.k, rc.qk_amplitude);
+    scale_values(quantised ? in.v_scale : in.v, rc.v_amplitude);
     if (rc.shape.mask == MaskCase::additive_full || rc.shape.mask == MaskCase::additive_2d) {
       const double fmax = std::numeric_limits<float>::max();
       in.mask.for_each_index([&](auto a, auto b, auto c, auto e) {
@@ -201,8 +212,8 @@ Instance instantiate_random(const RandomConfig& rc) {
     }
     switch (rc.special_where) {
       case SpecialWhere::q: place_special(in.q, rc.special, rng); break;
-      case SpecialWhere::k: place_special(in.k, rc.special, rng); break;
-      case SpecialWhere::v: place_special(in.v, rc.special, rng); break;
+      case SpecialWhere::k: place_special(k, rc.special, rng); break;
+      case SpecialWhere::v: place_special(v, rc.special, rng); break;
       case SpecialWhere::dout: break;  // placed by the backward test in its dO
     }
   });
