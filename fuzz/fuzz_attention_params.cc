@@ -515,13 +515,30 @@ void fuzz_attention(Input& in) {
   if (in.flag()) lse = pr.view(DType::f32, {d.B, d.Hq, d.Sq}, Role::output);
   if (lse && in.one_in(32)) lse = in.flag() ? q : out;  // aliasing: must be refused
   exotic = choose_variants(in, pr, d, &p) || exotic;
+  // Quantised K/V (drawn after the variants, for the same reason): k and v read as 8- or 4-bit values (the same
+  // memory: its random bytes are valid 8-bit integers and nibbles), with scales of the call's shape or of an odd
+  // one. Their random scales may be huge or non-finite, outside the scales' contract (docs/api.md), so these calls
+  // check validation, untouched outputs and the absence of crashes, not values against the reference.
+  TensorView kq = k, vq = v;
+  if (in.byte() % 8 == 7) {  // (an exhausted input, all zeros, draws none)
+    const bool i4 = in.flag();
+    kq.dtype = vq.dtype = i4 ? DType::i4 : DType::i8;
+    const auto scales = [&](std::int64_t dim) {
+      const bool o = in.one_in(8);
+      return i4 ? pr.view(DType::f32, {d.B, d.Hkv, o ? d.Skv + 1 : d.Skv, (dim + 31) / 32}, Role::input)
+                : pr.view(DType::f32, {d.B, d.Hkv, o ? d.Skv + 1 : d.Skv}, Role::input);
+    };
+    if (!in.one_in(8)) p.k_scale = scales(d.Dk);
+    if (!in.one_in(8)) p.v_scale = scales(d.Dv);
+    exotic = true;
+  }
 
   if (verbose()) {
     std::fprintf(stderr, "attention:\n");
-    describe("q", q), describe("k", k), describe("v", v), describe("out", out), describe(p);
+    describe("q", q), describe("k", kq), describe("v", vq), describe("out", out), describe(p);
     if (lse) describe("lse", *lse);
   }
-  const Status s = attn::attention(q, k, v, out, p, lse);
+  const Status s = attn::attention(q, kq, vq, out, p, lse);
   if (verbose()) std::fprintf(stderr, "  -> %s\n", s.ok() ? "ok" : s.message().c_str());
   check_error(s, "attention");
   check_untouched(pr, s, {&out, lse ? &*lse : nullptr}, "attention");
@@ -535,7 +552,7 @@ void fuzz_attention(Input& in) {
     const TensorView out2 = pr.clone_output(out);
     std::optional<TensorView> lse2;
     if (lse) lse2 = pr.clone_output(*lse);
-    const Status r = attn::attention(q, k, v, out2, ref, lse2);
+    const Status r = attn::attention(q, kq, vq, out2, ref, lse2);
     if (!r.ok()) fail("reference backend refused what flash accepted: " + r.message());
     compare(out, out2, tolerance(out.dtype), "attention out");
     if (lse) compare(*lse, *lse2, 1e-3, "attention lse");
