@@ -142,8 +142,8 @@ RandomConfig random_config(std::uint64_t seed, bool backward) {
   // Dropout, drawn last so that the draws above stay what they were for a seed.
   if (d.chance(0.1)) c.dropout = d.chance(0.5) ? d.log_uniform(1e-3, 0.5) : d.one_of({0.17, 0.9});
   // Quantised K/V (forward only: the backward refuses them), after everything else for the same reason: an 8-bit
-  // cache (a scale per row) or a 4-bit one (a scale per 32 values); the amplitudes and special values then go into
-  // the scales (instantiate_random).
+  // cache (a scale per row) or a 4-bit one (a scale per 32 values); the amplitudes and subnormals then go into the
+  // scales, a NaN or inf into q (instantiate_random).
   if (!backward && d.chance(0.12)) c.kv_dtype = d.chance(0.5) ? DType::i8 : DType::i4;
   return r;
 }
