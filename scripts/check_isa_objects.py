@@ -16,6 +16,7 @@ every such call is inlined and hides it; at -O2 under the sanitizers it was not)
 The objects with a target region, and the namespace each keeps its wide code in:
   isa_<level>.cc.o       src/cpu/isa_unit.cc.in, one per level of src/cpu/isa_list.h   attn::cpu::<level>
   flash_amx.cc.o         src/cpu/flash_amx.cc                                           attn::cpu::amx
+  flash_bf16dot.cc.o     src/cpu/flash_bf16dot.cc (cpu/flash_amx.cc again)              attn::cpu::bf16dot
   ceilings_<level>.cc.o  bench/harness/ceilings_unit.cc.in, one per level               attn::tools::ceiling_<level>
 The build passes the object libraries that hold them (attn_isa_units, attn_ceiling_units); an object of no known
 kind is an error, so a new source with a target region must be added here to be built into one of them.
@@ -38,6 +39,7 @@ GENERATED = ("_GLOBAL__", "asan.", "ubsan.", "__cxx_global", "__sti", "_sub_I_")
 KINDS = [
     (re.compile(r"isa_([a-z0-9_]+)\.cc\.o$"), r"attn::cpu::\1::"),
     (re.compile(r"flash_amx\.cc\.o$"), "attn::cpu::amx::"),
+    (re.compile(r"flash_bf16dot\.cc\.o$"), "attn::cpu::bf16dot::"),
     (re.compile(r"ceilings_([a-z0-9_]+)\.cc\.o$"), r"attn::tools::ceiling_\1::"),
 ]
 

@@ -198,6 +198,28 @@ TEST(WorkspaceReuse, KeptThroughDescribeAndRefusedCalls) {
   EXPECT_EQ(ws.bytes(), held) << "the same call again";
 }
 
+// The dispatcher's rule for bf16 (cpu/dispatch.cc), as describe_attention reports it: at least 64 query rows per KV
+// head run the pair-product kernel where the level multiplies bf16 pairs (amx: tiles; avx512bf16: vdpbf16ps), fewer
+// (decode) and other dtypes the vector kernels. The registry cases above reach each kernel through the same rule.
+TEST(Dispatch, Bf16PrefillRunsOnTheLevelsPairProducts) {
+  const Case prefill{.B = 1, .Hq = 4, .Hkv = 2, .Sq = 32, .Skv = 90, .Dk = 40, .Dv = 24, .dtype = DType::bf16, .kv_dtype = DType::bf16};
+  Case decode = prefill, f32 = prefill;
+  decode.Sq = 31;  // 62 rows per KV head
+  f32.dtype = f32.kv_dtype = DType::f32;
+  for (cpu::Isa isa : supported_isas()) {
+    SCOPED_TRACE(cpu::isa_name(isa));
+    ForceIsa force(isa);
+    const std::string pairs = isa == cpu::Isa::amx ? "amx" : isa == cpu::Isa::avx512bf16 ? "bf16 dot" : "vector";
+    for (const auto& [c, expect] : {std::pair{prefill, pairs}, {decode, std::string("vector")}, {f32, std::string("vector")}}) {
+      Instance in = instantiate(c);
+      KernelInfo info;
+      ASSERT_TRUE(describe_attention(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view, &info).ok());
+      EXPECT_EQ(info.kernel, expect) << "Sq " << c.Sq << ", " << dtype_name(c.dtype);
+      EXPECT_EQ(info.isa, std::string(cpu::isa_name(isa == cpu::Isa::amx && expect != "amx" ? cpu::Isa::avx512bf16 : isa)));
+    }
+  }
+}
+
 // What 8- and 4-bit K/V cost in accuracy (the storage's error, not the kernels': those meet the tolerance rule on
 // i8 and i4 inputs above): fp32 registry cases of ordinary size (every one for i8, every third for i4) with their K
 // and V quantised as attn::KVCache does (i8: per (batch, head, row), scale max|x| / 127; i4: per block of 32 values

@@ -621,6 +621,12 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     per_set.assign(in.ksv.size(), params);
     for (std::size_t set = 0; set < per_set.size(); ++set) per_set[set].k_scale = in.ksv[set], per_set[set].v_scale = in.vsv[set];
   }
+  // The kernel a contiguous forward runs (attn/info.h; "" for paged calls and the backward): its instructions set
+  // the compute bound below.
+  std::string kernel;
+  if (!a.backward && s.page_size == 0)
+    if (KernelInfo info; describe_attention(in.qv, in.kv[0], in.vv[0], in.ov, per_set[0], std::nullopt, &info))
+      kernel = info.kernel;
   if (a.backward)  // the forward's O and LSE, which the backward reads
     if (Status st = attention(in.qv, in.kv[0], in.vv[0], in.ov, params, in.lse_view); !st) return with_option_names(st);
   // Warm-up: at least one call, and more while they take under 50 ms in all.
@@ -684,16 +690,17 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     frac_read = gbps / ceil->read_gbps;
     const bool amx = setup.dtype == DType::bf16 && ceil->amx_bf16_gflops > 0;
     if (amx) frac_amx = gflops / ceil->amx_bf16_gflops;
-    // bf16 rows against the bf16 dot-product peak too, where the CPU has one (the kernels' bound stays the rate of
-    // the instructions they run: AMX's, else fp32 FMAs)
+    // bf16 rows against the bf16 dot-product peak too, where the CPU has one (the kernels' bound is the rate of
+    // the instructions they run: AMX's, vdpbf16ps' for the "bf16 dot" kernel, else fp32 FMAs)
     if (setup.dtype == DType::bf16 && ceil->bf16_dot_gflops > 0) frac_dot = gflops / ceil->bf16_dot_gflops;
-    const double compute = amx ? ceil->amx_bf16_gflops : ceil->fma_gflops;
+    const bool dot = !amx && kernel == "bf16 dot" && ceil->bf16_dot_gflops > 0;
+    const double compute = amx ? ceil->amx_bf16_gflops : dot ? ceil->bf16_dot_gflops : ceil->fma_gflops;
     // Memory-bound: below the ridge point, and the data really come from DRAM (rotated K/V sets, or more
     // than the last-level cache); a small prefill below the ridge runs from cache, against compute.
     const bool from_dram = sets > 1 || bytes > static_cast<double>(last_level_cache_bytes());
     const bool memory_bound = flops / bytes < compute / ceil->read_gbps && from_dram;
-    bound = memory_bound ? "memory" : amx ? "compute (AMX bf16)" : "compute (fp32 FMA)";
-    frac_bound = memory_bound ? frac_read : amx ? frac_amx : frac_fma;
+    bound = memory_bound ? "memory" : amx ? "compute (AMX bf16)" : dot ? "compute (bf16 dot product)" : "compute (fp32 FMA)";
+    frac_bound = memory_bound ? frac_read : amx ? frac_amx : dot ? frac_dot : frac_fma;
   }
   const std::string isa = setup.backend == Backend::reference ? "reference" : attn::active_isa();
   const std::string label = a.label.empty() ? s.name : a.label;
@@ -705,7 +712,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
         .add("shape", s.name)
         .add("backend", setup.backend == Backend::reference ? "reference" : "flash")
         .add("pass", a.backward ? "backward" : "forward")
-        .add("isa", isa);
+        .add("isa", isa)
+        .add("kernel", kernel);
     o.add("B", s.B).add("Hq", s.Hq).add("Hkv", s.Hkv).add("Sq", s.Sq).add("Skv", s.Skv).add("Dk", s.D).add("Dv", s.Dv);
     o.add("latent", s.latent);
     o.add("causal", s.causal).add("dtype", dtype_name(setup.dtype)).add("kv_dtype", dtype_name(setup.kv_dtype));
@@ -736,7 +744,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
       << (s.latent ? " latent (V in K's rows)" : "") << (s.causal ? " causal" : "")
       << (s.page_size ? " paged(" + std::to_string(s.page_size) + ")" : "") << (a.backward ? ", backward" : "")
       << ", q/out " << dtype_name(setup.dtype)
-      << ", k/v " << dtype_name(setup.kv_dtype) << "; " << isa << ", " << setup.threads << " thread"
+      << ", k/v " << dtype_name(setup.kv_dtype) << "; " << isa << (kernel.empty() ? "" : " (" + kernel + " kernel)")
+      << ", " << setup.threads << " thread"
       << (setup.threads == 1 ? "" : "s") << "\n";
   out << "  time     median " << time_text(r.median) << " (min " << time_text(sorted.front()) << ", max "
       << time_text(sorted.back()) << "; " << r.times.size() << (r.times.size() == 1 ? " rep" : " reps") << " after "

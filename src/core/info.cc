@@ -92,7 +92,7 @@ Status describe_attention(const TensorView& q, const TensorView& k, const Tensor
     if (!c.fn) return Status::Unsupported("q", "no flash kernel for these dtypes");
     r.backend = "flash";
     r.isa = cpu::isa_name(c.isa);
-    r.kernel = c.isa == cpu::Isa::amx ? "amx" : "vector";
+    r.kernel = c.kernel;
     r.workspace_bytes = c.workspace_bytes;
   }
   *info = r;

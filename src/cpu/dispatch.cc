@@ -99,16 +99,25 @@ Isa active_isa() {
 Choice select_flash(const core::Problem& p, int threads) {
   Choice c;
   c.isa = active_isa();
-  // AMX pays for its packing only with enough query rows per KV head (prefill); decode-sized problems are
-  // bound by memory and stay on the vector kernels.
+  // bf16 prefill runs on the pair-product kernel (cpu/flash_amx.cc) where the level multiplies bf16 pairs: AMX
+  // tiles at amx, vdpbf16ps at avx512bf16. It pays for packing K and V only with enough query rows per KV head
+  // (at least two of its 32-row blocks); decode-sized problems are bound by memory and stay on the vector kernels.
+  const bool prefill = p.Sq * p.group >= 64;
   if (c.isa == Isa::amx) {
-    if (p.Sq * p.group >= 64)
+    if (prefill)
       if ((c.fn = amx::flash_kernel(p))) {
         c.workspace_bytes = amx::flash_workspace(p, threads);
+        c.kernel = "amx";
         return c;
       }
-    c.isa = static_cast<Isa>(static_cast<int>(Isa::amx) - 1);
+    c.isa = Isa::avx512bf16;
   }
+  if (c.isa == Isa::avx512bf16 && prefill)
+    if ((c.fn = bf16dot::flash_kernel(p))) {
+      c.workspace_bytes = bf16dot::flash_workspace(p, threads);
+      c.kernel = "bf16 dot";
+      return c;
+    }
   const KernelSet& k = levels()[static_cast<int>(c.isa)].kernels;
   c.fn = k.flash(p.q.dtype, p.k.dtype, core::variant_kind(p));
   c.workspace_bytes = c.fn ? k.flash_workspace(p, threads) : 0;

@@ -1,8 +1,12 @@
-// The flash forward on AMX tiles: bf16 Q, K and V, fp32 accumulation, for prefill-sized problems.
+// The bf16 pair-product forward: bf16 Q, K and V, fp32 accumulation, for prefill-sized problems, with its two
+// matrix products on one of two units that both multiply bf16 pairs into fp32 sums:
+//   AMX tiles (namespace attn::cpu::amx, this file compiled alone), or
+//   AVX512-BF16's vdpbf16ps on vector registers (namespace attn::cpu::bf16dot: src/cpu/flash_bf16dot.cc defines
+//   ATTN_BF16_DOT and includes this file). Both read the same packed operands; only scores_tiles() and pv_tiles()
+//   differ (see "the two products").
 //
-// Same algorithm as flash_kernel.h (tiles of keys, online softmax, nothing of size Sq x Skv), with the two
-// matrix products on the AMX unit. Rows sit the natural way round here (queries as rows), because that is
-// the layout AMX consumes:
+// Same algorithm as flash_kernel.h (tiles of keys, online softmax, nothing of size Sq x Skv). Rows sit the
+// natural way round here (queries as rows), because that is the layout both units consume:
 //   S  = Q Kᵀ   A = Q rows [16 x 32 dims], B = K in pair-interleaved ("VNNI") form [16 dim pairs x 16 keys]
 //   O += P V    A = P rows [16 x 32 keys] in bf16, B = V pair-interleaved [16 key pairs x 16 dims]
 // K and V are packed into those forms once per key tile, and each packed tile serves every query row of a
@@ -12,12 +16,13 @@
 // online-softmax state of core/online_softmax.h) in score units (the unscaled dot products without a dense
 // mask, c = scale·log2 e; scale·q·k + mask with one, c = log2 e), and weights are p = 2^((s - m)·c). The
 // reference max m is raised lazily (RowState::advance_lazy): only when a tile holds a score above m by more
-// than 8 in log2 units, so p <= 2^8 always and the fp32 accumulator O (kept in memory between tiles, since it
-// does not fit the eight tile registers) is rescaled only when m moves, not on every tile. P is rounded to
-// bf16 for the second product, as every bf16 flash kernel does; l sums the unrounded fp32 weights.
+// than 8 in log2 units, so p <= 2^8 always and the fp32 accumulator O (kept in memory between tiles) is rescaled
+// only when m moves, not on every tile. P is rounded to bf16 for the second product, as every bf16 flash kernel
+// does; l sums the unrounded fp32 weights.
 //
-// Built with its own compiler target (AVX-512 + BF16 + AMX); chosen by select_flash() only when the CPU has
-// AMX-BF16 and Linux has granted tile data to the process (cpu::request_amx()).
+// Chosen by select_flash() (cpu/dispatch.cc) for bf16 problems with enough query rows per KV head: the AMX
+// build when the CPU has AMX-BF16 and Linux has granted tile data to the process (cpu::request_amx()), the
+// dot-product build at the avx512bf16 level.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -41,11 +46,17 @@
 #include "cpu/schedule.h"
 
 #pragma GCC push_options
+#if defined(ATTN_BF16_DOT)
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+#else
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
+#endif
 
 // ATTN_AMX_EMULATE (the test target test_amx_emulated only): the tile instructions in software, in a namespace of
 // their own, so that the kernel's logic runs on machines without AMX.
-#if defined(ATTN_AMX_EMULATE)
+#if defined(ATTN_BF16_DOT)
+#define ATTN_AMX_NS bf16dot
+#elif defined(ATTN_AMX_EMULATE)
 #include "cpu/amx_emulate.h"
 #define ATTN_AMX_NS amx_emulated
 #else
@@ -60,7 +71,7 @@ namespace {
 #include "cpu/vec.h"
 #include "cpu/row_source.h"
 
-#if defined(ATTN_AMX_EMULATE)
+#if defined(ATTN_AMX_EMULATE) || defined(ATTN_BF16_DOT)
 inline void tile_config() {}
 inline void tile_release() {}
 #else
@@ -310,7 +321,10 @@ void pv_attended(const core::Problem& p, std::int64_t b, const std::int64_t* hea
   }
 }
 
-// ---- the two products on tiles -------------------------------------------------------------------------
+// ---- the two products ------------------------------------------------------------------------------------
+
+#if !defined(ATTN_BF16_DOT)
+// On AMX tiles.
 
 // The 2 x 2 accumulator block C = tmm0-3: rows 0-15 | 16-31 of an fp32 matrix, columns c .. c+15 | c+16 .. c+31.
 // c_lo points at (row 0, column c), c_hi at (row 16, column c); `stride` is the matrix's row stride in bytes.
@@ -374,12 +388,62 @@ inline void pv_tiles(const std::uint16_t* p, const std::uint16_t* vp, std::int64
   memory_fence();
 }
 
+#else
+// On AVX512-BF16 dot products: vdpbf16ps adds, in each fp32 lane, the two products of a bf16 pair of A (one 32-bit
+// word, broadcast) and the lane's bf16 pair of B (one word of the pair-interleaved operand), exactly as one
+// tdpbf16ps step does for one row of A. A block of kRows rows x 32 columns of C stays in 2·kRows registers over the
+// whole depth (16 independent accumulators hide the instruction's latency; fewer measured much slower), each
+// pair step two B loads and kRows broadcasts.
+constexpr int kRows = 8;
+
+// C[kRows rows][32] (+)= Σ_q A[r][pair q] · B[pair q][32 columns], q < pairs. a: row 0's first pair (rows a_row
+// words apart); b: pair 0's first column (pairs b_row words apart); c: row 0's first column (rows c_row apart).
+template <bool Load>
+inline void dot_block(const std::uint32_t* a, std::int64_t a_row, const std::uint32_t* b, std::int64_t b_row,
+                      std::int64_t pairs, float* c, std::int64_t c_row) {
+  __m512 acc[kRows][2];
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < 2; ++v) acc[r][v] = Load ? _mm512_loadu_ps(c + r * c_row + 16 * v) : _mm512_setzero_ps();
+  for (std::int64_t q = 0; q < pairs; ++q) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + q * b_row), b1 = (__m512bh)_mm512_loadu_si512(b + q * b_row + 16);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512bh ar = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * a_row + q]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], ar, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], ar, b1);
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < 2; ++v) _mm512_storeu_ps(c + r * c_row + 16 * v, acc[r][v]);
+}
+
+// S[32][k0..k1) = Q[32 rows][dkp] · Kᵀ, from packed K (kp[dkp/2][BC] words); k0, k1 multiples of 32.
+inline void scores_tiles(const std::uint16_t* q, std::int64_t dkp, const std::uint16_t* kp, std::int64_t k0,
+                         std::int64_t k1, float* s) {
+  const auto* qw = reinterpret_cast<const std::uint32_t*>(q);
+  const auto* kw = reinterpret_cast<const std::uint32_t*>(kp);
+  for (std::int64_t k = k0; k < k1; k += 32)
+    for (std::int64_t r = 0; r < RB; r += kRows)
+      dot_block<false>(qw + r * (dkp / 2), dkp / 2, kw + k, BC, dkp / 2, s + r * BC + k, BC);
+}
+
+// O[32][dvp] += P[32][k0..k1) · V, from packed V (vp[BC/2][dvp][2]).
+inline void pv_tiles(const std::uint16_t* p, const std::uint16_t* vp, std::int64_t dvp, std::int64_t k0,
+                     std::int64_t k1, float* o) {
+  const auto* pw = reinterpret_cast<const std::uint32_t*>(p);
+  const auto* vw = reinterpret_cast<const std::uint32_t*>(vp);
+  for (std::int64_t d = 0; d < dvp; d += 32)
+    for (std::int64_t r = 0; r < RB; r += kRows)
+      dot_block<true>(pw + r * (BC / 2) + k0 / 2, BC / 2, vw + (k0 / 2) * dvp + d, dvp, (k1 - k0) / 2,
+                      o + r * dvp + d, dvp);
+}
+#endif
+
 // ---- work items ----------------------------------------------------------------------------------------
 
-// Work item = (batch, KV head, chunk of `chunk` queries) with the rows of every query head of the group:
-// row r is query i0 + r % n of head h0 + r / n.
+// Work item = (batch, KV head, chunk of `chunk` queries, slice of `heads` query heads of the group): row r is
+// query i0 + r % n of head h0 + r / n.
 struct Plan {
-  std::int64_t chunk = 0, chunks = 0, items = 0, max_rows = 0;
+  std::int64_t chunk = 0, chunks = 0, heads = 0, slices = 0, items = 0, max_rows = 0;
   explicit Plan(const core::Problem& p) {
     // Chunks of about 1024 query rows per KV head (K/V packed once per tile serve them all), cut smaller, down to
     // one row block, when B·Hkv chunks are too few for many cores (cpu/schedule.h: the shape only).
@@ -387,22 +451,28 @@ struct Plan {
     const Cut cut = cut_length(p.B * p.Hkv, p.Sq, kTargetItems, RB, RB, std::max<std::int64_t>(RB, 1024 / p.group));
     chunk = std::min(cut.piece_len, p.Sq);
     chunks = (p.Sq + chunk - 1) / chunk;
-    items = p.B * p.Hkv * chunks;
-    max_rows = round_up(chunk * p.group, RB);
+    // Still too few (a few queries of many heads on one KV head: MLA's decode, 16-128 heads on one latent head):
+    // the group's heads in slices of at least two row blocks each, each slice packing K/V for itself.
+    const Cut slice = cut_length(p.B * p.Hkv * chunks, p.group, kTargetItems, (2 * RB + chunk - 1) / chunk, 1);
+    heads = slice.piece_len, slices = slice.pieces;
+    items = p.B * p.Hkv * chunks * slices;
+    max_rows = round_up(chunk * heads, RB);
   }
 };
 
 // ExpDegree: the exp2 polynomial of the softmax (5 when the call asks for the LSE, else 3; see exp2_fast).
 template <class Variant, int ExpDegree>
 void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Workspace& ws) {
-  const std::int64_t ch = item % plan.chunks, hk = (item / plan.chunks) % p.Hkv, b = item / (plan.chunks * p.Hkv);
-  const std::int64_t i0 = ch * plan.chunk, n = std::min(plan.chunk, p.Sq - i0), rows = n * p.group;
+  const std::int64_t sl = item % plan.slices, ch = (item / plan.slices) % plan.chunks;
+  const std::int64_t hk = (item / (plan.slices * plan.chunks)) % p.Hkv, b = item / (plan.slices * plan.chunks * p.Hkv);
+  const std::int64_t i0 = ch * plan.chunk, n = std::min(plan.chunk, p.Sq - i0);
+  const std::int64_t h0 = hk * p.group + sl * plan.heads, rows = n * std::min(plan.heads, p.group - sl * plan.heads);
   const std::int64_t blocks = (rows + RB - 1) / RB, dkp = ws.dkp, dvp = ws.dvp;
 
   // Rows: their query, their key range, Q as bf16 rows; accumulators empty.
   std::int64_t vis_lo = p.Skv, vis_hi = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
-    ws.head[r] = hk * p.group + r / n, ws.row[r] = i0 + r % n;
+    ws.head[r] = h0 + r / n, ws.row[r] = i0 + r % n;
     ws.range[r] = core::key_range(p, b, ws.row[r]);
     if (ws.range[r].lo < ws.range[r].hi)
       vis_lo = std::min(vis_lo, ws.range[r].lo), vis_hi = std::max(vis_hi, ws.range[r].hi);

@@ -45,10 +45,16 @@ struct KernelSet {
   }
 ATTN_VECTOR_ISAS(ATTN_ISA_DECLARE)
 #undef ATTN_ISA_DECLARE
+// The bf16 pair-product forward (cpu/flash_amx.cc) on AMX tiles and on AVX512-BF16 dot products: null unless
+// it takes this problem (bf16 q, k, v).
 namespace amx {
-FlashFn flash_kernel(const core::Problem& problem);  // null unless the AMX kernel takes this problem (bf16 q, k, v)
+FlashFn flash_kernel(const core::Problem& problem);
 std::int64_t flash_workspace(const core::Problem& problem, int threads);
 }  // namespace amx
+namespace bf16dot {
+FlashFn flash_kernel(const core::Problem& problem);
+std::int64_t flash_workspace(const core::Problem& problem, int threads);
+}  // namespace bf16dot
 
 // The best level this CPU and OS support (detected once).
 Isa best_isa();
@@ -63,6 +69,7 @@ void set_isa_override(std::optional<Isa> isa);
 struct Choice {
   FlashFn fn = nullptr;
   Isa isa = Isa::sse2;            // the level whose kernel runs (amx: the tile kernel; else a vector level)
+  const char* kernel = "vector";  // which kernel: "vector", "amx" (tiles) or "bf16 dot" (vdpbf16ps)
   std::int64_t workspace_bytes = 0;  // what the call allocates, at `threads` threads
 };
 Choice select_flash(const core::Problem& problem, int threads);
