@@ -77,7 +77,7 @@ CONFIGS = [
 
 # What every `attn bench --json` object must carry (documented in docs/benchmarks.md).
 BENCH_KEYS = (
-    "tool label shape backend isa B Hq Hkv Sq Skv Dk Dv causal dtype kv_dtype page_size kv_len_min kv_tokens "
+    "tool label shape backend isa kernel B Hq Hkv Sq Skv Dk Dv causal dtype kv_dtype page_size kv_len_min kv_tokens "
     "threads warmup reps kv_sets kv_set_bytes huge_pages time_median_s time_min_s time_max_s times_s flops flops_nominal "
     "gflops bytes gbps ceilings frac_fma frac_amx frac_bf16_dot frac_read_bw bound frac_bound rss_before_inputs_bytes "
     "rss_with_inputs_bytes peak_rss_bytes extra_rss_bytes peak_rss_scope maxrss_bytes output_finite"
@@ -613,7 +613,8 @@ def throughput(r, seconds):
     rate = r["flops"] / seconds / 1e9
     ceiling = None
     if c:
-        ceiling = c["amx_bf16_gflops"] if r["bound"].startswith("compute (AMX") else c["fma_gflops"]
+        ceiling = (c["amx_bf16_gflops"] if r["bound"].startswith("compute (AMX") else
+                   c["bf16_dot_gflops"] if r["bound"].startswith("compute (bf16 dot") else c["fma_gflops"])
     return f"{rate:.0f} GFLOP/s", (rate / ceiling if ceiling else None)
 
 
@@ -650,17 +651,20 @@ def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_p
             f"{info['active_isa']} (best {info['best_isa']}); PyTorch {torch_version or 'not installed'}."]
     if ceil:
         amx = f"{ceil['amx_bf16_gflops']:.0f} GFLOP/s" if ceil["amx_bf16_gflops"] else f"n/a ({ceil['amx_note']})"
+        dot = (f"{ceil['bf16_dot_gflops']:.0f} GFLOP/s" if ceil.get("bf16_dot_gflops")
+               else f"n/a ({ceil.get('bf16_dot_note') or 'not measured'})")
         head.append(f"Ceilings measured once for the whole run ({ceil['threads']} threads, best of "
                     f"{len(ceil['read_trials'])} trials; spread (max − min) / max of the trials: FMA "
                     f"{100 * ceil['fma_spread']:.0f}%, read {100 * ceil['read_spread']:.0f}%): "
-                    f"fp32 FMA {ceil['fma_gflops']:.0f} GFLOP/s ({ceil['fma_isa']}), AMX bf16 {amx}, "
+                    f"fp32 FMA {ceil['fma_gflops']:.0f} GFLOP/s ({ceil['fma_isa']}), AMX bf16 {amx}, bf16 dot product {dot}, "
                     f"streaming read {ceil['read_gbps']:.1f} GB/s ({ceil['read_buffer_bytes'] / 2**20:.0f} MiB buffer).")
     notes = [
         "Times are medians; PyTorch / attn > 1 means attn is faster.",
         "Rates use the same useful work for both: flops = 2·(Dk+Dv)·Hq·(allowed query-key pairs), exact for "
         "causal; bytes = Q, K, V read once and O written. Compute-bound rows show GFLOP/s against the fp32 FMA "
-        "peak (the AMX bf16 peak for bf16 where the CPU has AMX), memory-bound rows (decode) GB/s against the "
-        "streaming read bandwidth.",
+        "peak (for bf16 the peak of the instructions attn's kernel runs: AMX bf16 where the CPU has AMX, the bf16 "
+        "dot product where it has AVX512-BF16), memory-bound rows (decode) GB/s against the streaming read "
+        "bandwidth.",
         "Decode rows rotate between K/V sets that together exceed twice the last-level cache, so every call "
         "reads K/V from memory (both attn and PyTorch).",
         "D3: attn runs attention_paged (pages of 16 keys scattered over the pool); PyTorch has no paged path "

@@ -158,8 +158,8 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // K and V. R, the type of a row: a pointer to its stored values, or a Q4Row.
 
 // Prefetches, for a group of KG keys from c, their rows of pf (rows of pf_bytes bytes: the tile's V rows) and
-// of pk (rows of dk values further ahead: K rows; null entries skipped), either list null for none: one of each
-// per key, spread over the score loop rather than issued at once. Always inlined: as a function of its own GCC
+// of pk (rows of dk values further ahead: K rows, into L2; null entries skipped), either list null for none: one of
+// each per key, spread over the score loop rather than issued at once. Always inlined: as a function of its own GCC
 // finds it free of side effects (a prefetch is not one) and deletes its calls, every prefetch with them (measured:
 // decode 25-35 % slower until this was seen).
 template <int KG, class R>
@@ -172,7 +172,7 @@ ATTN_INLINE void prefetch_group(const R* pf, std::int64_t pf_bytes, const R* pk,
     for (int g = 0; g < KG; ++g)
       if (pk[c + g])
         for (std::int64_t off = 0; off < pk_bytes; off += 64)
-          __builtin_prefetch(static_cast<const char*>(row_address(pk[c + g])) + off, 0, 3);
+          __builtin_prefetch(static_cast<const char*>(row_address(pk[c + g])) + off, 0, 2);
 }
 
 // The scores of accumulators a0 .. a0+W-1 of a key group (accumulator a: key c + a / NL, lane a % NL; acc[a] holds
@@ -279,6 +279,125 @@ inline void pv_rows(const float* pt, const R* vrows, std::int64_t dv, std::int64
       o[r * dv + d] = acc;
     }
 }
+
+// bf16 pair products for the row-major (decode) form, where the level has them (ATTN_VEC_BF16_DOT: avx512bf16) and
+// Q, K and V are all bf16: vdpbf16ps multiplies a bf16 pair of each operand into an fp32 lane, so K and V rows are
+// read as stored with no widening, and one instruction does the work of two FMAs. The scores pair dims (q's bf16
+// values are exact: its widened fp32 rows rounded back); P·V pairs keys (rows c and c + 1 interleaved by one unpack,
+// the weights rounded to bf16 as the pair-product prefill and every bf16 flash kernel round P). The accumulators,
+// the sums and the stores are the fp32 forms' (store_group_scores; o rows in memory).
+#if ATTN_VEC_BF16_DOT
+inline constexpr bool kBf16Dot = true;
+using BH = __m512bh;
+inline BH load_pairs(const void* p) { return (BH)_mm512_loadu_si512(p); }
+
+template <int NL, int KG>
+inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, const core::bf16* const* k,
+                                     std::int64_t dk, std::int64_t c, std::int64_t cols, float mult, float* st,
+                                     const core::bf16* const* pf, std::int64_t pf_bytes, const core::bf16* const* pk) {
+  constexpr int NA = KG * NL;
+  const std::int64_t d_end = dk / 32 * 32;
+  for (; c + KG <= cols; c += KG) {
+    prefetch_group<KG>(pf, pf_bytes, pk, row_bytes<const core::bf16*>(dk), c);
+    V acc[NA];
+    for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
+    for (std::int64_t d = 0; d < d_end; d += 32)
+      for (int g = 0; g < KG; ++g) {
+        const BH kv = load_pairs(k[c + g] + d);
+        for (int r = 0; r < NL; ++r) acc[g * NL + r] = _mm512_dpbf16_ps(acc[g * NL + r], load_pairs(qb + r * dk + d), kv);
+      }
+    for (int a0 = 0; a0 < NA; a0 += W) store_group_scores<NL, NA>(acc, a0, q, k, dk, d_end, c, mult, st);
+  }
+  return c;
+}
+
+// scores_rows for bf16 pairs (16 accumulators: W / NL keys x NL lanes, as the fp32 form's AVX-512 shape).
+template <int NL>
+inline void scores_rows_pairs(const float* q, const core::bf16* const* k, std::int64_t dk, std::int64_t cols,
+                              float mult, float* st, const core::bf16* const* pf, std::int64_t pf_bytes,
+                              const core::bf16* const* pk, std::uint16_t* qb) {
+  for (std::int64_t i = 0; i < NL * dk; ++i) qb[i] = core::from_float<core::bf16>(q[i]).bits;
+  constexpr int KG = W / NL > 1 ? W / NL : 1;
+  std::int64_t c = score_keys_pairs<NL, KG>(qb, q, k, dk, 0, cols, mult, st, pf, pf_bytes, pk);
+  if constexpr (KG > 2) c = score_keys_pairs<NL, KG / 2>(qb, q, k, dk, c, cols, mult, st, pf, pf_bytes, pk);
+  if constexpr (KG > 1) score_keys_pairs<NL, 1>(qb, q, k, dk, c, cols, mult, st, pf, pf_bytes, pk);
+}
+
+// Unpacking rows a and b (32 dims each) by 16-bit words gives their key pairs for dims 0-3, 8-11, 16-19, 24-27 (lo)
+// and 4-7, 12-15, 20-23, 28-31 (hi); the accumulators hold o's dims in that order between its load and store.
+inline void o_to_pair_order(V x0, V x1, V& lo, V& hi) {
+  const __m512i lo_idx = _mm512_set_epi32(27, 26, 25, 24, 19, 18, 17, 16, 11, 10, 9, 8, 3, 2, 1, 0);
+  const __m512i hi_idx = _mm512_set_epi32(31, 30, 29, 28, 23, 22, 21, 20, 15, 14, 13, 12, 7, 6, 5, 4);
+  lo = _mm512_permutex2var_ps(x0, lo_idx, x1), hi = _mm512_permutex2var_ps(x0, hi_idx, x1);
+}
+inline void o_from_pair_order(V lo, V hi, V& x0, V& x1) {
+  const __m512i x0_idx = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+  const __m512i x1_idx = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+  x0 = _mm512_permutex2var_ps(lo, x0_idx, hi), x1 = _mm512_permutex2var_ps(lo, x1_idx, hi);
+}
+
+// o_r = α_r·o_r + Σ_c P[c][r] v_c for lanes r < NL and value dims d .. d + 32·DB, from the weights' bf16 pairs
+// pw[c/2][r] (keys c, c + 1) and V rows in pairs (an odd last key paired with `zero`).
+template <int NL, int DB>
+inline void pv_rows_pairs_step(const std::uint32_t* pw, const core::bf16* const* vrows, const core::bf16* zero,
+                               std::int64_t dv, std::int64_t cols, const float* alpha, float* o, std::int64_t d) {
+  V acc[NL][2 * DB];
+  for (int r = 0; r < NL; ++r)
+    for (int e = 0; e < DB; ++e) {
+      const V a = Vec::set1(alpha[r]);
+      o_to_pair_order(Vec::mul(Vec::load(o + r * dv + d + 32 * e), a), Vec::mul(Vec::load(o + r * dv + d + 32 * e + 16), a),
+                      acc[r][2 * e], acc[r][2 * e + 1]);
+    }
+  for (std::int64_t c = 0; c < cols; c += 2) {
+    const core::bf16* v1 = c + 1 < cols ? vrows[c + 1] : zero;
+    BH lo[DB], hi[DB];
+    for (int e = 0; e < DB; ++e) {
+      const __m512i a = _mm512_loadu_si512(vrows[c] + d + 32 * e), b = _mm512_loadu_si512(v1 + d + 32 * e);
+      lo[e] = (BH)_mm512_unpacklo_epi16(a, b), hi[e] = (BH)_mm512_unpackhi_epi16(a, b);
+    }
+    for (int r = 0; r < NL; ++r) {
+      const BH w = (BH)_mm512_set1_epi32(static_cast<int>(pw[(c / 2) * NL + r]));
+      for (int e = 0; e < DB; ++e) {
+        acc[r][2 * e] = _mm512_dpbf16_ps(acc[r][2 * e], w, lo[e]);
+        acc[r][2 * e + 1] = _mm512_dpbf16_ps(acc[r][2 * e + 1], w, hi[e]);
+      }
+    }
+  }
+  for (int r = 0; r < NL; ++r)
+    for (int e = 0; e < DB; ++e) {
+      V x0, x1;
+      o_from_pair_order(acc[r][2 * e], acc[r][2 * e + 1], x0, x1);
+      Vec::store(o + r * dv + d + 32 * e, x0), Vec::store(o + r * dv + d + 32 * e + 16, x1);
+    }
+}
+
+// pv_rows for bf16 pairs: the weights Pᵀ[c][r] as bf16 pairs, then 32·DB value dims at a time (NL·2·DB <= 16
+// accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
+template <int NL>
+inline void pv_rows_pairs(const float* pt, const core::bf16* const* vrows, std::int64_t dv, std::int64_t cols,
+                          const float* alpha, float* o, std::uint32_t* pw, const core::bf16* zero) {
+  for (std::int64_t c = 0; c < cols; c += 2)
+    for (int r = 0; r < NL; ++r) {
+      const std::uint32_t lo = core::from_float<core::bf16>(pt[c * BR + r]).bits;
+      const std::uint32_t hi = c + 1 < cols ? core::from_float<core::bf16>(pt[(c + 1) * BR + r]).bits : 0u;
+      pw[(c / 2) * NL + r] = lo | hi << 16;
+    }
+  constexpr int DB = NL >= 8 ? 1 : 8 / NL;
+  std::int64_t d = 0;
+  for (; d + 32 * DB <= dv; d += 32 * DB) pv_rows_pairs_step<NL, DB>(pw, vrows, zero, dv, cols, alpha, o, d);
+  for (; d + 32 <= dv; d += 32) pv_rows_pairs_step<NL, 1>(pw, vrows, zero, dv, cols, alpha, o, d);
+  for (; d < dv; ++d)
+    for (int r = 0; r < NL; ++r) {
+      float acc = o[r * dv + d] * alpha[r];
+      for (std::int64_t c = 0; c < cols; ++c)
+        acc += core::to_float(core::bf16{static_cast<std::uint16_t>(pw[(c / 2) * NL + r] >> (16 * (c & 1)))}) *
+               core::to_float(vrows[c][d]);
+      o[r * dv + d] = acc;
+    }
+}
+#else
+inline constexpr bool kBf16Dot = false;
+#endif
 
 // The units of this kernel's scores, chosen per call so that a weight takes as few operations as possible and no
 // score leaves the fp32 range that q·k (+ mask) itself has:
@@ -551,14 +670,23 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 // by pv_rows) and the K rows k_ahead[c] (kAheadKeys after key c, into the next tile). Issued all at once before the
 // scores, the prefetches stalled on full miss buffers: spreading them made D1-D3 24-33 % faster in f32 and bf16.
 // The next tile's K rows prefetched during this tile's P·V instead measured slower (they and this tile's V rows
-// overfill L1); 16 keys ahead inside the score loop made D2 5-15 % faster (bf16, 1 and 2 threads; 32 ahead no
-// better; spreading the prefetches over the dot products' steps measured 30-50 % slower). i8 rows (kscale,
+// overfill L1); 16 keys ahead inside the score loop made D2 5-15 % faster (bf16, 1 and 2 threads; spreading the
+// prefetches over the dot products' steps measured 30-50 % slower), and 48 keys ahead into L2 (prefetcht1) instead
+// of 16 into L1 another 12 % on D1 and D2 (bf16; i8 and f16 13 % on D2; Zen 5, 2 threads; 64 ahead no better). i8 rows (kscale,
 // vscale: their scales; null otherwise) are widened in registers like the others; a key's scale then multiplies
-// its dot product and a value's scale its weight (after the softmax has summed the weights).
-template <int QV, int NL, class Variant, class R>
+// its dot product and a value's scale its weight (after the softmax has summed the weights). Pairs: both products
+// on bf16 pairs (scores_rows_pairs, pv_rows_pairs; bf16 Q, K and V rows as stored), which borrow the workspace's
+// K and V tiles (unused for rows read as stored) for q's bf16 rows and a zero V row.
+template <int QV, int NL, class Variant, bool Pairs = false, class R>
 void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
                const float* vscale, std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws,
                const R* k_ahead = nullptr) {
+#if ATTN_VEC_BF16_DOT
+  if constexpr (Pairs)
+    scores_rows_pairs<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), vrows, row_bytes<R>(p.Dv), k_ahead,
+                          reinterpret_cast<std::uint16_t*>(ws.k.data()));                     // Sᵀ = K Qᵀ
+  else
+#endif
   scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), vrows, row_bytes<R>(p.Dv), k_ahead);  // Sᵀ = K Qᵀ
   if (kscale) scale_keys<NL>(ws.st.data(), kscale, cols);                                       // i8 K scales
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
@@ -567,6 +695,14 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
   if (vscale) scale_keys<NL>(ws.st.data(), vscale, cols);                                       // i8 V scales
   if (hidden && !rows_finite(vrows, cols, p.Dv))
     pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), vrows, ws.alpha.data(), ws.o.data(), 1, p.Dv);
+#if ATTN_VEC_BF16_DOT
+  else if constexpr (Pairs) {
+    alignas(64) std::uint32_t pw[BC / 2 * NL];
+    auto* zero = reinterpret_cast<core::bf16*>(ws.v.data());
+    std::fill(zero, zero + p.Dv, core::bf16{0});
+    pv_rows_pairs<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(), pw, zero);  // O = α·O + P V
+  }
+#endif
   else
     pv_rows<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data());                  // O = α·O + P V
 }
@@ -580,7 +716,7 @@ struct StoredTile {
   static constexpr bool kI4 = RowSource<KVT>::kI4;  // rows are Q4Rows, their block scales inside them
   static constexpr bool kScaled = std::is_same_v<KVT, std::int8_t>;
   static constexpr bool kLookAhead = !std::is_same_v<KVT, float>;
-  static constexpr std::int64_t kAheadKeys = 16;
+  static constexpr std::int64_t kAheadKeys = 48;
   using Row = std::conditional_t<kI4, Q4Row, const KVT*>;
   std::int64_t cols = 0;
   Row k[BC];
@@ -699,8 +835,9 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       next.cols = 0;
       if (t + 1 < keys.tiles) next.locate(krows, vrows, keys.j0(t + 1), keys.cols(t + 1));
       cur.prepare(next);
-      rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t), keys.cols(t),
-                                 keys.interior(t), u, ws, cur.look_ahead());
+      constexpr bool pairs = kBf16Dot && std::is_same_v<QT, core::bf16> && std::is_same_v<KVT, core::bf16>;
+      rows_step<QV, NL, Variant, pairs>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t),
+                                        keys.cols(t), keys.interior(t), u, ws, cur.look_ahead());
     }
   } else {
     for (std::int64_t t = 0; t < keys.tiles; ++t) {
