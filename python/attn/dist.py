@@ -27,7 +27,7 @@ import numpy as np
 from . import _attn
 
 LAYOUTS = ("contiguous", "zigzag")
-_TAG_KV, _TAG_GRAD = 7301, 7302
+_TAG_KV, _TAG_GRAD, _TAG_A2A = 7301, 7302, 7303
 
 
 def _torch():
@@ -122,9 +122,9 @@ class _MpiComm:
     def allgather(self, obj):
         return self.comm.allgather(obj)
 
-    def exchange(self, send, recv, tag):
-        """Starts sending `send` to the next rank and receiving `recv` from the previous one (uint8 tensors)."""
-        nxt, prv = (self.rank + 1) % self.size, (self.rank - 1) % self.size
+    def exchange(self, send, recv, tag, shift=1):
+        """Starts sending `send` to rank r + shift and receiving `recv` from rank r - shift (uint8 tensors)."""
+        nxt, prv = (self.rank + shift) % self.size, (self.rank - shift) % self.size
         return [self.comm.Irecv(recv.numpy(), source=prv, tag=tag), self.comm.Isend(send.numpy(), dest=nxt, tag=tag)]
 
     def wait(self, reqs):
@@ -146,9 +146,9 @@ class _TorchComm:
         self.dist.all_gather_object(out, obj, group=self.group)
         return out
 
-    def exchange(self, send, recv, tag):
+    def exchange(self, send, recv, tag, shift=1):
         d = self.dist
-        nxt, prv = self.peers[(self.rank + 1) % self.size], self.peers[(self.rank - 1) % self.size]
+        nxt, prv = self.peers[(self.rank + shift) % self.size], self.peers[(self.rank - shift) % self.size]
         return d.batch_isend_irecv([d.P2POp(d.irecv, recv, prv, self.group, tag),
                                     d.P2POp(d.isend, send, nxt, self.group, tag)])
 
@@ -424,4 +424,125 @@ def ring_attention(q, k, v, comm=None, *, causal=False, scale=None, layout="zigz
     return (out, lse) if return_lse else out
 
 
-__all__ = ["LAYOUTS", "slice_segments", "scatter_sequence", "gather_sequence", "ring_attention"]
+# ---- head-parallel (Ulysses) attention -----------------------------------------------------------------------------
+
+
+def _head_ranges(hq, hkv, ranks):
+    """Per rank d: its query heads [lo, hi) (Hq / P each) and the key/value heads [lo, hi) they read (GQA): split when
+    P divides Hkv, replicated (several ranks read the same KV head) when Hkv divides P."""
+    g, per = hq // hkv, hq // ranks
+    q = [(d * per, (d + 1) * per) for d in range(ranks)]
+    return q, [(lo // g, (hi - 1) // g + 1) for lo, hi in q]
+
+
+def _all_to_all(comm, pieces, shapes, dtype):
+    """pieces[d]: the tensor for rank d (contiguous); shapes[s]: the shape of what rank s sends here. Returns the
+    received tensors in source order (this rank's own piece passed through), by P - 1 pairwise shifts."""
+    torch = _torch()
+    got = [None] * comm.size
+    got[comm.rank] = pieces[comm.rank]
+    for shift in range(1, comm.size):
+        dst, src = (comm.rank + shift) % comm.size, (comm.rank - shift) % comm.size
+        recv = torch.empty(shapes[src], dtype=dtype)
+        comm.wait(comm.exchange(_bytes(pieces[dst]), recv.view(-1).view(torch.uint8), _TAG_A2A, shift))
+        got[src] = recv
+    return got
+
+
+class _UlyssesPlan:
+    """The agreed plan (the ring's checks and agreement) plus the head split Ulysses needs."""
+
+    def __init__(self, comm, q, k, v, causal, scale, layout, threads):
+        self.base = _Plan(comm, q, k, v, causal, scale, layout, threads)
+        b = self.base
+        if b.Hq % b.ranks:
+            raise ValueError(f"q: {b.Hq} heads over {b.ranks} ranks; Ulysses attention splits the query heads, "
+                             "expected a multiple of the rank count (ring_attention takes any)")
+        if b.Hkv % b.ranks and b.ranks % b.Hkv:
+            raise ValueError(f"k: {b.Hkv} key/value heads over {b.ranks} ranks; expected a multiple of the rank "
+                             "count (split) or a divisor of it (replicated)")
+        if b.layout == "contiguous":  # the whole sequence is reassembled by the layout's rule: the even split
+            for name, lens in (("q", b.sq), ("k", b.skv)):
+                for r, n in enumerate(lens):
+                    want = slice_segments("contiguous", sum(lens), b.ranks, r)[0][1]
+                    if n != want:
+                        raise ValueError(f"rank {r}: {name} holds {n} positions; Ulysses attention takes the even "
+                                         f"contiguous split ({want} here; attn.dist.scatter_sequence makes it)")
+        self.qheads, self.kvheads = _head_ranges(b.Hq, b.Hkv, b.ranks)
+
+
+def _ulysses_functions():
+    torch = _torch()
+    if "_SeqToHeads" in globals():
+        return globals()["_SeqToHeads"], globals()["_HeadsToSeq"]
+
+    def seq_to_heads(comm, plan, x, heads, lens):
+        """[B, H, S_r, D] (this rank's positions, every head) -> [B, h_d, S, D] (every position, this rank's heads)."""
+        b = plan.base
+        pieces = [x[:, lo:hi].contiguous() for lo, hi in heads]
+        lo, hi = heads[comm.rank]
+        shapes = [(b.B, hi - lo, lens[s], x.shape[3]) for s in range(comm.size)]
+        return gather_sequence(_all_to_all(comm, pieces, shapes, x.dtype), b.layout)
+
+    def heads_to_seq(comm, plan, y, heads, lens, total_heads):
+        """The inverse: [B, h_d, S, D] -> [B, H, S_r, D]; a head that several ranks hold (replicated KV heads) sums
+        their values (the gradient of a replicated input)."""
+        b = plan.base
+        pieces = [scatter_sequence(y, b.layout, comm.size, s).contiguous() for s in range(comm.size)]
+        shapes = [(b.B, heads[s][1] - heads[s][0], lens[comm.rank], y.shape[3]) for s in range(comm.size)]
+        got = _all_to_all(comm, pieces, shapes, y.dtype)
+        out = torch.zeros(b.B, total_heads, lens[comm.rank], y.shape[3], dtype=torch.float32)
+        for (lo, hi), g in zip(heads, got):
+            out[:, lo:hi] += g.float()
+        return out.to(y.dtype)
+
+    class _SeqToHeads(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, comm, plan, heads, lens):
+            ctx.args = (comm, plan, heads, lens, x.shape[1])
+            return seq_to_heads(comm, plan, x, heads, lens)
+
+        @staticmethod
+        def backward(ctx, g):
+            comm, plan, heads, lens, total = ctx.args
+            return heads_to_seq(comm, plan, g.contiguous(), heads, lens, total), None, None, None, None
+
+    class _HeadsToSeq(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y, comm, plan, heads, lens, total):
+            ctx.args = (comm, plan, heads, lens)
+            return heads_to_seq(comm, plan, y, heads, lens, total)
+
+        @staticmethod
+        def backward(ctx, g):
+            comm, plan, heads, lens = ctx.args
+            return seq_to_heads(comm, plan, g.contiguous(), heads, lens), None, None, None, None, None
+
+    globals()["_SeqToHeads"], globals()["_HeadsToSeq"] = _SeqToHeads, _HeadsToSeq
+    return _SeqToHeads, _HeadsToSeq
+
+
+def ulysses_attention(q, k, v, comm=None, *, causal=False, scale=None, layout="zigzag", threads=0):
+    """Head-parallel (DeepSpeed-Ulysses) attention: the same result as ring_attention, by another route. An
+    all-to-all trades each rank's sequence slice of every head for the whole sequence of Hq / P query heads (and the
+    key/value heads they read: split over the ranks when P divides Hkv, replicated when Hkv divides P), attention
+    runs on whole sequences (attn.scaled_dot_product_attention, in the inputs' dtype), and a second all-to-all
+    brings each rank its positions back. Arguments, layouts and errors as ring_attention's; Hq must be a multiple
+    of the rank count. Autograd: the all-to-alls' backward is the reverse all-to-all (the gradients of replicated
+    KV heads summed over the ranks that read them), attention's is attn's own backward. Moves Q, K, V and O over the
+    network once each instead of K and V P - 1 times: attn ring-plan says which is faster for a given link."""
+    from .functional import scaled_dot_product_attention
+    c = _comm(comm)
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+        raise ValueError(f"threads: {threads!r}; expected an int >= 0")
+    plan = _UlyssesPlan(c, q, k, v, causal, scale, layout, threads)
+    b = plan.base
+    to_heads, to_seq = _ulysses_functions()
+    qh = to_heads.apply(q, c, plan, plan.qheads, b.sq)
+    kh = to_heads.apply(k, c, plan, plan.kvheads, b.skv)
+    vh = to_heads.apply(v, c, plan, plan.kvheads, b.skv)
+    oh = scaled_dot_product_attention(qh, kh, vh, is_causal=causal, scale=scale, enable_gqa=True)
+    return to_seq.apply(oh, c, plan, plan.qheads, b.sq, b.Hq)
+
+
+__all__ = ["LAYOUTS", "slice_segments", "scatter_sequence", "gather_sequence", "ring_attention", "ulysses_attention"]

@@ -64,7 +64,7 @@ def err(a, b):
     return (a.double() - b.double()).abs().max().item()
 
 
-def run_case(comm, launcher, rank, world, case):
+def run_case(comm, launcher, rank, world, case, fn=ad.ring_attention):
     B, Hq, Hkv, S, Dk, Dv, dtype, causal, layout = case
     g = torch.Generator().manual_seed(1000 + S + 7 * Hq + Dk)
     q, k, v = (torch.rand(B, h, S, d, generator=g).mul(2).sub(1).to(dtype)
@@ -72,7 +72,7 @@ def run_case(comm, launcher, rank, world, case):
     dout = torch.rand(B, Hq, S, Dv, generator=g).mul(2).sub(1).to(dtype)
     scale = 1 / math.sqrt(Dk)
     qs, ks, vs = (ad.scatter_sequence(x, layout, world, rank).requires_grad_() for x in (q, k, v))
-    out = ad.ring_attention(qs, ks, vs, comm, causal=causal, layout=layout)
+    out = fn(qs, ks, vs, comm, causal=causal, layout=layout)
     out.backward(ad.scatter_sequence(dout, layout, world, rank))
     every = allgather(comm, launcher, [x.detach() for x in (out, qs.grad, ks.grad, vs.grad)])
     ring = [ad.gather_sequence([e[i] for e in every], layout) for i in range(4)]
@@ -88,7 +88,8 @@ def run_case(comm, launcher, rank, world, case):
         e, bound = err(r, f), 2 * err(y, f) + ATOL[dtype]
         if not math.isfinite(e) or e > bound:
             bad.append(f"{name}: error {e:.3g} > bound {bound:.3g}")
-    print(f"rank 0 of {world} ({launcher}): {case}: {'FAILED ' + '; '.join(bad) if bad else 'ok'}", flush=True)
+    print(f"rank 0 of {world} ({launcher}), {fn.__name__}: {case}: {'FAILED ' + '; '.join(bad) if bad else 'ok'}",
+          flush=True)
     return bad
 
 
@@ -117,10 +118,23 @@ def main():
         (1, 4, 1, 41, 32, 32, torch.float32, True, "contiguous"),
         (1, 4, 2, 44, 32, 32, torch.bfloat16, True, "zigzag"),
         (1, 2, 2, 23, 16, 24, torch.bfloat16, False, "contiguous"),
+        (1, 12, 12, 31, 16, 16, torch.float32, True, "zigzag"),
+        (2, 12, 4, 36, 16, 24, torch.bfloat16, True, "contiguous"),
     ]
     bad = []
     for case in cases:
         bad += run_case(comm, launcher, rank, world, case)
+        Hq, Hkv, S, layout = case[1], case[2], case[3], case[8]
+        even = layout == "zigzag" or S % world == 0
+        if Hq % world == 0 and (Hkv % world == 0 or world % Hkv == 0) and even:
+            bad += run_case(comm, launcher, rank, world, case, ad.ulysses_attention)
+    if world == 3:  # 4 query heads over 3 ranks: refused on every rank, naming q
+        try:
+            ad.ulysses_attention(*(torch.rand(1, 4, 4, 8) for _ in range(3)), comm)
+            bad.append(f"ulysses: rank {rank} accepted 4 heads over 3 ranks")
+        except ValueError as e:
+            if not str(e).startswith("q:"):
+                bad.append(f"ulysses: rank {rank} raised {e!r}; expected it to name q")
     if world > 1:
         bad += check_disagreement(comm, rank, world)
     every = allgather(comm, launcher, bad)
