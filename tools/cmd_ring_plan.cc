@@ -100,7 +100,8 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
                 a.latency, rate, rate_note.c_str());
   out << line;
   out << "      seq  hosts  tokens/host  step compute  step transfer   forward/layer  backward/layer  hidden  speedup"
-         "  memory/host\n";
+         "  memory/host   ulysses fwd/layer  bwd/layer  use\n";
+  std::vector<std::string> why;
   for (std::int64_t S : a.seq) {
     RingPlan first;
     for (std::int64_t P : a.hosts) {
@@ -108,12 +109,29 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
       RingPlan p;
       if (Status s = plan_ring(in, &p); !s) return with_option_names(s);
       first = p;
-      std::snprintf(line, sizeof line, "%9s %6lld %12s %13s %14s %15s %15s %6.1f%% %7.1fx %12s\n", human_count(static_cast<double>(S)).c_str(),
-                    static_cast<long long>(P), human_count(p.block_tokens).c_str(), human_seconds(p.step_compute_s).c_str(),
+      std::snprintf(line, sizeof line, "%9s %6lld %12s %13s %14s %15s %15s %6.1f%% %7.1fx %12s %19s %10s  %s\n",
+                    human_count(static_cast<double>(S)).c_str(), static_cast<long long>(P),
+                    human_count(p.block_tokens).c_str(), human_seconds(p.step_compute_s).c_str(),
                     human_seconds(p.step_transfer_s).c_str(), human_seconds(p.forward_s).c_str(),
                     human_seconds(p.backward_s).c_str(), 100 * p.hidden_fraction, p.single_host_s / p.forward_s,
-                    human_bytes(p.memory_bytes).c_str());
+                    human_bytes(p.memory_bytes).c_str(),
+                    p.ulysses_possible ? human_seconds(p.ulysses_forward_s).c_str() : "n/a (heads)",
+                    p.ulysses_possible ? human_seconds(p.ulysses_backward_s).c_str() : "-", p.recommended);
       out << line;
+      if (P > 1 && p.ulysses_possible)
+        why.push_back(std::string("          ") + human_count(static_cast<double>(S)) + " tokens on " +
+                      std::to_string(P) + " hosts: " + p.recommended +
+                      (std::string(p.recommended) == "ring"
+                           ? std::string(p.hidden_fraction >= 0.999 ? ": its K/V transfer hides behind compute"
+                                                                    : ": its K/V transfer is partly exposed") +
+                                 " (" + human_seconds(p.forward_s - P * p.step_compute_s) +
+                                 " exposed), less than Ulysses' two all-to-alls, which nothing hides (" +
+                                 human_seconds(p.ulysses_transfer_s) + ")"
+                           : ": its two all-to-alls (" + human_seconds(p.ulysses_transfer_s) +
+                                 ") cost less than the ring's exposed K/V transfer (" +
+                                 human_seconds(p.forward_s - P * p.step_compute_s) +
+                                 "; blocks below the hiding size)") +
+                      "\n");
     }
     std::snprintf(line, sizeof line,
                   "          transfer hidden while tokens/host >= %s, i.e. up to %s hosts for %s tokens\n",
@@ -121,6 +139,8 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
                   human_count(static_cast<double>(S)).c_str());
     out << line;
   }
+  if (!why.empty()) out << "ring or Ulysses (head-parallel; attn.dist.ulysses_attention), by the forward's time:\n";
+  for (const std::string& w : why) out << w;
   return Status::Ok();
 }
 
@@ -129,7 +149,8 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
 void add_ring_plan_command(CLI::App& app, std::ostream& out) {
   auto a = std::make_shared<RingPlanArgs>();
   CLI::App* c = app.add_subcommand("ring-plan", "Cost model of ring (context-parallel) attention over P hosts: time per "
-                                                "layer, when the K/V transfer hides behind compute, memory per host");
+                                                "layer, when the K/V transfer hides behind compute, memory per host; "
+                                                "and head-parallel (Ulysses) attention beside it, with the faster one");
   c->add_option("--seq", a->seq, "Whole-sequence lengths (tokens), comma-separated")->delimiter(',')->type_name("S,...");
   c->add_option("--hosts", a->hosts, "Host counts P, comma-separated")->delimiter(',')->type_name("P,...");
   c->add_option("--batch", a->batch, "Sequences (default 1)");

@@ -11,6 +11,16 @@
 //   backward               2.5× the forward's FLOPs; each step also passes the block's fp32 dK, dV accumulators
 //                          (B·Hkv·c·(Dk + Dv)·4 bytes) on, after its compute: T = t_c + (P − 1)·max(t_c, t_x) + t_g
 // The transfer is hidden when t_c >= t_x: c >= c*, the root of a·c² = latency + b·c.
+//
+// Head-parallel (Ulysses) attention, the other strategy (attn.dist.ulysses_attention): an all-to-all gives each host
+// the whole sequence of Hq / P query heads (and the KV heads they read: Hkv / P each when P divides Hkv, one
+// replicated head when Hkv divides P), attention runs on whole sequences, a second all-to-all returns O. Each host
+// sends P − 1 pieces over its link, one after the other, nothing overlapped with compute:
+//   in   t_in  = (P − 1)·(latency + B·c·(Hq/P·Dk + kvh·(Dk + Dv))·elem / bandwidth)
+//   out  t_out = (P − 1)·(latency + B·c·Hq/P·Dv·elem / bandwidth)
+//   forward  T_u = t_in + P·t_c + t_out;  backward  t_out + 2.5·P·t_c + t_in (the same pieces reversed)
+// It moves Q, K, V and O once; the ring moves K and V P − 1 times but hides them behind compute while c >= c*.
+// The plan recommends the faster forward (ring when Ulysses cannot split the heads).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +49,10 @@ struct RingPlan {
   double max_hidden_hosts = 0;             // S / c*: beyond this many hosts the transfer shows
   double memory_bytes = 0;                 // per host: Q, K, V, O slices, two K/V receive buffers, fp32 accumulators
   double single_host_s = 0;                // the same layer on one host at the same rate (for the speedup)
+  // Ulysses: possible when P divides Hq and P divides Hkv or Hkv divides P; times 0 otherwise
+  bool ulysses_possible = false;
+  double ulysses_forward_s = 0, ulysses_backward_s = 0, ulysses_transfer_s = 0;  // transfer: t_in + t_out
+  const char* recommended = "ring";        // "ring" or "ulysses": the faster forward
 };
 
 // Fills *plan; an error names the bad field.

@@ -56,6 +56,18 @@ Status plan_ring(const RingPlanInput& in, RingPlan* plan) {
                    + 3 * B * Hkv * c * (Dk + Dv) * elem  // own K/V, and the two receive buffers
                    + B * Hq * c * (Dv + 1) * 4;          // fp32 output accumulator and LSE
   p.single_host_s = a_f * S * S / rate;
+  // Ulysses (attn/ring_plan.h)
+  const std::int64_t hosts = in.hosts;
+  p.ulysses_possible = in.heads % hosts == 0 && (in.kv_heads % hosts == 0 || hosts % in.kv_heads == 0);
+  if (p.ulysses_possible) {
+    const double kvh = in.kv_heads % hosts == 0 ? Hkv / P : 1.0;
+    const double t_in = (P - 1) * (lat + B * c * (Hq / P * Dk + kvh * (Dk + Dv)) * elem / bw);
+    const double t_out = (P - 1) * (lat + B * c * Hq / P * Dv * elem / bw);
+    p.ulysses_transfer_s = t_in + t_out;
+    p.ulysses_forward_s = t_in + P * tc + t_out;
+    p.ulysses_backward_s = t_out + 2.5 * P * tc + t_in;
+    if (p.ulysses_forward_s < p.forward_s) p.recommended = "ulysses";
+  }
   *plan = p;
   return Status::Ok();
 }
