@@ -206,16 +206,32 @@ Status ring_bench(const RingBenchArgs& a, std::ostream& out) {
   const double hidden = comm_s > 0 ? std::clamp(1 - wait / comm_s, 0.0, 1.0) : 1.0;
 
   // The per-rank attention rate while every rank computes at once (the planner's rate): each rank's queries
-  // against its own K/V block, non-causal, all ranks together.
+  // against its own K/V block, non-causal, all ranks together, as the ring computes its blocks: on fp32 copies
+  // (attn::dist widens bf16/f16 slices to fp32 for the local kernels and merges; timing the bf16 kernel instead
+  // overstated the rate 2x on a CPU with bf16 dot products).
   double rate_rank = 0;
   {
     Params p;
     p.threads = a.threads;
+    auto widen = [&](const std::vector<unsigned char>& buf) {
+      std::vector<float> w(buf.size() / esize);
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        if (dt == DType::f32) std::memcpy(&w[i], buf.data() + 4 * i, 4);
+        else if (dt == DType::bf16) w[i] = core::to_float(reinterpret_cast<const core::bf16*>(buf.data())[i]);
+        else w[i] = core::to_float(reinterpret_cast<const core::f16*>(buf.data())[i]);
+      }
+      return w;
+    };
+    std::vector<float> q32 = widen(q), k32 = widen(k), v32 = widen(v), o32(q32.size());
+    const TensorView q32v = TensorView::contiguous(q32.data(), DType::f32, {B, Hq, S, D});
+    const TensorView k32v = TensorView::contiguous(k32.data(), DType::f32, {B, Hkv, S, D});
+    const TensorView v32v = TensorView::contiguous(v32.data(), DType::f32, {B, Hkv, S, D});
+    const TensorView o32v = TensorView::contiguous(o32.data(), DType::f32, {B, Hq, S, D});
     std::vector<double> ts;
     for (int rep = 0; rep < 2; ++rep) {
       MPI_Barrier(comm);
       const auto t0 = Clock::now();
-      if (Status s = attention(qv, kv, vv, ov, p, lv); !s) return s;
+      if (Status s = attention(q32v, k32v, v32v, o32v, p, lv); !s) return s;
       ts.push_back(since(t0));
     }
     const double mine = (a.backward ? 2.5 : 1.0) * 4.0 * static_cast<double>(B * Hq) * static_cast<double>(S) *
