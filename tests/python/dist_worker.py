@@ -143,6 +143,7 @@ def main():
         print("\n".join(failures) if failures else f"all cases passed on {world} ranks ({launcher})", flush=True)
     if launcher == "torch":
         import torch.distributed as dist
+        dist.barrier()  # every rank done with its messages before any tears its process group down
         dist.destroy_process_group()
     sys.exit(1 if failures else 0)
 
