@@ -21,8 +21,9 @@ Llama-3-8B-shaped layers instead (issue 31): hidden 4096, 32 query / 8 key-value
 seeded random weights from a config (vocabulary 1000: the embedding and head are not what is measured), `--layers`
 of them (each layer does the same work, so the ratios hold for any count; the default 1 fits a 2-core machine's
 time). For each context length: one prefill of that many tokens (seconds), then `--decode` greedy steps on the
-KV cache (tokens per second), per implementation (sdpa and attn; eager too up to 8192 tokens, where its
-[32, S, S] weights still fit in memory), after a 256-token warm-up. The greedy tokens are compared with sdpa's: how
+KV cache (tokens per second), per implementation (sdpa, attn, and "attn int8": attn with its 8-bit KV cache,
+attn.integrations.transformers.Int8KVCache; eager too up to 8192 tokens, where its [32, S, S] weights still fit in
+memory), after a 256-token warm-up. The greedy tokens are compared with sdpa's: how
 many agree from the first on (random bf16 weights give near-ties that rounding can flip, so eager's count against
 sdpa's is the yardstick).
 """
@@ -60,6 +61,7 @@ def llama8b(args):
     """Llama-3-8B-shaped layers: prefill seconds and decode tokens per second per implementation (see the module
     docstring)."""
     torch, transformers, attn = setup(args.threads)
+    import attn.integrations.transformers as attn_hf
     contexts = [int(c) for c in args.contexts.split(",")]
     config = transformers.LlamaConfig(vocab_size=1000, hidden_size=4096, intermediate_size=14336,
                                       num_hidden_layers=args.layers, num_attention_heads=32, num_key_value_heads=8,
@@ -69,11 +71,13 @@ def llama8b(args):
     gen = torch.Generator().manual_seed(1)
 
     def run(name, ids):
-        """(prefill seconds, decode tokens per second, the greedy tokens) of one implementation."""
-        model.set_attn_implementation(name)
+        """(prefill seconds, decode tokens per second, the greedy tokens) of one implementation ("attn int8": attn
+        with attn.integrations.transformers.Int8KVCache, the 8-bit cache)."""
+        model.set_attn_implementation("attn" if name == "attn int8" else name)
         with torch.no_grad():
             start = time.perf_counter()
-            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            cache = attn_hf.Int8KVCache() if name == "attn int8" else None
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1, past_key_values=cache)
             prefill = time.perf_counter() - start
             cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
             tokens = [token]
@@ -88,7 +92,7 @@ def llama8b(args):
     rows = []
     for n in contexts:
         ids = torch.randint(3, 1000, (1, n), generator=gen)
-        names = ("sdpa", "eager", "attn") if n <= 8192 and not args.no_eager else ("sdpa", "attn")
+        names = ("sdpa", "eager", "attn", "attn int8") if n <= 8192 and not args.no_eager else ("sdpa", "attn", "attn int8")
         for name in names:  # warm-up: a short prefill and a few steps
             run(name, ids[:, :256])
         results = {}

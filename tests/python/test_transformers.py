@@ -159,6 +159,45 @@ def test_decoder_generate_equals_eager(kind, sliding_window):
         assert (logits_full - logits_attn).abs().max().item() > 1e-3
 
 
+def test_int8_kv_cache_generate(monkeypatch):
+    """Int8KVCache: the prompt attends its unquantised states, every decode step reads the 8-bit rows and their
+    scales (attn's int8 kernels); the stored rows are the states to within half a step of their scale; the first
+    token is eager's, and the logits stay near the float64 model's (the 8-bit cache's storage error, far above
+    the tolerance rule's, bounded loosely)."""
+    model = decoder("llama", seed=3)
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.randint(3, 97, (2, 13), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    ids[mask == 0] = 0
+    steps = 10
+    seen = []
+    real = attn_hf.scaled_dot_product_attention
+    monkeypatch.setattr(attn_hf, "scaled_dot_product_attention",
+                        lambda *a, **k: seen.append(k.get("k_scale") is not None) or real(*a, **k))
+    cache = attn_hf.Int8KVCache()
+    model.set_attn_implementation("attn")
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, eos_token_id=None, pad_token_id=0,
+                             past_key_values=cache)
+    layers = model.config.num_hidden_layers
+    assert seen == [False] * layers + [True] * (layers * (steps - 1))
+    layer = cache.layers[0]
+    assert layer.keys.dtype == torch.int8 and layer.keys.shape[2] == 13 + steps - 1
+    monkeypatch.undo()
+    tokens_eager, _ = generate(model, "eager", ids, mask, steps)
+    assert torch.equal(out.sequences[:, :14], tokens_eager[:, :14])
+    model64 = decoder("llama", seed=3).double()
+    _, ref = generate(model64, "sdpa", ids, mask, steps)
+    logits = torch.stack(out.logits, dim=1).double()
+    assert (logits - ref).abs().max().item() <= 0.05 * ref.abs().max().item()
+    # the stored rows: the states they came from, re-derived through the layer's own quantiser
+    x = torch.randn(1, 2, 5, 16) * torch.tensor([1e-3, 1.0, 30.0, 0.0, 2.0]).view(1, 1, 5, 1)
+    q, scale = type(layer)._quantise(x)
+    assert q.dtype == torch.int8 and ((q.float() * scale[..., None] - x).abs() <= scale[..., None] / 2 + 1e-7).all()
+
+
 def test_decoder_training_gradients_equal_eager():
     """A training step (causal, padding, GQA) through attn's backward: parameter gradients as eager's."""
     model = decoder("llama", seed=4)

@@ -12,15 +12,23 @@ attention dropout in training. The masks are transformers' own 4-D boolean masks
 registered under the same name), so every masking rule a model has (padding, sliding window, chunked, packed
 sequences) reaches attn unchanged; when transformers skips the mask (pure causal, no padding), attn applies
 causal itself, aligned bottom-right so that it is right with a KV cache too.
+
+An 8-bit KV cache for generate: pass `past_key_values=attn.integrations.transformers.Int8KVCache()` (with
+attn_implementation="attn"). It stores K and V as int8 with one float32 scale per (batch, head, token), max|x| / 127,
+as attn.KVCache(dtype="int8") does, and hands attn the int8 rows and their scales, which its kernels widen in
+registers: decode reads half the bytes of a bf16 cache. The prompt's own attention (the first update) runs on the
+unquantised states.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from ..functional import scaled_dot_product_attention
 
-__all__ = ["register", "attention_forward", "NAME"]
+__all__ = ["register", "attention_forward", "NAME", "Int8KVCache"]
 
 NAME = "attn"
 
@@ -57,11 +65,78 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     sinks = None
     if s_aux is not None:
         sinks = s_aux if s_aux.dtype == torch.float32 else s_aux.float()
+    k_scale = v_scale = None
+    if key.dtype == torch.int8:  # rows of an Int8KVCache, their scales beside them
+        k_scale, v_scale = key._attn_scale, value._attn_scale
     out = scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=float(dropout) if module.training else 0.0,
         is_causal=causal, scale=scaling, enable_gqa=query.shape[1] != key.shape[1], causal_alignment="bottom_right",
-        window=window, softcap=float(softcap) if softcap else 0.0, sinks=sinks)
+        window=window, softcap=float(softcap) if softcap else 0.0, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
     return out.transpose(1, 2).contiguous(), None
+
+
+@functools.lru_cache(maxsize=None)
+def _int8_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class Int8Layer(DynamicLayer):
+        """One layer's 8-bit K/V: int8 rows and float32 scales in buffers that grow by doubling (no copy per token);
+        update returns views of the rows so far, each carrying its scales (`_attn_scale`) for attention_forward."""
+
+        def lazy_initialization(self, key_states, value_states):
+            self.device, self.dtype = key_states.device, key_states.dtype
+            self._len, self._cap = 0, 0
+            self._k = self._v = self._ks = self._vs = None
+            self.is_initialized = True
+
+        def _grow(self, need, k, v):
+            cap = max(need, 2 * self._cap, 256)
+            b, h = k.shape[:2]
+            bufs = (torch.empty(b, h, cap, k.shape[3], dtype=torch.int8, device=self.device),
+                    torch.empty(b, h, cap, v.shape[3], dtype=torch.int8, device=self.device),
+                    torch.empty(b, h, cap, dtype=torch.float32, device=self.device),
+                    torch.empty(b, h, cap, dtype=torch.float32, device=self.device))
+            if self._len:
+                for new, old in zip(bufs, (self._k, self._v, self._ks, self._vs)):
+                    new[:, :, :self._len] = old[:, :, :self._len]
+            self._k, self._v, self._ks, self._vs = bufs
+            self._cap = cap
+
+        @staticmethod
+        def _quantise(x):
+            x = x.float()
+            scale = x.abs().amax(-1) / 127
+            q = torch.round(x / scale.clamp(min=torch.finfo(torch.float32).tiny)[..., None]).clamp(-127, 127)
+            return q.to(torch.int8), scale
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            first, n = self._len == 0, key_states.shape[-2]
+            if self._len + n > self._cap:
+                self._grow(self._len + n, key_states, value_states)
+            end = self._len + n
+            (self._k[:, :, self._len:end], self._ks[:, :, self._len:end]) = self._quantise(key_states)
+            (self._v[:, :, self._len:end], self._vs[:, :, self._len:end]) = self._quantise(value_states)
+            self._len = end
+            keys, values = self._k[:, :, :end], self._v[:, :, :end]
+            keys._attn_scale, values._attn_scale = self._ks[:, :, :end], self._vs[:, :, :end]
+            self.keys, self.values = keys, values  # (the sequence length transformers reads from them)
+            return (key_states, value_states) if first else (keys, values)
+
+        def reset(self):
+            self._len = 0
+            self.keys = self.values = None
+            self.is_initialized = False
+
+    return Int8Layer
+
+
+def Int8KVCache():  # noqa: N802 (a class to its callers: the transformers Cache it returns)
+    """A transformers Cache whose layers keep K and V in 8 bits (see the module docstring); attn_implementation must
+    be "attn" (other implementations cannot read int8 rows)."""
+    from transformers.cache_utils import Cache
+    return Cache(layer_class_to_replicate=_int8_layer_class())
 
 
 def register(name: str = NAME):
