@@ -21,8 +21,8 @@ Llama-3-8B-shaped layers instead (issue 31): hidden 4096, 32 query / 8 key-value
 seeded random weights from a config (vocabulary 1000: the embedding and head are not what is measured), `--layers`
 of them (each layer does the same work, so the ratios hold for any count; the default 1 fits a 2-core machine's
 time). For each context length: one prefill of that many tokens (seconds), then `--decode` greedy steps on the
-KV cache (tokens per second), per implementation (sdpa, attn, and "attn int8": attn with its 8-bit KV cache,
-attn.integrations.transformers.Int8KVCache; eager too up to 8192 tokens, where its [32, S, S] weights still fit in
+KV cache (tokens per second), per implementation (sdpa, attn, "attn growing": attn with
+attn.integrations.transformers.GrowingKVCache, and "attn int8": with its 8-bit counterpart Int8KVCache; eager too up to 8192 tokens, where its [32, S, S] weights still fit in
 memory), after a 256-token warm-up. The greedy tokens are compared with sdpa's: how
 many agree from the first on (random bf16 weights give near-ties that rounding can flip, so eager's count against
 sdpa's is the yardstick).
@@ -72,11 +72,12 @@ def llama8b(args):
 
     def run(name, ids):
         """(prefill seconds, decode tokens per second, the greedy tokens) of one implementation ("attn int8": attn
-        with attn.integrations.transformers.Int8KVCache, the 8-bit cache)."""
-        model.set_attn_implementation("attn" if name == "attn int8" else name)
+        with attn.integrations.transformers.Int8KVCache, the 8-bit cache; "attn growing": with GrowingKVCache, its
+        bf16 counterpart, both growing by doubling where transformers' DynamicCache copies itself every token)."""
+        model.set_attn_implementation(name.split()[0])
         with torch.no_grad():
             start = time.perf_counter()
-            cache = attn_hf.Int8KVCache() if name == "attn int8" else None
+            cache = {"attn int8": attn_hf.Int8KVCache, "attn growing": attn_hf.GrowingKVCache}.get(name, lambda: None)()
             out = model(input_ids=ids, use_cache=True, logits_to_keep=1, past_key_values=cache)
             prefill = time.perf_counter() - start
             cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
@@ -92,7 +93,9 @@ def llama8b(args):
     rows = []
     for n in contexts:
         ids = torch.randint(3, 1000, (1, n), generator=gen)
-        names = ("sdpa", "eager", "attn", "attn int8") if n <= 8192 and not args.no_eager else ("sdpa", "attn", "attn int8")
+        names = ("sdpa", "attn", "attn growing", "attn int8")
+        if n <= 8192 and not args.no_eager:
+            names = ("sdpa", "eager") + names[1:]
         for name in names:  # warm-up: a short prefill and a few steps
             run(name, ids[:, :256])
         results = {}

@@ -198,6 +198,24 @@ def test_int8_kv_cache_generate(monkeypatch):
     assert q.dtype == torch.int8 and ((q.float() * scale[..., None] - x).abs() <= scale[..., None] / 2 + 1e-7).all()
 
 
+def test_growing_kv_cache_equals_the_default_cache():
+    """GrowingKVCache holds the same rows as transformers' DynamicCache, in buffers that grow by doubling: generate
+    gives the same tokens and logits, with attn and with sdpa."""
+    model = decoder("llama", seed=4)
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(8))
+    mask = torch.ones_like(ids)
+    for implementation in ("attn", "sdpa"):
+        model.set_attn_implementation(implementation)
+        outs = []
+        for cache in (None, attn_hf.GrowingKVCache()):
+            with torch.no_grad():
+                outs.append(model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=300, do_sample=False,
+                                           output_logits=True, return_dict_in_generate=True, eos_token_id=None,
+                                           pad_token_id=0, past_key_values=cache))
+        assert torch.equal(outs[0].sequences, outs[1].sequences), implementation
+        assert torch.equal(torch.stack(outs[0].logits), torch.stack(outs[1].logits)), implementation
+
+
 def test_decoder_training_gradients_equal_eager():
     """A training step (causal, padding, GQA) through attn's backward: parameter gradients as eager's."""
     model = decoder("llama", seed=4)

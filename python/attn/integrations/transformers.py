@@ -28,7 +28,7 @@ import torch
 
 from ..functional import scaled_dot_product_attention
 
-__all__ = ["register", "attention_forward", "NAME", "Int8KVCache"]
+__all__ = ["register", "attention_forward", "NAME", "Int8KVCache", "GrowingKVCache"]
 
 NAME = "attn"
 
@@ -76,12 +76,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 
 
 @functools.lru_cache(maxsize=None)
-def _int8_layer_class():
+def _layer_class(int8):
     from transformers.cache_utils import DynamicLayer
 
-    class Int8Layer(DynamicLayer):
-        """One layer's 8-bit K/V: int8 rows and float32 scales in buffers that grow by doubling (no copy per token);
-        update returns views of the rows so far, each carrying its scales (`_attn_scale`) for attention_forward."""
+    class GrowingLayer(DynamicLayer):
+        """One layer's K/V in buffers that grow by doubling (transformers' DynamicLayer concatenates, copying the
+        whole cache, on every token); update returns views of the rows so far. int8: rows in 8 bits with a float32
+        scale per (batch, head, token), each view carrying its scales (`_attn_scale`) for attention_forward; the
+        first update (the prompt) returns its unquantised states."""
 
         def lazy_initialization(self, key_states, value_states):
             self.device, self.dtype = key_states.device, key_states.dtype
@@ -92,14 +94,17 @@ def _int8_layer_class():
         def _grow(self, need, k, v):
             cap = max(need, 2 * self._cap, 256)
             b, h = k.shape[:2]
-            bufs = (torch.empty(b, h, cap, k.shape[3], dtype=torch.int8, device=self.device),
-                    torch.empty(b, h, cap, v.shape[3], dtype=torch.int8, device=self.device),
-                    torch.empty(b, h, cap, dtype=torch.float32, device=self.device),
-                    torch.empty(b, h, cap, dtype=torch.float32, device=self.device))
+            dt = torch.int8 if int8 else self.dtype
+            bufs = [torch.empty(b, h, cap, k.shape[3], dtype=dt, device=self.device),
+                    torch.empty(b, h, cap, v.shape[3], dtype=dt, device=self.device)]
+            if int8:
+                bufs += [torch.empty(b, h, cap, dtype=torch.float32, device=self.device) for _ in range(2)]
             if self._len:
                 for new, old in zip(bufs, (self._k, self._v, self._ks, self._vs)):
                     new[:, :, :self._len] = old[:, :, :self._len]
-            self._k, self._v, self._ks, self._vs = bufs
+            self._k, self._v = bufs[:2]
+            if int8:
+                self._ks, self._vs = bufs[2:]
             self._cap = cap
 
         @staticmethod
@@ -116,27 +121,39 @@ def _int8_layer_class():
             if self._len + n > self._cap:
                 self._grow(self._len + n, key_states, value_states)
             end = self._len + n
-            (self._k[:, :, self._len:end], self._ks[:, :, self._len:end]) = self._quantise(key_states)
-            (self._v[:, :, self._len:end], self._vs[:, :, self._len:end]) = self._quantise(value_states)
+            if int8:
+                (self._k[:, :, self._len:end], self._ks[:, :, self._len:end]) = self._quantise(key_states)
+                (self._v[:, :, self._len:end], self._vs[:, :, self._len:end]) = self._quantise(value_states)
+            else:
+                self._k[:, :, self._len:end], self._v[:, :, self._len:end] = key_states, value_states
             self._len = end
             keys, values = self._k[:, :, :end], self._v[:, :, :end]
-            keys._attn_scale, values._attn_scale = self._ks[:, :, :end], self._vs[:, :, :end]
+            if int8:
+                keys._attn_scale, values._attn_scale = self._ks[:, :, :end], self._vs[:, :, :end]
             self.keys, self.values = keys, values  # (the sequence length transformers reads from them)
-            return (key_states, value_states) if first else (keys, values)
+            return (key_states, value_states) if first and int8 else (keys, values)
 
         def reset(self):
             self._len = 0
             self.keys = self.values = None
             self.is_initialized = False
 
-    return Int8Layer
+    return GrowingLayer
 
 
 def Int8KVCache():  # noqa: N802 (a class to its callers: the transformers Cache it returns)
     """A transformers Cache whose layers keep K and V in 8 bits (see the module docstring); attn_implementation must
     be "attn" (other implementations cannot read int8 rows)."""
     from transformers.cache_utils import Cache
-    return Cache(layer_class_to_replicate=_int8_layer_class())
+    return Cache(layer_class_to_replicate=_layer_class(True))
+
+
+def GrowingKVCache():  # noqa: N802
+    """The same cache in the model's dtype: K and V rows in buffers that grow by doubling, where transformers'
+    default DynamicCache concatenates (copies the whole cache) on every token; any attn_implementation reads it.
+    Int8KVCache's bf16 counterpart, for comparing the two on equal terms."""
+    from transformers.cache_utils import Cache
+    return Cache(layer_class_to_replicate=_layer_class(False))
 
 
 def register(name: str = NAME):
