@@ -357,11 +357,11 @@ def _ring_backward(plan, comm, q, k, v, out32, lse, dout):
             dq[:, :, rows] += gq
             dk[:, :, keys] += gk
             dv[:, :, keys] += gv
-        # the block's accumulators move on with it (after the last step: home, one hop on)
-        grads_next = torch.empty(plan.B * plan.Hkv * plan.skv[prev_blk] * (plan.Dk + plan.Dv), dtype=f32)
-        greqs = comm.exchange(grads.view(torch.uint8), grads_next.view(torch.uint8), _TAG_GRAD)
-        comm.wait(greqs)
-        grads = grads_next
+        # the block's accumulators move on with it (after the last step: home, one hop on; one rank: home already)
+        if plan.ranks > 1:
+            grads_next = torch.empty(plan.B * plan.Hkv * plan.skv[prev_blk] * (plan.Dk + plan.Dv), dtype=f32)
+            comm.wait(comm.exchange(grads.view(torch.uint8), grads_next.view(torch.uint8), _TAG_GRAD))
+            grads = grads_next
         if reqs is not None:
             comm.wait(reqs)
             kv = kv_next

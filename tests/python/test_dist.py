@@ -46,6 +46,32 @@ def test_ring_under_torchrun(ranks):
           "torch"], {})
 
 
+@pytest.mark.skipif(not _have("torch"), reason="needs torch")
+def test_one_process_group_equals_single_process():
+    """A ring of one (a gloo group of one process): the plain attention, forward and backward."""
+    import torch
+    import torch.distributed as dist
+    import attn
+    if dist.is_initialized():
+        pytest.skip("a process group exists already")
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        g = torch.Generator().manual_seed(3)
+        q, k, v = (torch.rand(1, h, 21, 16, generator=g).requires_grad_() for h in (4, 2, 2))
+        out = ad.ring_attention(q, k, v, dist.group.WORLD, causal=True)
+        out.backward(torch.ones_like(out))
+        ref_in = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        ref = attn.scaled_dot_product_attention(*ref_in, is_causal=True, enable_gqa=True)
+        ref.backward(torch.ones_like(ref))
+        for a, b in zip((out, q.grad, k.grad, v.grad), (ref, *(x.grad for x in ref_in))):
+            assert (a - b).abs().max().item() <= 1e-5
+        outu = ad.ulysses_attention(*(x.detach() for x in (q, k, v)), dist.group.WORLD, causal=True)
+        assert (outu - ref).abs().max().item() <= 1e-5
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 @pytest.mark.parametrize("total,ranks", [(0, 1), (1, 3), (7, 2), (113, 4), (203, 3)])
 def test_layout_round_trip(layout, total, ranks):
