@@ -300,5 +300,12 @@ struct ForceIsa {
   ForceIsa(const ForceIsa&) = delete;
   ForceIsa& operator=(const ForceIsa&) = delete;
 };
+// The avx512bf16 level's choice of bf16 pair products (cpu::bf16_dot_preferred) forced one way while in scope.
+struct ForceBf16Dot {
+  explicit ForceBf16Dot(bool prefer) { cpu::set_bf16_dot_override(prefer); }
+  ~ForceBf16Dot() { cpu::set_bf16_dot_override(std::nullopt); }
+  ForceBf16Dot(const ForceBf16Dot&) = delete;
+  ForceBf16Dot& operator=(const ForceBf16Dot&) = delete;
+};
 
 }  // namespace attn::test

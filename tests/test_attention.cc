@@ -11,6 +11,7 @@
 #include "attn/info.h"
 #include "cases.h"
 #include "core/workspace_impl.h"
+#include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
 
 namespace attn::test {
@@ -43,6 +44,14 @@ TEST_P(AttentionCase, MatchesFp64Reference) {
     // Without an LSE output a kernel may take a cheaper path (AMX: the degree-3 exp2); low precision only,
     // where such paths exist.
     if (c.dtype != DType::f32) check(Backend::flash, false);
+    // bf16 at the avx512bf16 level: the other choice of the pair products too (the CPU's own runs above), so that
+    // both kernels are checked on every machine with the level, AMD or Intel
+    if (isa == cpu::Isa::avx512bf16 && c.dtype == DType::bf16 && c.kv_dtype == DType::bf16) {
+      SCOPED_TRACE(cpu::bf16_dot_preferred() ? "bf16 pair products off" : "bf16 pair products on");
+      ForceBf16Dot other(!cpu::bf16_dot_preferred());
+      check(Backend::flash);
+      check(Backend::flash, false);
+    }
   }
   SCOPED_TRACE("reference");
   check(Backend::reference);
@@ -199,8 +208,9 @@ TEST(WorkspaceReuse, KeptThroughDescribeAndRefusedCalls) {
 }
 
 // The dispatcher's rule for bf16 (cpu/dispatch.cc), as describe_attention reports it: at least 64 query rows per KV
-// head run the pair-product kernel where the level multiplies bf16 pairs (amx: tiles; avx512bf16: vdpbf16ps), fewer
-// (decode) and other dtypes the vector kernels. The registry cases above reach each kernel through the same rule.
+// head run the pair-product kernel where the level multiplies bf16 pairs faster than fp32 FMAs (amx: tiles;
+// avx512bf16: vdpbf16ps where cpu::bf16_dot_preferred(): AMD), fewer (decode) and other dtypes the vector kernels.
+// The registry cases above reach each kernel through the same rule (and the other choice at avx512bf16).
 TEST(Dispatch, Bf16PrefillRunsOnTheLevelsPairProducts) {
   const Case prefill{.B = 1, .Hq = 4, .Hkv = 2, .Sq = 32, .Skv = 90, .Dk = 40, .Dv = 24, .dtype = DType::bf16, .kv_dtype = DType::bf16};
   Case decode = prefill, f32 = prefill;
@@ -209,13 +219,23 @@ TEST(Dispatch, Bf16PrefillRunsOnTheLevelsPairProducts) {
   for (cpu::Isa isa : supported_isas()) {
     SCOPED_TRACE(cpu::isa_name(isa));
     ForceIsa force(isa);
-    const std::string pairs = isa == cpu::Isa::amx ? "amx" : isa == cpu::Isa::avx512bf16 ? "bf16 dot" : "vector";
+    const bool dot = isa == cpu::Isa::avx512bf16 && cpu::bf16_dot_preferred();
+    EXPECT_EQ(cpu::bf16_dot_preferred(), cpu::cpu_features().bf16_dot_fast());
+    const std::string pairs = isa == cpu::Isa::amx ? "amx" : dot ? "bf16 dot" : "vector";
     for (const auto& [c, expect] : {std::pair{prefill, pairs}, {decode, std::string("vector")}, {f32, std::string("vector")}}) {
       Instance in = instantiate(c);
       KernelInfo info;
       ASSERT_TRUE(describe_attention(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view, &info).ok());
       EXPECT_EQ(info.kernel, expect) << "Sq " << c.Sq << ", " << dtype_name(c.dtype);
       EXPECT_EQ(info.isa, std::string(cpu::isa_name(isa == cpu::Isa::amx && expect != "amx" ? cpu::Isa::avx512bf16 : isa)));
+    }
+    if (isa != cpu::Isa::avx512bf16) continue;
+    for (bool prefer : {true, false}) {  // the override the tests use, both ways
+      ForceBf16Dot force_dot(prefer);
+      Instance in = instantiate(prefill);
+      KernelInfo info;
+      ASSERT_TRUE(describe_attention(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view, &info).ok());
+      EXPECT_EQ(info.kernel, prefer ? "bf16 dot" : "vector");
     }
   }
 }

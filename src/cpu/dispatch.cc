@@ -64,6 +64,7 @@ std::optional<Isa> env_isa() {
 }
 
 std::atomic<int> override_level{-1};
+std::atomic<int> override_bf16_dot{-1};  // -1: the CPU's answer; 0, 1: set_bf16_dot_override
 
 }  // namespace
 
@@ -89,6 +90,14 @@ Isa best_isa() {
 
 void set_isa_override(std::optional<Isa> isa) { override_level.store(isa && isa_supported(*isa) ? static_cast<int>(*isa) : -1); }
 
+bool bf16_dot_preferred() {
+  static const bool fast = cpu_features().bf16_dot_fast();
+  const int forced = override_bf16_dot.load(std::memory_order_relaxed);
+  return forced >= 0 ? forced == 1 : fast;
+}
+
+void set_bf16_dot_override(std::optional<bool> prefer) { override_bf16_dot.store(prefer ? (*prefer ? 1 : 0) : -1); }
+
 Isa active_isa() {
   const int forced = override_level.load();
   if (forced >= 0) return static_cast<Isa>(forced);
@@ -99,9 +108,10 @@ Isa active_isa() {
 Choice select_flash(const core::Problem& p, int threads) {
   Choice c;
   c.isa = active_isa();
-  // bf16 prefill runs on the pair-product kernel (cpu/flash_amx.cc) where the level multiplies bf16 pairs: AMX
-  // tiles at amx, vdpbf16ps at avx512bf16. It pays for packing K and V only with enough query rows per KV head
-  // (at least two of its 32-row blocks); decode-sized problems are bound by memory and stay on the vector kernels.
+  // bf16 prefill runs on the pair-product kernel (cpu/flash_amx.cc) where the level multiplies bf16 pairs faster
+  // than fp32 FMAs: AMX tiles at amx, vdpbf16ps at avx512bf16 where bf16_dot_preferred() (AMD; see
+  // CpuFeatures::bf16_dot_fast). It pays for packing K and V only with enough query rows per KV head (at least two
+  // of its 32-row blocks); decode-sized problems are bound by memory and stay on the vector kernels.
   const bool prefill = p.Sq * p.group >= 64;
   if (c.isa == Isa::amx) {
     if (prefill)
@@ -112,7 +122,7 @@ Choice select_flash(const core::Problem& p, int threads) {
       }
     c.isa = Isa::avx512bf16;
   }
-  if (c.isa == Isa::avx512bf16 && prefill)
+  if (c.isa == Isa::avx512bf16 && prefill && bf16_dot_preferred())
     if ((c.fn = bf16dot::flash_kernel(p))) {
       c.workspace_bytes = bf16dot::flash_workspace(p, threads);
       c.kernel = "bf16 dot";

@@ -827,6 +827,9 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
     for (std::int64_t t = 0; t < keys.tiles; ++t)
       lanes_step<QV, KVT, Variant>(p, lanes, keys.j0(t), keys.cols(t), keys.interior(t), u, ws);
   } else if (krows.unit_stride() && vrows.unit_stride()) {
+    // bf16 Q, K and V on a level with pair products, where the dispatcher prefers them (cpu::bf16_dot_preferred)
+    constexpr bool kPairs = kBf16Dot && std::is_same_v<QT, core::bf16> && std::is_same_v<KVT, core::bf16>;
+    const bool pairs = kPairs && bf16_dot_preferred();
     StoredTile<KVT> tile[2];  // this tile's rows and the next one's
     if (keys.tiles > 0) tile[0].locate(krows, vrows, keys.j0(0), keys.cols(0));
     for (std::int64_t t = 0; t < keys.tiles; ++t) {
@@ -835,9 +838,12 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       next.cols = 0;
       if (t + 1 < keys.tiles) next.locate(krows, vrows, keys.j0(t + 1), keys.cols(t + 1));
       cur.prepare(next);
-      constexpr bool pairs = kBf16Dot && std::is_same_v<QT, core::bf16> && std::is_same_v<KVT, core::bf16>;
-      rows_step<QV, NL, Variant, pairs>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t),
-                                        keys.cols(t), keys.interior(t), u, ws, cur.look_ahead());
+      if (pairs)
+        rows_step<QV, NL, Variant, kPairs>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t),
+                                           keys.cols(t), keys.interior(t), u, ws, cur.look_ahead());
+      else
+        rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t), keys.cols(t),
+                                   keys.interior(t), u, ws, cur.look_ahead());
     }
   } else {
     for (std::int64_t t = 0; t < keys.tiles; ++t) {

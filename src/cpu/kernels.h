@@ -64,6 +64,10 @@ bool isa_supported(Isa isa);
 Isa active_isa();
 // Overrides the level for this process (nullopt: back to the default); `isa` must be supported.
 void set_isa_override(std::optional<Isa> isa);
+// Whether the avx512bf16 level runs bf16 on vdpbf16ps (the pair-product prefill kernel, the decode kernel's pair
+// products): CpuFeatures::bf16_dot_fast(), unless overridden (tests run both ways wherever the level is usable).
+bool bf16_dot_preferred();
+void set_bf16_dot_override(std::optional<bool> prefer);
 
 // The kernel for a validated problem: the only place one is selected.
 struct Choice {
