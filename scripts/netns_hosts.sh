@@ -27,7 +27,14 @@ check)
     echo "network namespaces: not permitted here ($(cat /tmp/attn_netns_err_$$))"; rm -f /tmp/attn_netns_err_$$; exit 77
   fi
   rm -f /tmp/attn_netns_err_$$
+  # and what the hosts need inside one: running a program there, a veth pair, a tbf qdisc on it
+  why=""
+  ip netns exec "$probe" true 2>/dev/null || why="ip netns exec is not permitted"
+  [ -z "$why" ] && { ip -n "$probe" link add pa type veth peer name pb 2>/dev/null || why="veth pairs cannot be made"; }
+  [ -z "$why" ] && { tc -n "$probe" qdisc add dev pa root tbf rate 1gbit burst 1mb latency 50ms 2>/dev/null ||
+                     why="tc cannot shape a link (no sch_tbf)"; }
   ip netns del "$probe"
+  if [ -n "$why" ]; then echo "network namespaces: $why"; exit 77; fi
   ;;
 up)
   name=$2 n=$3 rate=${4:-} delay=${5:-}
