@@ -1,4 +1,5 @@
 // The cost model against hand-computed numbers and the seeds' claims.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -138,6 +139,31 @@ TEST(RingPlan, BadInputNamesTheField) {
   EXPECT_NE(plan_ring(in, &p).message().find("bandwidth_gbit"), std::string::npos);
   in.bandwidth_gbit = 100, in.hosts = 0;
   EXPECT_NE(plan_ring(in, &p).message().find("hosts"), std::string::npos);
+}
+
+// Ulysses and the hybrid (attn/ring_plan.h) against the formulas written out: 4,096 tokens on 8 hosts over 1 Gbit/s
+// links, where the ring's blocks are too small to hide their transfer: Ulysses inside groups of 4, a ring across 2.
+TEST(RingPlan, HybridFollowsTheModel) {
+  RingPlanInput in;
+  in.seq = 4096, in.hosts = 8, in.heads = 32, in.kv_heads = 8, in.head_dim = 128, in.causal = true;
+  in.bytes_per_element = 2, in.bandwidth_gbit = 1, in.latency_us = 50, in.rate_gflops = 1000;
+  RingPlan p;
+  ASSERT_TRUE(plan_ring(in, &p).ok());
+  const double c = 512, bw = 1e9 / 8, lat = 50e-6, tc = 2 * 32 * 256 * 0.5 * c * c / 1e12;
+  const auto groups = [&](double u) {  // forward with Ulysses over u hosts, a ring over 8 / u groups
+    const double kvh = 8 / u, r = 8 / u;
+    const double t_in = (u - 1) * (lat + c * (32 / u * 128 + kvh * 256) * 2 / bw);
+    const double t_out = (u - 1) * (lat + c * 32 / u * 128 * 2 / bw);
+    const double tx = r > 1 ? lat + kvh * u * c * 256 * 2 / bw : 0;
+    return t_in + u * tc + (r - 1) * std::max(u * tc, tx) + t_out;
+  };
+  EXPECT_NEAR(p.forward_s, groups(1), 1e-9);
+  EXPECT_TRUE(p.ulysses_possible);
+  EXPECT_NEAR(p.ulysses_forward_s, groups(8), 1e-9);
+  EXPECT_EQ(p.hybrid_groups, groups(2) < groups(4) ? 2 : 4);
+  EXPECT_NEAR(p.hybrid_forward_s, std::min(groups(2), groups(4)), 1e-9);
+  EXPECT_STREQ(p.recommended, "hybrid");
+  EXPECT_LT(p.hybrid_forward_s, std::min(p.forward_s, p.ulysses_forward_s));
 }
 
 }  // namespace attn

@@ -118,7 +118,14 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
                     p.ulysses_possible ? human_seconds(p.ulysses_forward_s).c_str() : "n/a (heads)",
                     p.ulysses_possible ? human_seconds(p.ulysses_backward_s).c_str() : "-", p.recommended);
       out << line;
-      if (P > 1 && p.ulysses_possible)
+      if (std::string(p.recommended) == "hybrid")
+        why.push_back(std::string("          ") + human_count(static_cast<double>(S)) + " tokens on " +
+                      std::to_string(P) + " hosts: hybrid, Ulysses inside groups of " +
+                      std::to_string(p.hybrid_groups) + " hosts and a ring across the " +
+                      std::to_string(P / p.hybrid_groups) + " groups: forward " + human_seconds(p.hybrid_forward_s) +
+                      ", backward " + human_seconds(p.hybrid_backward_s) + " (ring " + human_seconds(p.forward_s) +
+                      (p.ulysses_possible ? ", Ulysses " + human_seconds(p.ulysses_forward_s) : std::string()) + ")\n");
+      else if (P > 1 && p.ulysses_possible)
         why.push_back(std::string("          ") + human_count(static_cast<double>(S)) + " tokens on " +
                       std::to_string(P) + " hosts: " + p.recommended +
                       (std::string(p.recommended) == "ring"
@@ -139,7 +146,8 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
                   human_count(static_cast<double>(S)).c_str());
     out << line;
   }
-  if (!why.empty()) out << "ring or Ulysses (head-parallel; attn.dist.ulysses_attention), by the forward's time:\n";
+  if (!why.empty())
+    out << "ring, Ulysses (head-parallel; attn.dist.ulysses_attention) or their hybrid, by the forward's time:\n";
   for (const std::string& w : why) out << w;
   return Status::Ok();
 }

@@ -20,7 +20,12 @@
 //   out  t_out = (P − 1)·(latency + B·c·Hq/P·Dv·elem / bandwidth)
 //   forward  T_u = t_in + P·t_c + t_out;  backward  t_out + 2.5·P·t_c + t_in (the same pieces reversed)
 // It moves Q, K, V and O once; the ring moves K and V P − 1 times but hides them behind compute while c >= c*.
-// The plan recommends the faster forward (ring when Ulysses cannot split the heads).
+//
+// The hybrid (Ulysses inside groups of u hosts, a ring across the P / u groups; u a divisor of P, 1 < u < P): the
+// all-to-alls above over u hosts (u − 1 pieces of Hq/u heads each), then the ring over r = P / u groups with blocks
+// of u·c tokens of Hq/u heads: per step t_c' = u·t_c and t_x' = latency + B·kvh·u·c·(Dk + Dv)·elem / bandwidth
+// (kvh = Hkv / u, or 1 replicated), forward t_in + t_c' + (r − 1)·max(t_c', t_x') + t_out. u = 1 is the ring, u = P
+// Ulysses. The plan keeps the best u and recommends the fastest forward of the three.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +57,9 @@ struct RingPlan {
   // Ulysses: possible when P divides Hq and P divides Hkv or Hkv divides P; times 0 otherwise
   bool ulysses_possible = false;
   double ulysses_forward_s = 0, ulysses_backward_s = 0, ulysses_transfer_s = 0;  // transfer: t_in + t_out
-  const char* recommended = "ring";        // "ring" or "ulysses": the faster forward
+  std::int64_t hybrid_groups = 0;          // u of the best hybrid (0: none possible)
+  double hybrid_forward_s = 0, hybrid_backward_s = 0;
+  const char* recommended = "ring";        // "ring", "ulysses" or "hybrid": the fastest forward
 };
 
 // Fills *plan; an error names the bad field.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 namespace attn {
@@ -56,18 +57,35 @@ Status plan_ring(const RingPlanInput& in, RingPlan* plan) {
                    + 3 * B * Hkv * c * (Dk + Dv) * elem  // own K/V, and the two receive buffers
                    + B * Hq * c * (Dv + 1) * 4;          // fp32 output accumulator and LSE
   p.single_host_s = a_f * S * S / rate;
-  // Ulysses (attn/ring_plan.h)
+  // Ulysses over u hosts inside each of P / u ring groups (attn/ring_plan.h): u = P is Ulysses, 1 < u < P the hybrid
   const std::int64_t hosts = in.hosts;
-  p.ulysses_possible = in.heads % hosts == 0 && (in.kv_heads % hosts == 0 || hosts % in.kv_heads == 0);
-  if (p.ulysses_possible) {
-    const double kvh = in.kv_heads % hosts == 0 ? Hkv / P : 1.0;
-    const double t_in = (P - 1) * (lat + B * c * (Hq / P * Dk + kvh * (Dk + Dv)) * elem / bw);
-    const double t_out = (P - 1) * (lat + B * c * Hq / P * Dv * elem / bw);
-    p.ulysses_transfer_s = t_in + t_out;
-    p.ulysses_forward_s = t_in + P * tc + t_out;
-    p.ulysses_backward_s = t_out + 2.5 * P * tc + t_in;
-    if (p.ulysses_forward_s < p.forward_s) p.recommended = "ulysses";
+  struct Times {
+    double forward, backward, all_to_all;
+  };
+  const auto ulysses_in_groups = [&](std::int64_t u) -> std::optional<Times> {
+    if (in.heads % u || (in.kv_heads % u && u % in.kv_heads)) return std::nullopt;
+    const double U = static_cast<double>(u), r = P / U, kvh = in.kv_heads % u == 0 ? Hkv / U : 1.0;
+    const double t_in = (U - 1) * (lat + B * c * (Hq / U * Dk + kvh * (Dk + Dv)) * elem / bw);
+    const double t_out = (U - 1) * (lat + B * c * Hq / U * Dv * elem / bw);
+    const double tc_u = U * tc, tx_u = r > 1 ? lat + B * kvh * U * c * (Dk + Dv) * elem / bw : 0;
+    const double tg_u = r > 1 ? lat + B * kvh * U * c * (Dk + Dv) * 4 / bw : 0;
+    const double tcb_u = 2.5 * tc_u;
+    return Times{t_in + tc_u + (r - 1) * std::max(tc_u, tx_u) + t_out,
+                 t_out + tcb_u + (r - 1) * std::max(tcb_u, tx_u + tg_u) + tg_u + t_in, t_in + t_out};
+  };
+  double best = p.forward_s;
+  if (const auto t = ulysses_in_groups(hosts); t && hosts > 1) {
+    p.ulysses_possible = true;
+    p.ulysses_transfer_s = t->all_to_all, p.ulysses_forward_s = t->forward, p.ulysses_backward_s = t->backward;
+    if (t->forward < best) best = t->forward, p.recommended = "ulysses";
   }
+  for (std::int64_t u = 2; u < hosts; ++u) {
+    if (hosts % u) continue;
+    const auto t = ulysses_in_groups(u);
+    if (!t || (p.hybrid_groups && t->forward >= p.hybrid_forward_s)) continue;
+    p.hybrid_groups = u, p.hybrid_forward_s = t->forward, p.hybrid_backward_s = t->backward;
+  }
+  if (p.hybrid_groups && p.hybrid_forward_s < best) p.recommended = "hybrid";
   *plan = p;
   return Status::Ok();
 }
