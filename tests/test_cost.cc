@@ -1,7 +1,7 @@
 // The cost model against hand-computed numbers and the seeds' claims.
-#include <algorithm>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
