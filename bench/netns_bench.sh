@@ -14,7 +14,7 @@ trap 'scripts/netns_hosts.sh down "$name"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
 for rate in $rates; do
   scripts/netns_hosts.sh up "$name" 4 "$rate" 50us
-  scripts/netns_hosts.sh mpirun "$name" 4 build/attn ring-bench | grep -E "^ring|planner|overlap"
+  scripts/netns_hosts.sh mpirun "$name" 4 build/attn ring-bench --png "" | grep -E "^ring|planner|overlap"
   pids=""
   for i in 0 1 2 3; do
     ip netns exec "${name}_h$i" env RANK=$i WORLD_SIZE=4 LOCAL_RANK=0 MASTER_ADDR=10.213.0.1 MASTER_PORT=29517 \

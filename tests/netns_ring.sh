@@ -13,4 +13,4 @@ trap '"$scripts/netns_hosts.sh" down "$name"' EXIT
 trap 'exit 1' INT TERM
 "$scripts/netns_hosts.sh" up "$name" 4 10gbit 50us || exit 1
 "$scripts/netns_hosts.sh" mpirun "$name" 4 "$test_ring" || exit 1
-"$python" "$check" --seq 8192 --ranks 4 -- "$scripts/netns_hosts.sh" mpirun "$name" 4 "$attn" ring-bench --seq 8192 --reps 1
+"$python" "$check" --seq 8192 --ranks 4 -- "$scripts/netns_hosts.sh" mpirun "$name" 4 "$attn" ring-bench --seq 8192 --reps 1 --png ""

@@ -272,9 +272,11 @@ class _Plan:
         return out
 
     def options(self, right, from_forward=False):
-        torch_window = -1 if right is None else right
-        o = _attn.Options(None, None, self.scale, "none", -1, torch_window, "top_left", 0.0, None, None, 0.0, 0,
-                          None, None, False, self.threads, "flash")
+        """The binding's Options of one (query segment, key segment) call, made where every call's are
+        (attn.functional._options): the window's right side, this rank's threads, the backward's statistics."""
+        from .functional import _options
+        o = _options(scale=self.scale, window_right=-1 if right is None else right)
+        o.threads = self.threads
         if from_forward:
             o.backward_statistics = "from_forward"
         return o

@@ -311,12 +311,12 @@ inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, co
   return c;
 }
 
-// scores_rows for bf16 pairs (16 accumulators: W / NL keys x NL lanes, as the fp32 form's AVX-512 shape).
+// scores_rows for bf16 pairs (16 accumulators: W / NL keys x NL lanes, as the fp32 form's AVX-512 shape), from q's
+// rows as bf16 (qb, made once per block: start_pairs) and as fp32 (q, for the last dk % 32 dims).
 template <int NL>
 inline void scores_rows_pairs(const float* q, const core::bf16* const* k, std::int64_t dk, std::int64_t cols,
                               float mult, float* st, const core::bf16* const* pf, std::int64_t pf_bytes,
-                              const core::bf16* const* pk, std::uint16_t* qb) {
-  for (std::int64_t i = 0; i < NL * dk; ++i) qb[i] = core::from_float<core::bf16>(q[i]).bits;
+                              const core::bf16* const* pk, const std::uint16_t* qb) {
   constexpr int KG = W / NL > 1 ? W / NL : 1;
   std::int64_t c = score_keys_pairs<NL, KG>(qb, q, k, dk, 0, cols, mult, st, pf, pf_bytes, pk);
   if constexpr (KG > 2) c = score_keys_pairs<NL, KG / 2>(qb, q, k, dk, c, cols, mult, st, pf, pf_bytes, pk);
@@ -394,6 +394,12 @@ inline void pv_rows_pairs(const float* pt, const core::bf16* const* vrows, std::
                core::to_float(vrows[c][d]);
       o[r * dv + d] = acc;
     }
+}
+// Once per block, before its tiles: q's rows rounded back to bf16 (exact: they were widened from bf16) into qb, and
+// a zero V row of dv values (the partner of an odd last key).
+inline void start_pairs(const float* q, std::int64_t n, std::uint16_t* qb, core::bf16* zero, std::int64_t dv) {
+  for (std::int64_t i = 0; i < n; ++i) qb[i] = core::from_float<core::bf16>(q[i]).bits;
+  std::fill(zero, zero + dv, core::bf16{0});
 }
 #else
 inline constexpr bool kBf16Dot = false;
@@ -675,8 +681,8 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 // of 16 into L1 another 12 % on D1 and D2 (bf16; i8 and f16 13 % on D2; Zen 5, 2 threads; 64 ahead no better). i8 rows (kscale,
 // vscale: their scales; null otherwise) are widened in registers like the others; a key's scale then multiplies
 // its dot product and a value's scale its weight (after the softmax has summed the weights). Pairs: both products
-// on bf16 pairs (scores_rows_pairs, pv_rows_pairs; bf16 Q, K and V rows as stored), which borrow the workspace's
-// K and V tiles (unused for rows read as stored) for q's bf16 rows and a zero V row.
+// on bf16 pairs (scores_rows_pairs, pv_rows_pairs; bf16 Q, K and V rows as stored), reading q's bf16 rows and a
+// zero V row from the workspace's K and V tiles (unused for rows read as stored), where start_pairs put them.
 template <int QV, int NL, class Variant, bool Pairs = false, class R>
 void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
                const float* vscale, std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws,
@@ -684,7 +690,7 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
 #if ATTN_VEC_BF16_DOT
   if constexpr (Pairs)
     scores_rows_pairs<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), vrows, row_bytes<R>(p.Dv), k_ahead,
-                          reinterpret_cast<std::uint16_t*>(ws.k.data()));                     // Sᵀ = K Qᵀ
+                          reinterpret_cast<const std::uint16_t*>(ws.k.data()));               // Sᵀ = K Qᵀ
   else
 #endif
   scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), vrows, row_bytes<R>(p.Dv), k_ahead);  // Sᵀ = K Qᵀ
@@ -698,8 +704,7 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
 #if ATTN_VEC_BF16_DOT
   else if constexpr (Pairs) {
     alignas(64) std::uint32_t pw[BC / 2 * NL];
-    auto* zero = reinterpret_cast<core::bf16*>(ws.v.data());
-    std::fill(zero, zero + p.Dv, core::bf16{0});
+    const auto* zero = reinterpret_cast<const core::bf16*>(ws.v.data());
     pv_rows_pairs<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(), pw, zero);  // O = α·O + P V
   }
 #endif
@@ -830,6 +835,11 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
     // bf16 Q, K and V on a level with pair products, where the dispatcher prefers them (cpu::bf16_dot_preferred)
     constexpr bool kPairs = kBf16Dot && std::is_same_v<QT, core::bf16> && std::is_same_v<KVT, core::bf16>;
     const bool pairs = kPairs && bf16_dot_preferred();
+#if ATTN_VEC_BF16_DOT
+    if (pairs)
+      start_pairs(ws.q.data(), NL * p.Dk, reinterpret_cast<std::uint16_t*>(ws.k.data()),
+                  reinterpret_cast<core::bf16*>(ws.v.data()), p.Dv);
+#endif
     StoredTile<KVT> tile[2];  // this tile's rows and the next one's
     if (keys.tiles > 0) tile[0].locate(krows, vrows, keys.j0(0), keys.cols(0));
     for (std::int64_t t = 0; t < keys.tiles; ++t) {
