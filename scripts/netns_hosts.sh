@@ -69,13 +69,18 @@ up)
 mpirun)
   name=$2 n=$3; shift 3
   hosts=$(i=1; while [ "$i" -le "$n" ]; do printf '10.213.0.%d,' "$i"; i=$((i + 1)); done)
-  exec ip netns exec "${name}_h0" env ATTN_NETNS="$name" mpirun -np "$n" --host "${hosts%,}" \
-    --mca plm_rsh_agent "$here/netns_agent.sh" -x ATTN_NETNS --mca btl tcp,self \
+  # Each host's daemon gets a temporary directory of its own (scripts/netns_agent.sh; host 0's here); rtc_hwloc_vmhole
+  # none: the daemons do not share hwloc's topology through a shared-memory map at a fixed address (Open MPI 4.1's
+  # orted crashed in hwloc_shmem_topology_write in about 1 start in 15 here).
+  mkdir -p "/tmp/${name}_h0.tmp"
+  exec ip netns exec "${name}_h0" env ATTN_NETNS="$name" TMPDIR="/tmp/${name}_h0.tmp" mpirun -np "$n" --host "${hosts%,}" \
+    --mca plm_rsh_agent "$here/netns_agent.sh" -x ATTN_NETNS --mca rtc_hwloc_vmhole none --mca btl tcp,self \
     --mca btl_tcp_if_include 10.213.0.0/24 --mca oob_tcp_if_include 10.213.0.0/24 "$@"
   ;;
 down)
   name=$2
   for ns in $(ip netns list | awk '{print $1}' | grep "^${name}_" || true); do ip netns del "$ns"; done
+  rm -rf "/tmp/${name}"_h*.tmp
   ;;
 *)
   echo "usage: $0 check | up NAME N [RATE] [DELAY] | mpirun NAME N ARGS... | down NAME" >&2; exit 2
