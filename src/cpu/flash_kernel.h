@@ -157,22 +157,23 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // storage type (fp32, bf16, f16, i8, or i4 through Q4Row) and widened in registers: decode is bound by the bytes of
 // K and V. R, the type of a row: a pointer to its stored values, or a Q4Row.
 
-// Prefetches, for a group of KG keys from c, their rows of pf (rows of pf_bytes bytes: the tile's V rows) and
-// of pk (rows of dk values further ahead: K rows, into L2; null entries skipped), either list null for none: one of
-// each per key, spread over the score loop rather than issued at once. Always inlined: as a function of its own GCC
-// finds it free of side effects (a prefetch is not one) and deletes its calls, every prefetch with them (measured:
-// decode 25-35 % slower until this was seen).
+// Prefetches, for a group of KG keys from c, the rows pf[c + g] (pf_bytes bytes each: V rows far ahead) and
+// pk[c + g] (pk_bytes each: K rows far ahead), into L2 (prefetcht2), null entries skipped, either list null for
+// none: one of each per key, spread over the score loop rather than issued at once. Always inlined: as a function
+// of its own GCC finds it free of side effects (a prefetch is not one) and deletes its calls, every prefetch with
+// them (measured: decode 25-35 % slower until this was seen).
 template <int KG, class R>
 ATTN_INLINE void prefetch_group(const R* pf, std::int64_t pf_bytes, const R* pk, std::int64_t pk_bytes, std::int64_t c) {
   if (pf)
     for (int g = 0; g < KG; ++g)
-      for (std::int64_t off = 0; off < pf_bytes; off += 64)
-        __builtin_prefetch(static_cast<const char*>(row_address(pf[c + g])) + off, 0, 3);
+      if (pf[c + g])
+        for (std::int64_t off = 0; off < pf_bytes; off += 64)
+          __builtin_prefetch(static_cast<const char*>(row_address(pf[c + g])) + off, 0, 1);
   if (pk)
     for (int g = 0; g < KG; ++g)
       if (pk[c + g])
         for (std::int64_t off = 0; off < pk_bytes; off += 64)
-          __builtin_prefetch(static_cast<const char*>(row_address(pk[c + g])) + off, 0, 2);
+          __builtin_prefetch(static_cast<const char*>(row_address(pk[c + g])) + off, 0, 1);
 }
 
 // The scores of accumulators a0 .. a0+W-1 of a key group (accumulator a: key c + a / NL, lane a % NL; acc[a] holds
@@ -373,15 +374,26 @@ inline void pv_rows_pairs_step(const std::uint32_t* pw, const core::bf16* const*
 
 // pv_rows for bf16 pairs: the weights Pᵀ[c][r] as bf16 pairs, then 32·DB value dims at a time (NL·2·DB <= 16
 // accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
+// The weights Pᵀ[c][r] (lanes r < NL <= 16) rounded to bf16 (vcvtneps2bf16: to nearest even, as
+// core::from_float), as pairs pw[c/2][r] = (key c, key c + 1), an odd last key paired with 0: two rows of Pᵀ per
+// step (the scalar conversions took 9 % of bf16 decode's time).
+template <int NL>
+inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw) {
+  static_assert(NL <= 16, "a row of Pᵀ's lanes in one vector");
+  constexpr __mmask16 kLanes = static_cast<__mmask16>((1u << NL) - 1);
+  const auto bf16_lanes = [&](std::int64_t c) {  // row c's 16 lanes as bf16, zero-extended to 32 bits
+    return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(Vec::load(pt + c * BR)));
+  };
+  for (std::int64_t c = 0; c < cols; c += 2) {
+    const __m512i hi = c + 1 < cols ? _mm512_slli_epi32(bf16_lanes(c + 1), 16) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(pw + (c / 2) * NL, kLanes, _mm512_or_si512(bf16_lanes(c), hi));
+  }
+}
+
 template <int NL>
 inline void pv_rows_pairs(const float* pt, const core::bf16* const* vrows, std::int64_t dv, std::int64_t cols,
                           const float* alpha, float* o, std::uint32_t* pw, const core::bf16* zero) {
-  for (std::int64_t c = 0; c < cols; c += 2)
-    for (int r = 0; r < NL; ++r) {
-      const std::uint32_t lo = core::from_float<core::bf16>(pt[c * BR + r]).bits;
-      const std::uint32_t hi = c + 1 < cols ? core::from_float<core::bf16>(pt[(c + 1) * BR + r]).bits : 0u;
-      pw[(c / 2) * NL + r] = lo | hi << 16;
-    }
+  weight_pairs<NL>(pt, cols, pw);
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
   std::int64_t d = 0;
   for (; d + 32 * DB <= dv; d += 32 * DB) pv_rows_pairs_step<NL, DB>(pw, vrows, zero, dv, cols, alpha, o, d);
@@ -672,13 +684,13 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 }
 
 // One tile of a row-major (decode) block, from K and V rows of any storage type. Decode streams K and V
-// from memory once, so the score loop prefetches, a key group's rows at a time, this tile's V rows (found in cache
-// by pv_rows) and the K rows k_ahead[c] (kAheadKeys after key c, into the next tile). Issued all at once before the
-// scores, the prefetches stalled on full miss buffers: spreading them made D1-D3 24-33 % faster in f32 and bf16.
-// The next tile's K rows prefetched during this tile's P·V instead measured slower (they and this tile's V rows
-// overfill L1); 16 keys ahead inside the score loop made D2 5-15 % faster (bf16, 1 and 2 threads; spreading the
-// prefetches over the dot products' steps measured 30-50 % slower), and 48 keys ahead into L2 (prefetcht1) instead
-// of 16 into L1 another 12 % on D1 and D2 (bf16; i8 and f16 13 % on D2; Zen 5, 2 threads; 64 ahead no better). i8 rows (kscale,
+// from memory once, so the score loop prefetches, a key group's rows at a time, the K and V rows k_far[c] and
+// v_far[c] (StoredTile: 32 KiB of K rows after key c) into L2. Issued all at once before the scores, the
+// prefetches stalled on full miss buffers: spreading them made D1-D3 24-33 % faster in f32 and bf16. Rows this far
+// ahead (prefetcht2), instead of this tile's V rows into L1 and the K rows 48 keys ahead into L2, made f32 decode
+// 1.35-1.6x as fast (D1-D3), f16 K/V 1.13-1.3x and bf16 D3 1.18x (Zen 5, 2 threads; D1/D2 in bf16 and the 8- and
+// 4-bit rows, bound by their arithmetic, within the noise; 32-128 KiB ahead alike): the hardware's streams alone did
+// not keep the lines of two row streams in flight while a tile computes. i8 rows (kscale,
 // vscale: their scales; null otherwise) are widened in registers like the others; a key's scale then multiplies
 // its dot product and a value's scale its weight (after the softmax has summed the weights). Pairs: both products
 // on bf16 pairs (scores_rows_pairs, pv_rows_pairs; bf16 Q, K and V rows as stored), reading q's bf16 rows and a
@@ -686,14 +698,14 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 template <int QV, int NL, class Variant, bool Pairs = false, class R>
 void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
                const float* vscale, std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws,
-               const R* k_ahead = nullptr) {
+               const R* k_far = nullptr, const R* v_far = nullptr) {
 #if ATTN_VEC_BF16_DOT
   if constexpr (Pairs)
-    scores_rows_pairs<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), vrows, row_bytes<R>(p.Dv), k_ahead,
+    scores_rows_pairs<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), v_far, row_bytes<R>(p.Dv), k_far,
                           reinterpret_cast<const std::uint16_t*>(ws.k.data()));               // Sᵀ = K Qᵀ
   else
 #endif
-  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), vrows, row_bytes<R>(p.Dv), k_ahead);  // Sᵀ = K Qᵀ
+  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), v_far, row_bytes<R>(p.Dv), k_far);  // Sᵀ = K Qᵀ
   if (kscale) scale_keys<NL>(ws.st.data(), kscale, cols);                                       // i8 K scales
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
   softmax_tile<QV, Variant>(p, lanes, j0, cols, true, krows, kscale, u, ws);                   // Pᵀ; m, l
@@ -712,16 +724,15 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
     pv_rows<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data());                  // O = α·O + P V
 }
 
-// The stored K and V rows of a row-major (decode) block's tile, located one tile ahead of their use, so that the
-// tile before can prefetch them: its score loop prefetches the first K rows of this one (`ahead`: the K row
-// kAheadKeys keys after each of its keys; not for f32 rows, where it measured slower on D1 and D3), and i8 rows'
-// scales (i4 rows' block scales, carried in their Q4Rows) are prefetched as soon as they are located.
+// The stored K and V rows of a row-major (decode) block's tile, located one tile ahead of their use (i8 rows'
+// scales, and i4 rows' block scales carried in their Q4Rows, are prefetched as soon as they are located), and the
+// rows far_keys(Dk) keys after each of its keys (k_far, v_far: null past the block's keys), which its score loop
+// prefetches into L2.
 template <class KVT>
 struct StoredTile {
   static constexpr bool kI4 = RowSource<KVT>::kI4;  // rows are Q4Rows, their block scales inside them
   static constexpr bool kScaled = std::is_same_v<KVT, std::int8_t>;
-  static constexpr bool kLookAhead = !std::is_same_v<KVT, float>;
-  static constexpr std::int64_t kAheadKeys = 48;
+  static constexpr std::int64_t kFarBytes = std::int64_t{32} << 10;
   using Row = std::conditional_t<kI4, Q4Row, const KVT*>;
   std::int64_t cols = 0;
   Row k[BC];
@@ -729,40 +740,51 @@ struct StoredTile {
   const float* ks_at[BC];  // i8: where each row's scale is; i4: its first block scale
   const float* vs_at[BC];
   alignas(64) float ks[BC], vs[BC];  // i8: the scales themselves
-  Row ahead[BC];
+  Row k_far[BC], v_far[BC];
 
-  void locate(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n) {
+  // How far ahead the score loop prefetches: kFarBytes of K rows, 64 to 512 keys.
+  static std::int64_t far_keys(std::int64_t dk) {
+    return std::clamp<std::int64_t>(kFarBytes / std::max<std::int64_t>(row_bytes<Row>(dk), 1), BC, 8 * BC);
+  }
+
+  // Rows j0 .. j0+n-1, and as the far rows those from j_far up to j_end (none when j_far >= j_end).
+  void locate(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n,
+              std::int64_t j_far, std::int64_t j_end) {
     cols = n;
-    if constexpr (kI4) {
-      const KVT* kb[BC];
-      const KVT* vb[BC];
-      keys.locate(j0, n, kb, ks_at);
-      values.locate(j0, n, vb, vs_at);
-      const std::int64_t kstride = keys.scale->stride[3], vstride = values.scale->stride[3];
-      for (std::int64_t c = 0; c < n; ++c) {
-        k[c] = {reinterpret_cast<const std::uint8_t*>(kb[c]), ks_at[c], kstride, 0};
-        v[c] = {reinterpret_cast<const std::uint8_t*>(vb[c]), vs_at[c], vstride, 0};
-      }
-    } else {
-      keys.locate(j0, n, k, ks_at);
-      values.locate(j0, n, v, vs_at);
+    locate_rows(keys, values, j0, n, k, v, ks_at, vs_at);
+    const std::int64_t n_far = std::clamp<std::int64_t>(j_end - j_far, 0, n);
+    if (n_far > 0) {
+      const float* scratch[BC];
+      locate_rows(keys, values, j_far, n_far, k_far, v_far, scratch, scratch);
     }
+    std::fill(k_far + n_far, k_far + n, Row{}), std::fill(v_far + n_far, v_far + n, Row{});
     if constexpr (kScaled || kI4)
       for (std::int64_t c = 0; c < n; ++c) __builtin_prefetch(ks_at[c], 0, 3), __builtin_prefetch(vs_at[c], 0, 3);
   }
-  // Ready to be used, the next tile (cols = 0 when there is none) located already.
-  void prepare(const StoredTile& next) {
+  static void locate_rows(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n,
+                          Row* kr, Row* vr, const float** kscales, const float** vscales) {
+    if constexpr (kI4) {
+      const KVT* kb[BC];
+      const KVT* vb[BC];
+      keys.locate(j0, n, kb, kscales);
+      values.locate(j0, n, vb, vscales);
+      const std::int64_t kstride = keys.scale->stride[3], vstride = values.scale->stride[3];
+      for (std::int64_t c = 0; c < n; ++c) {
+        kr[c] = {reinterpret_cast<const std::uint8_t*>(kb[c]), kscales[c], kstride, 0};
+        vr[c] = {reinterpret_cast<const std::uint8_t*>(vb[c]), vscales[c], vstride, 0};
+      }
+    } else {
+      keys.locate(j0, n, kr, kscales);
+      values.locate(j0, n, vr, vscales);
+    }
+  }
+  // Ready to be used: i8 rows' scales loaded.
+  void prepare() {
     if constexpr (kScaled)
       for (std::int64_t c = 0; c < cols; ++c) ks[c] = *ks_at[c], vs[c] = *vs_at[c];
-    if constexpr (kLookAhead)
-      for (std::int64_t c = 0; c < cols; ++c) {
-        const std::int64_t a = c + kAheadKeys;
-        ahead[c] = a < cols ? k[a] : a - cols < next.cols ? next.k[a - cols] : Row{};
-      }
   }
   const float* kscale() const { return kScaled ? ks : nullptr; }
   const float* vscale() const { return kScaled ? vs : nullptr; }
-  const Row* look_ahead() const { return kLookAhead ? ahead : nullptr; }
 };
 
 // The keys of a block over [kv_lo, kv_hi): those some lane may see (the union of the lanes' ranges, `visible`), and
@@ -792,12 +814,15 @@ struct BlockKeys {
 // accumulator and every lane's state empty.
 template <int NL, class QT>
 void start_block(const core::Problem& p, const Lanes& lanes, Workspace& ws) {
-  std::fill(ws.q.begin(), ws.q.end(), 0.0f);
+  // (row-major blocks read NL rows of q and o: clearing only those saved a 64 KiB fill per block of a decode step)
+  const std::size_t q_used = NL ? static_cast<std::size_t>(NL * p.Dk) : ws.q.size();
+  const std::size_t o_used = NL ? static_cast<std::size_t>(NL * p.Dv) : ws.o.size();
+  std::fill(ws.q.begin(), ws.q.begin() + q_used, 0.0f);
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     const QT* q = static_cast<const QT*>(p.q.data) + p.q.offset(lanes.b, lanes.h[r], lanes.i[r], 0);
     for (std::int64_t d = 0; d < p.Dk; ++d) ws.q[NL ? r * p.Dk + d : d * BR + r] = core::to_float(q[d * p.q.stride[3]]);
   }
-  std::fill(ws.o.begin(), ws.o.end(), 0.0f);
+  std::fill(ws.o.begin(), ws.o.begin() + o_used, 0.0f);
   std::fill(ws.m.begin(), ws.m.end(), core::kNegInf);
   std::fill(ws.l.begin(), ws.l.end(), 0.0f);
 }
@@ -841,19 +866,22 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
                   reinterpret_cast<core::bf16*>(ws.v.data()), p.Dv);
 #endif
     StoredTile<KVT> tile[2];  // this tile's rows and the next one's
-    if (keys.tiles > 0) tile[0].locate(krows, vrows, keys.j0(0), keys.cols(0));
+    // far rows: forward walks only, up to the block's last key (tiles walked backwards prefetch nothing)
+    const std::int64_t far = StoredTile<KVT>::far_keys(p.Dk), far_end = keys.backwards ? 0 : keys.visible_hi;
+    const auto locate = [&](StoredTile<KVT>& tl, std::int64_t t) {
+      tl.locate(krows, vrows, keys.j0(t), keys.cols(t), keys.j0(t) + far, far_end);
+    };
+    if (keys.tiles > 0) locate(tile[0], 0);
     for (std::int64_t t = 0; t < keys.tiles; ++t) {
       StoredTile<KVT>& cur = tile[t & 1];
-      StoredTile<KVT>& next = tile[(t + 1) & 1];
-      next.cols = 0;
-      if (t + 1 < keys.tiles) next.locate(krows, vrows, keys.j0(t + 1), keys.cols(t + 1));
-      cur.prepare(next);
+      if (t + 1 < keys.tiles) locate(tile[(t + 1) & 1], t + 1);
+      cur.prepare();
       if (pairs)
         rows_step<QV, NL, Variant, kPairs>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t),
-                                           keys.cols(t), keys.interior(t), u, ws, cur.look_ahead());
+                                           keys.cols(t), keys.interior(t), u, ws, cur.k_far, cur.v_far);
       else
         rows_step<QV, NL, Variant>(p, lanes, cur.k, cur.v, cur.kscale(), cur.vscale(), keys.j0(t), keys.cols(t),
-                                   keys.interior(t), u, ws, cur.look_ahead());
+                                   keys.interior(t), u, ws, cur.k_far, cur.v_far);
     }
   } else {
     for (std::int64_t t = 0; t < keys.tiles; ++t) {
