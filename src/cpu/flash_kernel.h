@@ -372,8 +372,6 @@ inline void pv_rows_pairs_step(const std::uint32_t* pw, const core::bf16* const*
     }
 }
 
-// pv_rows for bf16 pairs: the weights Pᵀ[c][r] as bf16 pairs, then 32·DB value dims at a time (NL·2·DB <= 16
-// accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
 // The weights Pᵀ[c][r] (lanes r < NL <= 16) rounded to bf16 (vcvtneps2bf16: to nearest even, as
 // core::from_float), as pairs pw[c/2][r] = (key c, key c + 1), an odd last key paired with 0: two rows of Pᵀ per
 // step (the scalar conversions took 9 % of bf16 decode's time).
@@ -390,6 +388,8 @@ inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw) 
   }
 }
 
+// pv_rows for bf16 pairs: the weights Pᵀ[c][r] as bf16 pairs, then 32·DB value dims at a time (NL·2·DB <= 16
+// accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
 template <int NL>
 inline void pv_rows_pairs(const float* pt, const core::bf16* const* vrows, std::int64_t dv, std::int64_t cols,
                           const float* alpha, float* o, std::uint32_t* pw, const core::bf16* zero) {
@@ -687,10 +687,10 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 // from memory once, so the score loop prefetches, a key group's rows at a time, the K and V rows k_far[c] and
 // v_far[c] (StoredTile: 32 KiB of K rows after key c) into L2. Issued all at once before the scores, the
 // prefetches stalled on full miss buffers: spreading them made D1-D3 24-33 % faster in f32 and bf16. Rows this far
-// ahead (prefetcht2), instead of this tile's V rows into L1 and the K rows 48 keys ahead into L2, made f32 decode
-// 1.35-1.6x as fast (D1-D3), f16 K/V 1.13-1.3x and bf16 D3 1.18x (Zen 5, 2 threads; D1/D2 in bf16 and the 8- and
-// 4-bit rows, bound by their arithmetic, within the noise; 32-128 KiB ahead alike): the hardware's streams alone did
-// not keep the lines of two row streams in flight while a tile computes. i8 rows (kscale,
+// ahead (prefetcht2), instead of this tile's V rows into L1 and the K rows 48 keys ahead into L2, made D1-D3 1.27-1.54x
+// as fast in f32, 1.16-1.25x in bf16, 1.08-1.42x from f16 K/V and 1.05-1.16x from i8 (i4, bound by its arithmetic,
+// unchanged; Zen 5, 2 threads, bench/results_zen5_decode_prefetch.md; 32-128 KiB ahead alike, 16 KiB and less
+// slower): the hardware's streams alone did not keep the lines of two row streams in flight while a tile computes. i8 rows (kscale,
 // vscale: their scales; null otherwise) are widened in registers like the others; a key's scale then multiplies
 // its dot product and a value's scale its weight (after the softmax has summed the weights). Pairs: both products
 // on bf16 pairs (scores_rows_pairs, pv_rows_pairs; bf16 Q, K and V rows as stored), reading q's bf16 rows and a
@@ -754,8 +754,9 @@ struct StoredTile {
     locate_rows(keys, values, j0, n, k, v, ks_at, vs_at);
     const std::int64_t n_far = std::clamp<std::int64_t>(j_end - j_far, 0, n);
     if (n_far > 0) {
-      const float* scratch[BC];
-      locate_rows(keys, values, j_far, n_far, k_far, v_far, scratch, scratch);
+      const float* kscales[BC];  // (not used: only the rows are prefetched)
+      const float* vscales[BC];
+      locate_rows(keys, values, j_far, n_far, k_far, v_far, kscales, vscales);
     }
     std::fill(k_far + n_far, k_far + n, Row{}), std::fill(v_far + n_far, v_far + n, Row{});
     if constexpr (kScaled || kI4)
