@@ -282,24 +282,35 @@ inline void pv_rows(const float* pt, const R* vrows, std::int64_t dv, std::int64
 }
 
 // bf16 pair products for the row-major (decode) form, where the level has them (ATTN_VEC_BF16_DOT: avx512bf16) and
-// Q, K and V are all bf16: vdpbf16ps multiplies a bf16 pair of each operand into an fp32 lane, so K and V rows are
-// read as stored with no widening, and one instruction does the work of two FMAs. The scores pair dims (q's bf16
-// values are exact: its widened fp32 rows rounded back); P·V pairs keys (rows c and c + 1 interleaved by one unpack,
-// the weights rounded to bf16 as the pair-product prefill and every bf16 flash kernel round P). The accumulators,
-// the sums and the stores are the fp32 forms' (store_group_scores; o rows in memory).
+// Q is bf16 and K and V are bf16 or i8: vdpbf16ps multiplies a bf16 pair of each operand into an fp32 lane, so bf16
+// rows are read as stored with no widening, and one instruction does the work of two FMAs; i8 rows are widened to
+// bf16 (exactly), five instructions per 32 values, where the fp32 form spent four and twice the FMAs (D1/D2 from an
+// i8 cache 1.15x as fast, Zen 5). The scores pair dims (q's bf16 values are exact: its widened fp32 rows rounded
+// back); P·V pairs keys (rows c and c + 1 interleaved by one unpack, the weights, i8 rows' scales folded in, rounded
+// to bf16 as the pair-product prefill and every bf16 flash kernel round P: with bf16 outputs that rounding is below
+// the output's own). The accumulators, the sums and the stores are the fp32 forms' (store_group_scores; o rows in
+// memory).
 #if ATTN_VEC_BF16_DOT
 inline constexpr bool kBf16Dot = true;
 using BH = __m512bh;
 inline BH load_pairs(const void* p) { return (BH)_mm512_loadu_si512(p); }
+// 32 values of a K or V row as bf16, in order: bf16 rows as stored; i8 rows widened (exact: |x| <= 128 has 8
+// significant bits), their scale applied to the products' sums (scores) or folded into the weights (P·V).
+inline BH load_pairs(const core::bf16* p) { return load_pairs(static_cast<const void*>(p)); }
+inline BH load_pairs(const std::int8_t* p) {
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
+  return _mm512_cvtne2ps_pbh(hi, lo);  // values 0-15 from lo, 16-31 from hi
+}
 
-template <int NL, int KG>
-inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, const core::bf16* const* k,
+template <int NL, int KG, class T>
+inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, const T* const* k,
                                      std::int64_t dk, std::int64_t c, std::int64_t cols, float mult, float* st,
-                                     const core::bf16* const* pf, std::int64_t pf_bytes, const core::bf16* const* pk) {
+                                     const T* const* pf, std::int64_t pf_bytes, const T* const* pk) {
   constexpr int NA = KG * NL;
   const std::int64_t d_end = dk / 32 * 32;
   for (; c + KG <= cols; c += KG) {
-    prefetch_group<KG>(pf, pf_bytes, pk, row_bytes<const core::bf16*>(dk), c);
+    prefetch_group<KG>(pf, pf_bytes, pk, row_bytes<const T*>(dk), c);
     V acc[NA];
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t d = 0; d < d_end; d += 32)
@@ -314,10 +325,10 @@ inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, co
 
 // scores_rows for bf16 pairs (16 accumulators: W / NL keys x NL lanes, as the fp32 form's AVX-512 shape), from q's
 // rows as bf16 (qb, made once per block: start_pairs) and as fp32 (q, for the last dk % 32 dims).
-template <int NL>
-inline void scores_rows_pairs(const float* q, const core::bf16* const* k, std::int64_t dk, std::int64_t cols,
-                              float mult, float* st, const core::bf16* const* pf, std::int64_t pf_bytes,
-                              const core::bf16* const* pk, const std::uint16_t* qb) {
+template <int NL, class T>
+inline void scores_rows_pairs(const float* q, const T* const* k, std::int64_t dk, std::int64_t cols,
+                              float mult, float* st, const T* const* pf, std::int64_t pf_bytes,
+                              const T* const* pk, const std::uint16_t* qb) {
   constexpr int KG = W / NL > 1 ? W / NL : 1;
   std::int64_t c = score_keys_pairs<NL, KG>(qb, q, k, dk, 0, cols, mult, st, pf, pf_bytes, pk);
   if constexpr (KG > 2) c = score_keys_pairs<NL, KG / 2>(qb, q, k, dk, c, cols, mult, st, pf, pf_bytes, pk);
@@ -339,8 +350,8 @@ inline void o_from_pair_order(V lo, V hi, V& x0, V& x1) {
 
 // o_r = α_r·o_r + Σ_c P[c][r] v_c for lanes r < NL and value dims d .. d + 32·DB, from the weights' bf16 pairs
 // pw[c/2][r] (keys c, c + 1) and V rows in pairs (an odd last key paired with `zero`).
-template <int NL, int DB>
-inline void pv_rows_pairs_step(const std::uint32_t* pw, const core::bf16* const* vrows, const core::bf16* zero,
+template <int NL, int DB, class T>
+inline void pv_rows_pairs_step(const std::uint32_t* pw, const T* const* vrows, const T* zero,
                                std::int64_t dv, std::int64_t cols, const float* alpha, float* o, std::int64_t d) {
   V acc[NL][2 * DB];
   for (int r = 0; r < NL; ++r)
@@ -350,10 +361,10 @@ inline void pv_rows_pairs_step(const std::uint32_t* pw, const core::bf16* const*
                       acc[r][2 * e], acc[r][2 * e + 1]);
     }
   for (std::int64_t c = 0; c < cols; c += 2) {
-    const core::bf16* v1 = c + 1 < cols ? vrows[c + 1] : zero;
+    const T* v1 = c + 1 < cols ? vrows[c + 1] : zero;
     BH lo[DB], hi[DB];
     for (int e = 0; e < DB; ++e) {
-      const __m512i a = _mm512_loadu_si512(vrows[c] + d + 32 * e), b = _mm512_loadu_si512(v1 + d + 32 * e);
+      const __m512i a = (__m512i)load_pairs(vrows[c] + d + 32 * e), b = (__m512i)load_pairs(v1 + d + 32 * e);
       lo[e] = (BH)_mm512_unpacklo_epi16(a, b), hi[e] = (BH)_mm512_unpackhi_epi16(a, b);
     }
     for (int r = 0; r < NL; ++r) {
@@ -390,9 +401,9 @@ inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw) 
 
 // pv_rows for bf16 pairs: the weights Pᵀ[c][r] as bf16 pairs, then 32·DB value dims at a time (NL·2·DB <= 16
 // accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
-template <int NL>
-inline void pv_rows_pairs(const float* pt, const core::bf16* const* vrows, std::int64_t dv, std::int64_t cols,
-                          const float* alpha, float* o, std::uint32_t* pw, const core::bf16* zero) {
+template <int NL, class T>
+inline void pv_rows_pairs(const float* pt, const T* const* vrows, std::int64_t dv, std::int64_t cols,
+                          const float* alpha, float* o, std::uint32_t* pw, const T* zero) {
   weight_pairs<NL>(pt, cols, pw);
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
   std::int64_t d = 0;
@@ -693,7 +704,7 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 // slower): the hardware's streams alone did not keep the lines of two row streams in flight while a tile computes. i8 rows (kscale,
 // vscale: their scales; null otherwise) are widened in registers like the others; a key's scale then multiplies
 // its dot product and a value's scale its weight (after the softmax has summed the weights). Pairs: both products
-// on bf16 pairs (scores_rows_pairs, pv_rows_pairs; bf16 Q, K and V rows as stored), reading q's bf16 rows and a
+// on bf16 pairs (scores_rows_pairs, pv_rows_pairs; bf16 Q, K and V rows bf16 or i8), reading q's bf16 rows and a
 // zero V row from the workspace's K and V tiles (unused for rows read as stored), where start_pairs put them.
 template <int QV, int NL, class Variant, bool Pairs = false, class R>
 void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
@@ -716,7 +727,7 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
 #if ATTN_VEC_BF16_DOT
   else if constexpr (Pairs) {
     alignas(64) std::uint32_t pw[BC / 2 * NL];
-    const auto* zero = reinterpret_cast<const core::bf16*>(ws.v.data());
+    const auto* zero = reinterpret_cast<std::remove_cv_t<std::remove_pointer_t<R>>*>(ws.v.data());
     pv_rows_pairs<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(), pw, zero);  // O = α·O + P V
   }
 #endif
@@ -747,17 +758,14 @@ struct StoredTile {
     return std::clamp<std::int64_t>(kFarBytes / std::max<std::int64_t>(row_bytes<Row>(dk), 1), BC, 8 * BC);
   }
 
-  // Rows j0 .. j0+n-1, and as the far rows those from j_far up to j_end (none when j_far >= j_end).
+  // Rows j0 .. j0+n-1, and as the far rows those from j_far up to j_end (none when j_far >= j_end; located
+  // without their scales: only their bytes are prefetched).
   void locate(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n,
               std::int64_t j_far, std::int64_t j_end) {
     cols = n;
     locate_rows(keys, values, j0, n, k, v, ks_at, vs_at);
     const std::int64_t n_far = std::clamp<std::int64_t>(j_end - j_far, 0, n);
-    if (n_far > 0) {
-      const float* kscales[BC];  // (not used: only the rows are prefetched)
-      const float* vscales[BC];
-      locate_rows(keys, values, j_far, n_far, k_far, v_far, kscales, vscales);
-    }
+    if (n_far > 0) locate_rows(keys, values, j_far, n_far, k_far, v_far, nullptr, nullptr);  // (rows only)
     std::fill(k_far + n_far, k_far + n, Row{}), std::fill(v_far + n_far, v_far + n, Row{});
     if constexpr (kScaled || kI4)
       for (std::int64_t c = 0; c < n; ++c) __builtin_prefetch(ks_at[c], 0, 3), __builtin_prefetch(vs_at[c], 0, 3);
@@ -771,8 +779,8 @@ struct StoredTile {
       values.locate(j0, n, vb, vscales);
       const std::int64_t kstride = keys.scale->stride[3], vstride = values.scale->stride[3];
       for (std::int64_t c = 0; c < n; ++c) {
-        kr[c] = {reinterpret_cast<const std::uint8_t*>(kb[c]), kscales[c], kstride, 0};
-        vr[c] = {reinterpret_cast<const std::uint8_t*>(vb[c]), vscales[c], vstride, 0};
+        kr[c] = {reinterpret_cast<const std::uint8_t*>(kb[c]), kscales ? kscales[c] : nullptr, kstride, 0};
+        vr[c] = {reinterpret_cast<const std::uint8_t*>(vb[c]), vscales ? vscales[c] : nullptr, vstride, 0};
       }
     } else {
       keys.locate(j0, n, kr, kscales);
@@ -859,7 +867,9 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       lanes_step<QV, KVT, Variant>(p, lanes, keys.j0(t), keys.cols(t), keys.interior(t), u, ws);
   } else if (krows.unit_stride() && vrows.unit_stride()) {
     // bf16 Q, K and V on a level with pair products, where the dispatcher prefers them (cpu::bf16_dot_preferred)
-    constexpr bool kPairs = kBf16Dot && std::is_same_v<QT, core::bf16> && std::is_same_v<KVT, core::bf16>;
+    // (and bf16 Q over i8 K/V: the rows widened to bf16 exactly, their scales applied as the vector form does)
+    constexpr bool kPairs = kBf16Dot && std::is_same_v<QT, core::bf16> &&
+                            (std::is_same_v<KVT, core::bf16> || std::is_same_v<KVT, std::int8_t>);
     const bool pairs = kPairs && bf16_dot_preferred();
 #if ATTN_VEC_BF16_DOT
     if (pairs)

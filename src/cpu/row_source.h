@@ -52,8 +52,14 @@ struct RowSource {
       if constexpr (kScaled)
         if (scales) scales[c] = static_cast<const float*>(scale->data) + scale->offset(a, hk, r, 0);
     };
-    if (!paged) {
-      for (std::int64_t c = 0; c < n; ++c) at(c, b, j0 + c);
+    if (!paged) {  // (offsets stepped, not recomputed: a decode tile locates 64 rows, twice)
+      const std::int64_t o0 = t->offset(b, hk, j0, 0), step = t->stride[2];
+      for (std::int64_t c = 0; c < n; ++c) rows[c] = this->at(o0 + c * step);
+      if constexpr (kScaled)
+        if (scales) {
+          const float* s0 = static_cast<const float*>(scale->data) + scale->offset(b, hk, j0, 0);
+          for (std::int64_t c = 0; c < n; ++c) scales[c] = s0 + c * scale->stride[2];
+        }
       return;
     }
     const core::Paged& pg = *p->paged;
