@@ -221,7 +221,7 @@ TEST(Dispatch, Bf16PrefillRunsOnTheLevelsPairProducts) {
     SCOPED_TRACE(cpu::isa_name(isa));
     ForceIsa force(isa);
     const bool dot = isa == cpu::Isa::avx512bf16 && cpu::bf16_dot_preferred();
-    EXPECT_EQ(cpu::bf16_dot_preferred(), cpu::cpu_features().bf16_dot_fast());
+    EXPECT_EQ(cpu::bf16_dot_preferred(), cpu::cpu_features().bf16_dot_fast());  // no override left in force
     const std::string pairs = isa == cpu::Isa::amx ? "amx" : dot ? "bf16 dot" : "vector";
     for (const auto& [c, expect] : {std::pair{prefill, pairs}, {decode, std::string("vector")}, {f32, std::string("vector")}}) {
       Instance in = instantiate(c);

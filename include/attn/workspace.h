@@ -10,9 +10,9 @@ namespace attn {
 // the backward's row statistics and dQ partial sums, the per-batch key lengths), kept between calls. Give the
 // same Workspace to repeated calls (Params::workspace), as a decode loop does: a call whose shape fits what the
 // workspace already holds allocates nothing; a larger one grows it. Not thread-safe: one Workspace per caller
-// running concurrently. Destroying (or clear()ing) it frees everything. (Without one, a forward call whose scratch
-// is at most 4 MiB reuses a per-thread scratch the library keeps between calls, freed when the thread ends; a
-// larger one is allocated and freed by the call.)
+// running concurrently. Destroying (or clear()ing) it frees everything. (Without one, a CPU call whose scratch is at
+// most 4 MiB reuses a per-thread scratch the library keeps between calls, freed when the thread ends; a larger one
+// is allocated and freed by the call.)
 class Workspace {
  public:
   Workspace();

@@ -871,7 +871,7 @@ void flash_backward(const core::BackwardProblem& bp, int threads) {
   // it is read (dq_part: every row of a chunk's partial is stored before it is added to, blocks that see none of
   // the chunk's keys are zero-filled, so a reused workspace's partials are not cleared serially on every call).
   Scratch local;
-  Scratch& sc = core::scratch(p.workspace, &kScratchKey, local);
+  Scratch& sc = core::scratch(p.workspace, &kScratchKey, local, plan.bytes(threads));
   if (!(sc.shape == plan.shape)) sc.team.clear(), sc.shape = plan.shape;
   Statistics& stats = sc.stats;
   const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };

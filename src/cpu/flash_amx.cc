@@ -605,13 +605,20 @@ struct TileScope {
   TileScope& operator=(const TileScope&) = delete;
 };
 
+// The shape of each thread's workspace, and the bytes of a call's scratch: the team's workspaces (flash_workspace,
+// Scratch).
+Workspace::Shape scratch_shape(const core::Problem& p, const Plan& plan) { return {p.Dk, p.Dv, plan.max_rows}; }
+std::int64_t scratch_bytes(const core::Problem& p, const Plan& plan, int threads) {
+  return team_size(threads, plan.items) * Workspace::bytes(scratch_shape(p, plan));
+}
+
 template <class Variant, int ExpDegree>
 void amx_forward(const core::Problem& p, int threads) {
   if (p.B == 0 || p.Sq == 0) return;  // nothing to write
   const Plan plan(p);
   Scratch local;
-  Scratch& sc = core::scratch(p.workspace, &kScratchKey, local);
-  const Workspace::Shape shape{p.Dk, p.Dv, plan.max_rows};
+  Scratch& sc = core::scratch(p.workspace, &kScratchKey, local, scratch_bytes(p, plan, threads));
+  const Workspace::Shape shape = scratch_shape(p, plan);
   if (!(sc.shape == shape)) sc.team.clear(), sc.shape = shape;
   run_team<TileScope>(&sc.team, threads, plan.items, [&](int) { return Workspace(shape); },
                       loop(plan.items, [&](std::int64_t it, Workspace& ws) { run_item<Variant, ExpDegree>(p, plan, it, ws); }));
@@ -638,8 +645,7 @@ FlashFn flash_kernel(const core::Problem& p) {
 
 std::int64_t flash_workspace(const core::Problem& p, int threads) {
   if (p.B == 0 || p.Sq == 0) return 0;
-  const Plan plan(p);
-  return team_size(threads, plan.items) * Workspace::bytes({p.Dk, p.Dv, plan.max_rows});
+  return scratch_bytes(p, Plan(p), threads);
 }
 
 }  // namespace attn::cpu::ATTN_AMX_NS

@@ -1128,19 +1128,11 @@ void run_plan(const core::Problem& p, int threads, const Plan& plan, Scratch& sc
            }, Spread::even));
 }
 
-// Without a caller's Workspace, a call whose scratch is at most kKeepScratchBytes takes it from its thread's
-// kept_scratch, kept between calls, so that a decode loop allocates, zeroes and page-faults nothing per step (a
-// 64-key decode step spent 18 % of its time so: Hq 32, Hkv 8, D 128, 1 thread); a larger scratch is the call's own
-// and freed when it ends, as before. Kept scratch is reused exactly as a caller's Workspace is: the same bits.
-inline constexpr std::int64_t kKeepScratchBytes = std::int64_t{4} << 20;
-inline thread_local Scratch kept_scratch;
-
 template <class QT, class KVT, class Variant>
 void flash_forward(const core::Problem& p, int threads) {
   const Plan plan(p);
   Scratch local;
-  const bool keep = !p.workspace && plan.bytes(p, threads) <= kKeepScratchBytes;
-  Scratch& sc = keep ? kept_scratch : core::scratch(p.workspace, &kScratchKey, local);
+  Scratch& sc = core::scratch(p.workspace, &kScratchKey, local, plan.bytes(p, threads));
   core::Problem gathered;
   if constexpr (!RowSource<KVT>::kScaled)  // (Plan: quantised rows are never gathered)
     if (plan.gather_bytes > 0 && gather_kv<KVT>(p, plan, threads, sc, &gathered))
