@@ -299,6 +299,18 @@ std::vector<Case> registry() {
        .scale = 1.0});
   add({.B = 1, .Hq = 16, .Hkv = 1, .Sq = 2, .Skv = 203, .Dk = 576, .Dv = 512, .causal = Causal::bottom_right,
        .dtype = DType::bf16, .kv_dtype = DType::i4});
+  // bf16 Q over 4-bit rows on the pair products (avx512bf16; head dims of whole blocks): 2, 4 and 8 lanes, a last
+  // span of one block (Dk 96, 160), Dk != Dv, one block (32), odd key counts, paged, the variants, the wide band.
+  add({.B = 3, .Hq = 2, .Hkv = 1, .Sq = 1, .Skv = 113, .Dk = 96, .Dv = 32, .causal = Causal::bottom_right,
+       .kv_lens = true, .dtype = DType::bf16, .kv_dtype = DType::i4, .page_size = 16});
+  add({.B = 2, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 203, .Dk = 160, .Dv = 64, .mask = MaskCase::additive_full,
+       .dtype = DType::bf16, .kv_dtype = DType::i4, .softcap = 5.0, .alibi = 2, .sinks = true, .dropout = 0.2});
+  add({.B = 2, .Hq = 4, .Hkv = 1, .Sq = 2, .Skv = 7, .Dk = 32, .Dv = 32, .causal = Causal::bottom_right,
+       .dtype = DType::bf16, .kv_dtype = DType::i4});
+  add({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 128, .dtype = DType::bf16,
+       .kv_dtype = DType::i4, .amplitude = 30, .scale = 1.0});
+  add({.B = 2, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 1, .Dk = 128, .Dv = 96, .kv_lens = true, .dtype = DType::bf16,
+       .kv_dtype = DType::i4});
   // bf16 prefill runs on its own kernel where the CPU has AMX, and bf16 rows are widened in registers by
   // the decode micro-kernels: every fp32 case above again in bf16 (every head dim, mask, window,
   // alignment, layout, key length, page size, decode and prefill).

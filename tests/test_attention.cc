@@ -44,10 +44,10 @@ TEST_P(AttentionCase, MatchesFp64Reference) {
     // Without an LSE output a kernel may take a cheaper path (AMX: the degree-3 exp2); low precision only,
     // where such paths exist.
     if (c.dtype != DType::f32) check(Backend::flash, false);
-    // bf16 Q over bf16 or i8 K/V at the avx512bf16 level: the other choice of the pair products too (the CPU's own
-    // runs above), so that both kernels are checked on every machine with the level, AMD or Intel
+    // bf16 Q over bf16, i8 or i4 K/V at the avx512bf16 level: the other choice of the pair products too (the CPU's
+    // own runs above), so that both kernels are checked on every machine with the level, AMD or Intel
     if (isa == cpu::Isa::avx512bf16 && c.dtype == DType::bf16 &&
-        (c.kv_dtype == DType::bf16 || c.kv_dtype == DType::i8)) {
+        (c.kv_dtype == DType::bf16 || c.kv_dtype == DType::i8 || c.kv_dtype == DType::i4)) {
       SCOPED_TRACE(cpu::bf16_dot_preferred() ? "bf16 pair products off" : "bf16 pair products on");
       ForceBf16Dot other(!cpu::bf16_dot_preferred());
       check(Backend::flash);

@@ -290,6 +290,12 @@ inline void pv_rows(const float* pt, const R* vrows, std::int64_t dv, std::int64
 // to bf16 as the pair-product prefill and every bf16 flash kernel round P: with bf16 outputs that rounding is below
 // the output's own). The accumulators, the sums and the stores are the fp32 forms' (store_group_scores; o rows in
 // memory).
+// Whether 4-bit rows of this problem take the pair products: whole blocks, and each row's block scales adjacent.
+inline bool q4_pairs_usable(const core::Problem& p) {
+  const auto adjacent = [](const core::Strided& s, std::int64_t dim) { return dim <= 32 || s.stride[3] == 1; };
+  return p.Dk % 32 == 0 && p.Dv % 32 == 0 && adjacent(*p.k_scale, p.Dk) && adjacent(*p.v_scale, p.Dv);
+}
+
 #if ATTN_VEC_BF16_DOT
 inline constexpr bool kBf16Dot = true;
 using BH = __m512bh;
@@ -423,6 +429,188 @@ inline void pv_rows_pairs(const float* pt, const T* const* vrows, std::int64_t d
 inline void start_pairs(const float* q, std::int64_t n, std::uint16_t* qb, core::bf16* zero, std::int64_t dv) {
   for (std::int64_t i = 0; i < n; ++i) qb[i] = core::from_float<core::bf16>(q[i]).bits;
   std::fill(zero, zero + dv, core::bf16{0});
+}
+
+// 4-bit rows on the pair products (bf16 Q over i4 K/V; Dk and Dv multiples of 32, each row's block scales adjacent:
+// q4_pairs_usable). A nibble u becomes its value u − 8 as bf16 by one table lookup (vpermw, exact: |x| <= 8), so
+// 64 values take a zero-extension, a shift and two lookups, where the fp32 form spent four instructions per 16 and
+// twice the FMAs. The scores read a span of two blocks (64 dims, 32 bytes) at once: its low nibbles are its even
+// dims and its high nibbles its odd ones, q's bf16 rows are laid out to match (start_pairs_q4), and a block's scale
+// multiplies its lanes of the two products' sums (lanes 0-7 the first block, 8-15 the second) once per key and
+// lane. P·V pairs keys as the bf16 form does, each block's V scale folded into its own weights (rounded to bf16
+// after the scale, as the i8 form's). The accumulators hold a block's even dims, then its odd ones.
+inline __m512i q4_bf16_table() {  // entry i: bf16 of (i & 15) − 8 (vpermw reads 5 bits of each index word)
+  alignas(64) static constexpr std::uint16_t kValues[16] = {0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040,
+                                                            0xC000, 0xBF80, 0x0000, 0x3F80, 0x4000, 0x4040,
+                                                            0x4080, 0x40A0, 0x40C0, 0x40E0};
+  const __m256i half = _mm256_load_si256(reinterpret_cast<const __m256i*>(kValues));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(half), half, 1);
+}
+// Words 0-31 of w (each a byte of packed values, zero-extended) as bf16: the low nibbles (lo) and the high (hi).
+ATTN_INLINE void q4_nibbles(__m512i w, __m512i table, BH& lo, BH& hi) {
+  lo = (BH)_mm512_permutexvar_epi16(w, table), hi = (BH)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), table);
+}
+constexpr std::int64_t q4_spans(std::int64_t dk) { return (dk + 63) / 64; }
+
+// q's rows [NL][dk] (fp32, widened from bf16: exact) as bf16 in the scores' order: per row and span of 64 dims, its
+// even dims, then its odd ones (32 words each; a last span of one block zero in words 16-31).
+inline void start_pairs_q4(const float* q, int nl, std::int64_t dk, std::uint16_t* qb) {
+  const std::int64_t spans = q4_spans(dk);
+  for (int r = 0; r < nl; ++r)
+    for (std::int64_t s = 0; s < spans; ++s)
+      for (int n = 0; n < 32; ++n)
+        for (int odd = 0; odd < 2; ++odd) {
+          const std::int64_t d = 64 * s + 2 * n + odd;
+          qb[((r * spans + s) * 2 + odd) * 32 + n] = d < dk ? core::from_float<core::bf16>(q[r * dk + d]).bits : 0;
+        }
+}
+
+// score_keys_pairs for 4-bit K rows: per key and span, t = q_even·k_even + q_odd·k_odd in lanes (a block's 8
+// lanes each), then acc += t · (the span's block scales).
+template <int NL, int KG>
+inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::int64_t dk, std::int64_t c,
+                                  std::int64_t cols, float mult, float* st, const Q4Row* pf, std::int64_t pf_bytes,
+                                  const Q4Row* pk) {
+  constexpr int NA = KG * NL;
+  const std::int64_t spans = q4_spans(dk), whole = dk / 64;
+  const __m512i table = q4_bf16_table();
+  for (; c + KG <= cols; c += KG) {
+    prefetch_group<KG>(pf, pf_bytes, pk, row_bytes<Q4Row>(dk), c);
+    V acc[NA];
+    for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
+    for (std::int64_t s = 0; s < spans; ++s)
+      for (int g = 0; g < KG; ++g) {
+        const Q4Row& row = k[c + g];
+        const std::uint8_t* bytes = row.bytes + 32 * s;
+        const float* sc = row.scales + 2 * s * row.stride;
+        __m512i w;
+        V scale;
+        if (s < whole) {
+          w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
+          scale = _mm512_insertf32x8(_mm512_set1_ps(sc[0]), _mm256_set1_ps(sc[row.stride]), 1);
+        } else {  // a last span of one block: its words 16-31 zero, as are q's there
+          w = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))));
+          scale = _mm512_set1_ps(sc[0]);
+        }
+        BH lo, hi;
+        q4_nibbles(w, table, lo, hi);
+        for (int r = 0; r < NL; ++r) {
+          const std::uint16_t* qe = qb + (r * spans + s) * 64;
+          const V t = _mm512_dpbf16_ps(_mm512_dpbf16_ps(Vec::zero(), load_pairs(qe), lo), load_pairs(qe + 32), hi);
+          acc[g * NL + r] = Vec::fmadd(t, scale, acc[g * NL + r]);
+        }
+      }
+    for (int a0 = 0; a0 < NA; a0 += W) store_group_scores<NL, NA>(acc, a0, nullptr, k, dk, dk, c, mult, st);
+  }
+  return c;
+}
+
+template <int NL>
+inline void scores_rows_pairs(const float*, const Q4Row* k, std::int64_t dk, std::int64_t cols, float mult,
+                              float* st, const Q4Row* pf, std::int64_t pf_bytes, const Q4Row* pk,
+                              const std::uint16_t* qb) {
+  constexpr int KG = W / NL > 1 ? W / NL : 1;
+  std::int64_t c = score_keys_q4<NL, KG>(qb, k, dk, 0, cols, mult, st, pf, pf_bytes, pk);
+  if constexpr (KG > 2) c = score_keys_q4<NL, KG / 2>(qb, k, dk, c, cols, mult, st, pf, pf_bytes, pk);
+  if constexpr (KG > 1) score_keys_q4<NL, 1>(qb, k, dk, c, cols, mult, st, pf, pf_bytes, pk);
+}
+
+// The weights of 4-bit V rows: pw[c/2][b][r] = the pair (Pᵀ[c][r]·scale_c(b), Pᵀ[c+1][r]·scale_c+1(b)) rounded to
+// bf16, for the nb blocks b of a row (scales adjacent), 16 (block, lane) entries of a key at a time; an odd last key
+// paired with 0.
+template <int NL>
+inline void weight_pairs_q4(const float* pt, const Q4Row* vrows, std::int64_t cols, std::int64_t nb,
+                            std::uint32_t* pw) {
+  static_assert(16 % NL == 0, "whole blocks of lanes per vector");
+  constexpr int BPV = 16 / NL;  // blocks per vector
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i of_lane = _mm512_and_si512(lane, _mm512_set1_epi32(NL - 1));    // entry i: lane i % NL
+  const __m512i of_block = _mm512_srli_epi32(lane, NL == 2 ? 1 : NL == 4 ? 2 : 3);  // and block i / NL
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const std::int64_t n = nb * NL;  // entries per key
+  for (std::int64_t c = 0; c < cols; c += 2) {
+    const bool pair = c + 1 < cols;
+    const V p0 = _mm512_permutexvar_ps(of_lane, Vec::load(pt + c * BR));
+    const V p1 = pair ? _mm512_permutexvar_ps(of_lane, Vec::load(pt + (c + 1) * BR)) : Vec::zero();
+    for (std::int64_t e = 0; e < n; e += 16) {
+      const std::int64_t b0 = e / NL, blocks = std::min<std::int64_t>(BPV, nb - b0);
+      const __mmask16 in_row = static_cast<__mmask16>((1u << blocks) - 1);
+      const V s0 = _mm512_permutexvar_ps(of_block, _mm512_maskz_loadu_ps(in_row, vrows[c].scales + b0));
+      const V s1 = pair ? _mm512_permutexvar_ps(of_block, _mm512_maskz_loadu_ps(in_row, vrows[c + 1].scales + b0))
+                        : Vec::zero();
+      // bf16 of key c in words 0-15 and of key c + 1 in 16-31, interleaved into pairs
+      const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(Vec::mul(p1, s1), Vec::mul(p0, s0));
+      const __mmask16 valid = static_cast<__mmask16>(n - e >= 16 ? 0xFFFF : (1u << (n - e)) - 1);
+      _mm512_mask_storeu_epi32(pw + (c / 2) * n + e, valid, _mm512_permutexvar_epi16(interleave, w));
+    }
+  }
+}
+
+// The accumulators of o's dims d .. d + 31: even dims (lo) and odd ones (hi), and back.
+inline void o_to_q4_order(V x0, V x1, V& lo, V& hi) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  lo = _mm512_permutex2var_ps(x0, even, x1);
+  hi = _mm512_permutex2var_ps(x0, _mm512_add_epi32(even, _mm512_set1_epi32(1)), x1);
+}
+inline void o_from_q4_order(V lo, V hi, V& x0, V& x1) {
+  const __m512i i0 = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  x0 = _mm512_permutex2var_ps(lo, i0, hi);
+  x1 = _mm512_permutex2var_ps(lo, _mm512_add_epi32(i0, _mm512_set1_epi32(8)), hi);
+}
+
+// pv_rows_pairs_step for 4-bit V rows: blocks b0 .. b0+DB-1 (dims 32·b0 ..), the bytes of keys c and c + 1
+// interleaved and zero-extended to words (the pair of each byte's dims), their nibbles looked up; an odd last key
+// paired with itself (its weight is 0, its values finite).
+template <int NL, int DB>
+inline void pv_rows_q4_step(const std::uint32_t* pw, std::int64_t nb, const Q4Row* vrows, std::int64_t dv,
+                            std::int64_t cols, const float* alpha, float* o, std::int64_t b0) {
+  const __m512i table = q4_bf16_table();
+  V acc[NL][2 * DB];
+  for (int r = 0; r < NL; ++r)
+    for (int e = 0; e < DB; ++e) {
+      const V a = Vec::set1(alpha[r]);
+      const float* x = o + r * dv + 32 * (b0 + e);
+      o_to_q4_order(Vec::mul(Vec::load(x), a), Vec::mul(Vec::load(x + 16), a), acc[r][2 * e], acc[r][2 * e + 1]);
+    }
+  for (std::int64_t c = 0; c < cols; c += 2) {
+    const std::uint8_t* va = vrows[c].bytes + 16 * b0;
+    const std::uint8_t* vb = (c + 1 < cols ? vrows[c + 1] : vrows[c]).bytes + 16 * b0;
+    BH lo[DB], hi[DB];
+    for (int e = 0; e < DB; ++e) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(va + 16 * e));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(vb + 16 * e));
+      q4_nibbles(_mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b))), table,
+                 lo[e], hi[e]);
+    }
+    const std::uint32_t* wc = pw + (c / 2) * nb * NL + b0 * NL;
+    for (int e = 0; e < DB; ++e)
+      for (int r = 0; r < NL; ++r) {
+        const BH w = (BH)_mm512_set1_epi32(static_cast<int>(wc[e * NL + r]));
+        acc[r][2 * e] = _mm512_dpbf16_ps(acc[r][2 * e], w, lo[e]);
+        acc[r][2 * e + 1] = _mm512_dpbf16_ps(acc[r][2 * e + 1], w, hi[e]);
+      }
+  }
+  for (int r = 0; r < NL; ++r)
+    for (int e = 0; e < DB; ++e) {
+      V x0, x1;
+      o_from_q4_order(acc[r][2 * e], acc[r][2 * e + 1], x0, x1);
+      float* x = o + r * dv + 32 * (b0 + e);
+      Vec::store(x, x0), Vec::store(x + 16, x1);
+    }
+}
+
+// pv_rows_pairs for 4-bit V rows (dv a multiple of 32): the weights with their blocks' scales (pw: cols / 2 · dv / 32
+// · NL pairs), then DB blocks at a time.
+template <int NL>
+inline void pv_rows_pairs(const float* pt, const Q4Row* vrows, std::int64_t dv, std::int64_t cols,
+                          const float* alpha, float* o, std::uint32_t* pw) {
+  const std::int64_t nb = dv / 32;
+  weight_pairs_q4<NL>(pt, vrows, cols, nb, pw);
+  constexpr int DB = NL >= 8 ? 1 : 8 / NL;
+  std::int64_t b = 0;
+  for (; b + DB <= nb; b += DB) pv_rows_q4_step<NL, DB>(pw, nb, vrows, dv, cols, alpha, o, b);
+  for (; b < nb; ++b) pv_rows_q4_step<NL, 1>(pw, nb, vrows, dv, cols, alpha, o, b);
 }
 #else
 inline constexpr bool kBf16Dot = false;
@@ -725,7 +913,10 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
   if (hidden && !rows_finite(vrows, cols, p.Dv))
     pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), vrows, ws.alpha.data(), ws.o.data(), 1, p.Dv);
 #if ATTN_VEC_BF16_DOT
-  else if constexpr (Pairs) {
+  else if constexpr (Pairs && std::is_same_v<R, Q4Row>) {  // (the weights with their block scales: ws.v)
+    pv_rows_pairs<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(),
+                      reinterpret_cast<std::uint32_t*>(ws.v.data()));                           // O = α·O + P V
+  } else if constexpr (Pairs) {
     alignas(64) std::uint32_t pw[BC / 2 * NL];
     const auto* zero = reinterpret_cast<std::remove_cv_t<std::remove_pointer_t<R>>*>(ws.v.data());
     pv_rows_pairs<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(), pw, zero);  // O = α·O + P V
@@ -868,11 +1059,14 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
   } else if (krows.unit_stride() && vrows.unit_stride()) {
     // bf16 Q, K and V on a level with pair products, where the dispatcher prefers them (cpu::bf16_dot_preferred)
     // (and bf16 Q over i8 K/V: the rows widened to bf16 exactly, their scales applied as the vector form does)
+    constexpr bool kI4 = RowSource<KVT>::kI4;
     constexpr bool kPairs = kBf16Dot && std::is_same_v<QT, core::bf16> &&
-                            (std::is_same_v<KVT, core::bf16> || std::is_same_v<KVT, std::int8_t>);
-    const bool pairs = kPairs && bf16_dot_preferred();
+                            (std::is_same_v<KVT, core::bf16> || std::is_same_v<KVT, std::int8_t> || kI4);
+    const bool pairs = kPairs && bf16_dot_preferred() && (!kI4 || q4_pairs_usable(p));
 #if ATTN_VEC_BF16_DOT
-    if (pairs)
+    if (pairs && kI4)
+      start_pairs_q4(ws.q.data(), NL, p.Dk, reinterpret_cast<std::uint16_t*>(ws.k.data()));
+    else if (pairs)
       start_pairs(ws.q.data(), NL * p.Dk, reinterpret_cast<std::uint16_t*>(ws.k.data()),
                   reinterpret_cast<core::bf16*>(ws.v.data()), p.Dv);
 #endif
