@@ -957,9 +957,23 @@ struct StoredTile {
     locate_rows(keys, values, j0, n, k, v, ks_at, vs_at);
     const std::int64_t n_far = std::clamp<std::int64_t>(j_end - j_far, 0, n);
     if (n_far > 0) locate_rows(keys, values, j_far, n_far, k_far, v_far, nullptr, nullptr);  // (rows only)
-    std::fill(k_far + n_far, k_far + n, Row{}), std::fill(v_far + n_far, v_far + n, Row{});
+    for (std::int64_t c = n_far; c < n; ++c) null_row(k_far[c]), null_row(v_far[c]);
     if constexpr (kScaled || kI4)
       for (std::int64_t c = 0; c < n; ++c) __builtin_prefetch(ks_at[c], 0, 3), __builtin_prefetch(vs_at[c], 0, 3);
+  }
+  // 4-bit rows: every Q4Row's scale stride (and offset 0) set once per block (start), so that locating a row
+  // writes where its bytes and its scales are, and a far row (prefetched only) where its bytes are.
+  void start(const RowSource<KVT>& keys, const RowSource<KVT>& values) {
+    if constexpr (kI4) {
+      for (Row* rows : {k, k_far})
+        for (std::int64_t c = 0; c < BC; ++c) rows[c] = {nullptr, nullptr, keys.scale->stride[3], 0};
+      for (Row* rows : {v, v_far})
+        for (std::int64_t c = 0; c < BC; ++c) rows[c] = {nullptr, nullptr, values.scale->stride[3], 0};
+    }
+  }
+  static void null_row(Row& r) {
+    if constexpr (kI4) r.bytes = nullptr;
+    else r = nullptr;
   }
   static void locate_rows(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n,
                           Row* kr, Row* vr, const float** kscales, const float** vscales) {
@@ -968,11 +982,10 @@ struct StoredTile {
       const KVT* vb[BC];
       keys.locate(j0, n, kb, kscales);
       values.locate(j0, n, vb, vscales);
-      const std::int64_t kstride = keys.scale->stride[3], vstride = values.scale->stride[3];
-      for (std::int64_t c = 0; c < n; ++c) {
-        kr[c] = {reinterpret_cast<const std::uint8_t*>(kb[c]), kscales ? kscales[c] : nullptr, kstride, 0};
-        vr[c] = {reinterpret_cast<const std::uint8_t*>(vb[c]), vscales ? vscales[c] : nullptr, vstride, 0};
-      }
+      for (std::int64_t c = 0; c < n; ++c)
+        kr[c].bytes = reinterpret_cast<const std::uint8_t*>(kb[c]), vr[c].bytes = reinterpret_cast<const std::uint8_t*>(vb[c]);
+      if (kscales)
+        for (std::int64_t c = 0; c < n; ++c) kr[c].scales = kscales[c], vr[c].scales = vscales[c];
     } else {
       keys.locate(j0, n, kr, kscales);
       values.locate(j0, n, vr, vscales);
@@ -1071,6 +1084,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
                   reinterpret_cast<core::bf16*>(ws.v.data()), p.Dv);
 #endif
     StoredTile<KVT> tile[2];  // this tile's rows and the next one's
+    tile[0].start(krows, vrows), tile[1].start(krows, vrows);
     // far rows: forward walks only, up to the block's last key (tiles walked backwards prefetch nothing)
     const std::int64_t far = StoredTile<KVT>::far_keys(p.Dk), far_end = keys.backwards ? 0 : keys.visible_hi;
     const auto locate = [&](StoredTile<KVT>& tl, std::int64_t t) {
