@@ -821,18 +821,115 @@ void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t 
   }
 }
 
+// Row-major blocks of NL = 2 or 4 lanes on AVX-512 (decode of GQA groups of 2 and 4): the tile max and the softmax
+// step run on W / NL rows of Sᵀ packed into one vector (row k + i in lanes i·NL ..) instead of one row per vector
+// with W − NL lanes idle: the same operations on every score (the same weights) on a quarter or an eighth of the
+// vectors; a lane's weights are summed in another order (per row residue, then folded).
+#if defined(ATTN_VEC_AVX512)
+template <int NL>
+inline constexpr bool kPackedRows = NL == 2 || NL == 4;
+// Rows k .. k + 4/NL − 1 (NL lanes each) as one __m128.
+template <int NL>
+ATTN_INLINE __m128 packed_piece(const float* st) {
+  if constexpr (NL == 4) return _mm_loadu_ps(st);
+  else return _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(st))),
+                           reinterpret_cast<const __m64*>(st + BR));
+}
+template <int NL>
+ATTN_INLINE V load_packed(const float* st) {
+  constexpr int R = 4 / NL;  // rows per piece
+  const V x = _mm512_insertf32x4(_mm512_castps128_ps512(packed_piece<NL>(st)), packed_piece<NL>(st + R * BR), 1);
+  return _mm512_insertf32x4(_mm512_insertf32x4(x, packed_piece<NL>(st + 2 * R * BR), 2), packed_piece<NL>(st + 3 * R * BR), 3);
+}
+template <int NL>
+ATTN_INLINE void store_piece(float* st, __m128 piece) {
+  if constexpr (NL == 4) _mm_storeu_ps(st, piece);
+  else _mm_storel_pi(reinterpret_cast<__m64*>(st), piece), _mm_storeh_pi(reinterpret_cast<__m64*>(st + BR), piece);
+}
+template <int NL>
+ATTN_INLINE void store_packed(float* st, V x) {
+  constexpr int R = 4 / NL;
+  store_piece<NL>(st, _mm512_castps512_ps128(x));
+  store_piece<NL>(st + R * BR, _mm512_extractf32x4_ps(x, 1));
+  store_piece<NL>(st + 2 * R * BR, _mm512_extractf32x4_ps(x, 2));
+  store_piece<NL>(st + 3 * R * BR, _mm512_extractf32x4_ps(x, 3));
+}
+// Lanes i·NL + r of a packed vector combined by op into lane r (every lane r + j·NL holds the result).
+template <int NL, class Op>
+ATTN_INLINE V fold_packed(V x, Op op) {
+  x = op(x, _mm512_shuffle_f32x4(x, x, 0x4E));                    // 256-bit halves
+  x = op(x, _mm512_shuffle_f32x4(x, x, 0xB1));                    // 128-bit quarters
+  if constexpr (NL == 2) x = op(x, _mm512_permute_ps(x, 0x4E));  // 64-bit halves
+  return x;
+}
+// Lanes 0 .. NL − 1 of x repeated over the vector.
+template <int NL>
+ATTN_INLINE V repeat_lanes(V x) {
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  return _mm512_permutexvar_ps(_mm512_and_si512(lane, _mm512_set1_epi32(NL - 1)), x);
+}
+template <int NL>
+inline void tile_max_packed(const float* st, std::int64_t cols, V* mx) {
+  constexpr int KPV = W / NL;
+  V packed = Vec::set1(core::kNegInf), rest = packed;
+  std::int64_t k = 0;
+  for (; k + KPV <= cols; k += KPV) packed = Vec::max(packed, load_packed<NL>(st + k * BR));
+  for (; k < cols; ++k) rest = Vec::max(rest, Vec::load(st + k * BR));
+  mx[0] = Vec::max(fold_packed<NL>(packed, [](V a, V b) { return Vec::max(a, b); }), rest);
+}
+template <int NL, bool Log2Units>
+inline void softmax_step_packed(float* st, std::int64_t cols, const V* mx, float c_log2, float* m, float* l,
+                                float* alpha_out) {
+  using State = core::OnlineSoftmax<VecLanes>;
+  constexpr int KPV = W / NL;
+  const V c = Vec::set1(c_log2);
+  State state;
+  state.m = Vec::load(m), state.l = Vec::load(l);
+  Vec::store(alpha_out, state.advance(mx[0], c));
+  const V origin = state.origin(), origin_packed = repeat_lanes<NL>(origin);
+  V packed = Vec::zero(), sum = Vec::zero();
+  std::int64_t k = 0;
+  for (; k + KPV <= cols; k += KPV) {
+    const V s = load_packed<NL>(st + k * BR);
+    const V pw = Log2Units ? State::weight_log2(s, origin_packed) : State::weight(s, origin_packed, c);
+    store_packed<NL>(st + k * BR, pw);
+    packed = Vec::add(packed, pw);
+  }
+  for (; k < cols; ++k) {
+    const V s = Vec::load(st + k * BR);
+    const V pw = Log2Units ? State::weight_log2(s, origin) : State::weight(s, origin, c);
+    Vec::store(st + k * BR, pw);
+    sum = Vec::add(sum, pw);
+  }
+  state.add(Vec::add(fold_packed<NL>(packed, [](V a, V b) { return Vec::add(a, b); }), sum));
+  Vec::store(m, state.m);
+  Vec::store(l, state.l);
+}
+#else
+template <int NL>
+inline constexpr bool kPackedRows = false;
+template <int NL>
+inline void tile_max_packed(const float*, std::int64_t, V*) {}
+template <int NL, bool Log2Units>
+inline void softmax_step_packed(float*, std::int64_t, const V*, float, float*, float*, float*) {}
+#endif
+
 // The softmax of one tile: Sᵀ (scores in the call's units, hidden pairs -inf) becomes Pᵀ, and every lane's
 // state takes the tile; the vector step, or the wide one when the tile's scores are large (kscale: the scales of
 // i8 K rows, null for rows of values).
-template <int QV, class Variant, class R>
+template <int QV, class Variant, int NL = 0, class R>
 inline void softmax_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool q_rows,
                          const R* krows, const float* kscale, const Units& u, Workspace& ws) {
   V mx[QV];
-  tile_max<QV>(ws.st.data(), cols, mx);
+  if constexpr (kPackedRows<NL> && QV == 1) tile_max_packed<NL>(ws.st.data(), cols, mx);
+  else tile_max<QV>(ws.st.data(), cols, mx);
   if (needs_wide<QV>(mx, ws.m.data(), u, lanes.n))
     softmax_step_wide<Variant>(p, lanes, j0, cols, ws.q.data(), q_rows, krows, kscale, u, ws.st.data(), ws.m.data(),
                                  ws.l.data(), ws.alpha.data());
-  else if (u.c == 1.0f)
+  else if constexpr (kPackedRows<NL> && QV == 1) {
+    if (u.c == 1.0f) softmax_step_packed<NL, true>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
+    else softmax_step_packed<NL, false>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
+  } else if (u.c == 1.0f)
     softmax_step<QV, true>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
   else
     softmax_step<QV, false>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
@@ -907,7 +1004,7 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
   scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), v_far, row_bytes<R>(p.Dv), k_far);  // Sᵀ = K Qᵀ
   if (kscale) scale_keys<NL>(ws.st.data(), kscale, cols);                                       // i8 K scales
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
-  softmax_tile<QV, Variant>(p, lanes, j0, cols, true, krows, kscale, u, ws);                   // Pᵀ; m, l
+  softmax_tile<QV, Variant, NL>(p, lanes, j0, cols, true, krows, kscale, u, ws);               // Pᵀ; m, l
   drop_weights<Variant>(p, lanes, j0, cols, ws.st.data());                                     // dropout
   if (vscale) scale_keys<NL>(ws.st.data(), vscale, cols);                                       // i8 V scales
   if (hidden && !rows_finite(vrows, cols, p.Dv))
