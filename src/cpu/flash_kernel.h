@@ -157,23 +157,22 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // storage type (fp32, bf16, f16, i8, or i4 through Q4Row) and widened in registers: decode is bound by the bytes of
 // K and V. R, the type of a row: a pointer to its stored values, or a Q4Row.
 
-// Prefetches, for a group of KG keys from c, the rows pf[c + g] (pf_bytes bytes each: V rows far ahead) and
-// pk[c + g] (pk_bytes each: K rows far ahead), into L2 (prefetcht2), null entries skipped, either list null for
-// none: one of each per key, spread over the score loop rather than issued at once. Always inlined: as a function
-// of its own GCC finds it free of side effects (a prefetch is not one) and deletes its calls, every prefetch with
-// them (measured: decode 25-35 % slower until this was seen).
-template <int KG, class R>
-ATTN_INLINE void prefetch_group(const R* pf, std::int64_t pf_bytes, const R* pk, std::int64_t pk_bytes, std::int64_t c) {
-  if (pf)
-    for (int g = 0; g < KG; ++g)
-      if (pf[c + g])
-        for (std::int64_t off = 0; off < pf_bytes; off += 64)
-          __builtin_prefetch(static_cast<const char*>(row_address(pf[c + g])) + off, 0, 1);
-  if (pk)
-    for (int g = 0; g < KG; ++g)
-      if (pk[c + g])
-        for (std::int64_t off = 0; off < pk_bytes; off += 64)
-          __builtin_prefetch(static_cast<const char*>(row_address(pk[c + g])) + off, 0, 1);
+// Prefetches bytes [from, to) (the cache lines starting there) of the rows far[c] .. far[c + n - 1] (null entries
+// skipped, a null list for none) into L2 (prefetcht2). The score loop prefetches the whole K rows far ahead of its
+// keys, a key group at a time; each pass of the P·V loop over the tile (a slice of value dims) the same slice of the V
+// rows far ahead, a key pair at a time: spread over both loops and every pass, so that lines keep arriving whichever
+// runs (issued all at once before the scores the prefetches stalled on full miss buffers; with both lists in the
+// score loop the memory idled during P·V: the V rows moved to the first P·V pass made D2 bf16 1.11x as fast at 2
+// threads, then spread over every pass 1.4x; Zen 5, bench/results_zen5_decode_i4pairs.md). Always inlined: as a
+// function of its own GCC finds it free of side effects (a prefetch is not one) and deletes its calls, every
+// prefetch with them (measured: decode 25-35 % slower until this was seen).
+template <class R>
+ATTN_INLINE void prefetch_rows(const R* far, std::int64_t c, std::int64_t n, std::int64_t from, std::int64_t to) {
+  if (far)
+    for (std::int64_t g = c; g < c + n; ++g)
+      if (far[g])
+        for (std::int64_t off = (from + 63) & ~std::int64_t{63}; off < to; off += 64)
+          __builtin_prefetch(static_cast<const char*>(row_address(far[g])) + off, 0, 1);
 }
 
 // The scores of accumulators a0 .. a0+W-1 of a key group (accumulator a: key c + a / NL, lane a % NL; acc[a] holds
@@ -203,11 +202,11 @@ inline void store_group_scores(const V* acc, int a0, const float* q, const R* k,
 // then their scores stored. Returns the first key not done (cols less the last cols % KG).
 template <int NL, int KG, class R>
 inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std::int64_t c, std::int64_t cols,
-                               float mult, float* st, const R* pf, std::int64_t pf_bytes, const R* pk) {
+                               float mult, float* st, const R* pk) {
   constexpr int NA = KG * NL;
   const std::int64_t d_end = dk / W * W;
   for (; c + KG <= cols; c += KG) {
-    prefetch_group<KG>(pf, pf_bytes, pk, row_bytes<R>(dk), c);
+    prefetch_rows(pk, c, KG, 0, row_bytes<R>(dk));
     V acc[NA];  // (exactly NA: rounded up to whole vectors of W, GCC zeroed and spilled them to the stack)
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t d = 0; d < d_end; d += W)
@@ -230,17 +229,16 @@ inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std:
 // measured slower on D1 and D3. The last cols % KG keys take groups of KG / 2 keys, then single keys.
 template <int NL, class R>
 inline void scores_rows(const float* q, const R* k, std::int64_t dk, std::int64_t cols, float mult, float* st,
-                        const R* pf = nullptr, std::int64_t pf_bytes = 0, const R* pk = nullptr) {
+                        const R* pk = nullptr) {
   constexpr bool wide = W == 16 || std::is_same_v<R, const float*>;  // the W / NL x NL form
   constexpr int kAcc = wide ? W : 12, NS = wide ? NL : (NL < 4 ? NL : 4), KG = kAcc / NS > 1 ? kAcc / NS : 1;
   for (int r0 = 0; r0 < NL; r0 += NS) {
     const float* qs = q + r0 * dk;
     float* ss = st + r0;
-    const R* ps = r0 == 0 ? pf : nullptr;
     const R* pks = r0 == 0 ? pk : nullptr;
-    std::int64_t c = score_keys<NS, KG>(qs, k, dk, 0, cols, mult, ss, ps, pf_bytes, pks);
-    if constexpr (KG > 2) c = score_keys<NS, KG / 2>(qs, k, dk, c, cols, mult, ss, ps, pf_bytes, pks);
-    if constexpr (KG > 1) score_keys<NS, 1>(qs, k, dk, c, cols, mult, ss, ps, pf_bytes, pks);
+    std::int64_t c = score_keys<NS, KG>(qs, k, dk, 0, cols, mult, ss, pks);
+    if constexpr (KG > 2) c = score_keys<NS, KG / 2>(qs, k, dk, c, cols, mult, ss, pks);
+    if constexpr (KG > 1) score_keys<NS, 1>(qs, k, dk, c, cols, mult, ss, pks);
   }
 }
 
@@ -248,11 +246,12 @@ inline void scores_rows(const float* q, const R* k, std::int64_t dk, std::int64_
 // (NL·DB accumulators: enough independent FMA chains to hide their latency).
 template <int NL, int DB, class R>
 inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::int64_t cols,
-                         const float* alpha, float* o, std::int64_t d) {
+                         const float* alpha, float* o, std::int64_t d, const R* pv = nullptr) {
   V acc[NL][DB];
   for (int r = 0; r < NL; ++r)
     for (int e = 0; e < DB; ++e) acc[r][e] = Vec::mul(Vec::load(o + r * dv + d + e * W), Vec::set1(alpha[r]));
   for (std::int64_t c = 0; c < cols; ++c) {
+    prefetch_rows(pv, c, 1, row_bytes<R>(d), row_bytes<R>(d + DB * W));
     V vv[DB];
     for (int e = 0; e < DB; ++e) vv[e] = load_as_float(vrows[c] + d + e * W);
     for (int r = 0; r < NL; ++r) {
@@ -264,15 +263,16 @@ inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::
     for (int e = 0; e < DB; ++e) Vec::store(o + r * dv + d + e * W, acc[r][e]);
 }
 
+// pv: the V rows far ahead (prefetch_rows), each step prefetching its own dims of them.
 template <int NL, class R>
 inline void pv_rows(const float* pt, const R* vrows, std::int64_t dv, std::int64_t cols, const float* alpha,
-                    float* o) {
+                    float* o, const R* pv = nullptr) {
   // NL·DB accumulators, DB value vectors and a broadcast weight in registers: 16 accumulators with AVX-512's 32
   // registers, 8 with the 16 of AVX2 and SSE2 (16 there spilled to the stack: measured on D2).
   constexpr int kAcc = W == 16 ? 16 : 8, DB = NL >= kAcc ? 1 : kAcc / NL;
   std::int64_t d = 0;
-  for (; d + DB * W <= dv; d += DB * W) pv_rows_step<NL, DB>(pt, vrows, dv, cols, alpha, o, d);
-  for (; d + W <= dv; d += W) pv_rows_step<NL, 1>(pt, vrows, dv, cols, alpha, o, d);
+  for (; d + DB * W <= dv; d += DB * W) pv_rows_step<NL, DB>(pt, vrows, dv, cols, alpha, o, d, pv);
+  for (; d + W <= dv; d += W) pv_rows_step<NL, 1>(pt, vrows, dv, cols, alpha, o, d, pv);
   for (; d < dv; ++d)
     for (int r = 0; r < NL; ++r) {
       float acc = o[r * dv + d] * alpha[r];
@@ -312,11 +312,11 @@ inline BH load_pairs(const std::int8_t* p) {
 template <int NL, int KG, class T>
 inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, const T* const* k,
                                      std::int64_t dk, std::int64_t c, std::int64_t cols, float mult, float* st,
-                                     const T* const* pf, std::int64_t pf_bytes, const T* const* pk) {
+                                     const T* const* pk) {
   constexpr int NA = KG * NL;
   const std::int64_t d_end = dk / 32 * 32;
   for (; c + KG <= cols; c += KG) {
-    prefetch_group<KG>(pf, pf_bytes, pk, row_bytes<const T*>(dk), c);
+    prefetch_rows(pk, c, KG, 0, row_bytes<const T*>(dk));
     V acc[NA];
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t d = 0; d < d_end; d += 32)
@@ -333,12 +333,11 @@ inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, co
 // rows as bf16 (qb, made once per block: start_pairs) and as fp32 (q, for the last dk % 32 dims).
 template <int NL, class T>
 inline void scores_rows_pairs(const float* q, const T* const* k, std::int64_t dk, std::int64_t cols,
-                              float mult, float* st, const T* const* pf, std::int64_t pf_bytes,
-                              const T* const* pk, const std::uint16_t* qb) {
+                              float mult, float* st, const T* const* pk, const std::uint16_t* qb) {
   constexpr int KG = W / NL > 1 ? W / NL : 1;
-  std::int64_t c = score_keys_pairs<NL, KG>(qb, q, k, dk, 0, cols, mult, st, pf, pf_bytes, pk);
-  if constexpr (KG > 2) c = score_keys_pairs<NL, KG / 2>(qb, q, k, dk, c, cols, mult, st, pf, pf_bytes, pk);
-  if constexpr (KG > 1) score_keys_pairs<NL, 1>(qb, q, k, dk, c, cols, mult, st, pf, pf_bytes, pk);
+  std::int64_t c = score_keys_pairs<NL, KG>(qb, q, k, dk, 0, cols, mult, st, pk);
+  if constexpr (KG > 2) c = score_keys_pairs<NL, KG / 2>(qb, q, k, dk, c, cols, mult, st, pk);
+  if constexpr (KG > 1) score_keys_pairs<NL, 1>(qb, q, k, dk, c, cols, mult, st, pk);
 }
 
 // Unpacking rows a and b (32 dims each) by 16-bit words gives their key pairs for dims 0-3, 8-11, 16-19, 24-27 (lo)
@@ -358,7 +357,8 @@ inline void o_from_pair_order(V lo, V hi, V& x0, V& x1) {
 // pw[c/2][r] (keys c, c + 1) and V rows in pairs (an odd last key paired with `zero`).
 template <int NL, int DB, class T>
 inline void pv_rows_pairs_step(const std::uint32_t* pw, const T* const* vrows, const T* zero,
-                               std::int64_t dv, std::int64_t cols, const float* alpha, float* o, std::int64_t d) {
+                               std::int64_t dv, std::int64_t cols, const float* alpha, float* o, std::int64_t d,
+                               const T* const* pv = nullptr) {
   V acc[NL][2 * DB];
   for (int r = 0; r < NL; ++r)
     for (int e = 0; e < DB; ++e) {
@@ -367,6 +367,7 @@ inline void pv_rows_pairs_step(const std::uint32_t* pw, const T* const* vrows, c
                       acc[r][2 * e], acc[r][2 * e + 1]);
     }
   for (std::int64_t c = 0; c < cols; c += 2) {
+    prefetch_rows(pv, c, std::min<std::int64_t>(2, cols - c), row_bytes<const T*>(d), row_bytes<const T*>(d + 32 * DB));
     const T* v1 = c + 1 < cols ? vrows[c + 1] : zero;
     BH lo[DB], hi[DB];
     for (int e = 0; e < DB; ++e) {
@@ -409,12 +410,12 @@ inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw) 
 // accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
 template <int NL, class T>
 inline void pv_rows_pairs(const float* pt, const T* const* vrows, std::int64_t dv, std::int64_t cols,
-                          const float* alpha, float* o, std::uint32_t* pw, const T* zero) {
+                          const float* alpha, float* o, std::uint32_t* pw, const T* zero, const T* const* pv) {
   weight_pairs<NL>(pt, cols, pw);
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
   std::int64_t d = 0;
-  for (; d + 32 * DB <= dv; d += 32 * DB) pv_rows_pairs_step<NL, DB>(pw, vrows, zero, dv, cols, alpha, o, d);
-  for (; d + 32 <= dv; d += 32) pv_rows_pairs_step<NL, 1>(pw, vrows, zero, dv, cols, alpha, o, d);
+  for (; d + 32 * DB <= dv; d += 32 * DB) pv_rows_pairs_step<NL, DB>(pw, vrows, zero, dv, cols, alpha, o, d, pv);
+  for (; d + 32 <= dv; d += 32) pv_rows_pairs_step<NL, 1>(pw, vrows, zero, dv, cols, alpha, o, d, pv);
   for (; d < dv; ++d)
     for (int r = 0; r < NL; ++r) {
       float acc = o[r * dv + d] * alpha[r];
@@ -469,13 +470,12 @@ inline void start_pairs_q4(const float* q, int nl, std::int64_t dk, std::uint16_
 // lanes each), then acc += t · (the span's block scales).
 template <int NL, int KG>
 inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::int64_t dk, std::int64_t c,
-                                  std::int64_t cols, float mult, float* st, const Q4Row* pf, std::int64_t pf_bytes,
-                                  const Q4Row* pk) {
+                                  std::int64_t cols, float mult, float* st, const Q4Row* pk) {
   constexpr int NA = KG * NL;
   const std::int64_t spans = q4_spans(dk), whole = dk / 64;
   const __m512i table = q4_bf16_table();
   for (; c + KG <= cols; c += KG) {
-    prefetch_group<KG>(pf, pf_bytes, pk, row_bytes<Q4Row>(dk), c);
+    prefetch_rows(pk, c, KG, 0, row_bytes<Q4Row>(dk));
     V acc[NA];
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t s = 0; s < spans; ++s)
@@ -507,12 +507,11 @@ inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::
 
 template <int NL>
 inline void scores_rows_pairs(const float*, const Q4Row* k, std::int64_t dk, std::int64_t cols, float mult,
-                              float* st, const Q4Row* pf, std::int64_t pf_bytes, const Q4Row* pk,
-                              const std::uint16_t* qb) {
+                              float* st, const Q4Row* pk, const std::uint16_t* qb) {
   constexpr int KG = W / NL > 1 ? W / NL : 1;
-  std::int64_t c = score_keys_q4<NL, KG>(qb, k, dk, 0, cols, mult, st, pf, pf_bytes, pk);
-  if constexpr (KG > 2) c = score_keys_q4<NL, KG / 2>(qb, k, dk, c, cols, mult, st, pf, pf_bytes, pk);
-  if constexpr (KG > 1) score_keys_q4<NL, 1>(qb, k, dk, c, cols, mult, st, pf, pf_bytes, pk);
+  std::int64_t c = score_keys_q4<NL, KG>(qb, k, dk, 0, cols, mult, st, pk);
+  if constexpr (KG > 2) c = score_keys_q4<NL, KG / 2>(qb, k, dk, c, cols, mult, st, pk);
+  if constexpr (KG > 1) score_keys_q4<NL, 1>(qb, k, dk, c, cols, mult, st, pk);
 }
 
 // The weights of 4-bit V rows: pw[c/2][b][r] = the pair (Pᵀ[c][r]·scale_c(b), Pᵀ[c+1][r]·scale_c+1(b)) rounded to
@@ -564,7 +563,8 @@ inline void o_from_q4_order(V lo, V hi, V& x0, V& x1) {
 // paired with itself (its weight is 0, its values finite).
 template <int NL, int DB>
 inline void pv_rows_q4_step(const std::uint32_t* pw, std::int64_t nb, const Q4Row* vrows, std::int64_t dv,
-                            std::int64_t cols, const float* alpha, float* o, std::int64_t b0) {
+                            std::int64_t cols, const float* alpha, float* o, std::int64_t b0,
+                            const Q4Row* pv = nullptr) {
   const __m512i table = q4_bf16_table();
   V acc[NL][2 * DB];
   for (int r = 0; r < NL; ++r)
@@ -574,6 +574,7 @@ inline void pv_rows_q4_step(const std::uint32_t* pw, std::int64_t nb, const Q4Ro
       o_to_q4_order(Vec::mul(Vec::load(x), a), Vec::mul(Vec::load(x + 16), a), acc[r][2 * e], acc[r][2 * e + 1]);
     }
   for (std::int64_t c = 0; c < cols; c += 2) {
+    prefetch_rows(pv, c, std::min<std::int64_t>(2, cols - c), 16 * b0, 16 * (b0 + DB));
     const std::uint8_t* va = vrows[c].bytes + 16 * b0;
     const std::uint8_t* vb = (c + 1 < cols ? vrows[c + 1] : vrows[c]).bytes + 16 * b0;
     BH lo[DB], hi[DB];
@@ -604,13 +605,13 @@ inline void pv_rows_q4_step(const std::uint32_t* pw, std::int64_t nb, const Q4Ro
 // · NL pairs), then DB blocks at a time.
 template <int NL>
 inline void pv_rows_pairs(const float* pt, const Q4Row* vrows, std::int64_t dv, std::int64_t cols,
-                          const float* alpha, float* o, std::uint32_t* pw) {
+                          const float* alpha, float* o, std::uint32_t* pw, const Q4Row* pv) {
   const std::int64_t nb = dv / 32;
   weight_pairs_q4<NL>(pt, vrows, cols, nb, pw);
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
   std::int64_t b = 0;
-  for (; b + DB <= nb; b += DB) pv_rows_q4_step<NL, DB>(pw, nb, vrows, dv, cols, alpha, o, b);
-  for (; b < nb; ++b) pv_rows_q4_step<NL, 1>(pw, nb, vrows, dv, cols, alpha, o, b);
+  for (; b + DB <= nb; b += DB) pv_rows_q4_step<NL, DB>(pw, nb, vrows, dv, cols, alpha, o, b, pv);
+  for (; b < nb; ++b) pv_rows_q4_step<NL, 1>(pw, nb, vrows, dv, cols, alpha, o, b, pv);
 }
 #else
 inline constexpr bool kBf16Dot = false;
@@ -980,8 +981,8 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 }
 
 // One tile of a row-major (decode) block, from K and V rows of any storage type. Decode streams K and V
-// from memory once, so the score loop prefetches, a key group's rows at a time, the K and V rows k_far[c] and
-// v_far[c] (StoredTile: 32 KiB of K rows after key c) into L2. Issued all at once before the scores, the
+// from memory once, so the score loop prefetches the K rows k_far[c] and the P·V loop the V rows v_far[c]
+// (StoredTile: 32 KiB of K rows after key c) into L2 (prefetch_rows). Issued all at once before the scores, the
 // prefetches stalled on full miss buffers: spreading them made D1-D3 24-33 % faster in f32 and bf16. Rows this far
 // ahead (prefetcht2), instead of this tile's V rows into L1 and the K rows 48 keys ahead into L2, made D1-D3 1.27-1.54x
 // as fast in f32, 1.16-1.25x in bf16, 1.08-1.42x from f16 K/V and 1.05-1.16x from i8 (i4, bound by its arithmetic,
@@ -997,11 +998,11 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
                const R* k_far = nullptr, const R* v_far = nullptr) {
 #if ATTN_VEC_BF16_DOT
   if constexpr (Pairs)
-    scores_rows_pairs<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), v_far, row_bytes<R>(p.Dv), k_far,
+    scores_rows_pairs<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), k_far,
                           reinterpret_cast<const std::uint16_t*>(ws.k.data()));               // Sᵀ = K Qᵀ
   else
 #endif
-  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), v_far, row_bytes<R>(p.Dv), k_far);  // Sᵀ = K Qᵀ
+  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), k_far);                 // Sᵀ = K Qᵀ
   if (kscale) scale_keys<NL>(ws.st.data(), kscale, cols);                                       // i8 K scales
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
   softmax_tile<QV, Variant, NL>(p, lanes, j0, cols, true, krows, kscale, u, ws);               // Pᵀ; m, l
@@ -1012,21 +1013,21 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
 #if ATTN_VEC_BF16_DOT
   else if constexpr (Pairs && std::is_same_v<R, Q4Row>) {  // (the weights with their block scales: ws.v)
     pv_rows_pairs<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(),
-                      reinterpret_cast<std::uint32_t*>(ws.v.data()));                           // O = α·O + P V
+                      reinterpret_cast<std::uint32_t*>(ws.v.data()), v_far);                    // O = α·O + P V
   } else if constexpr (Pairs) {
     alignas(64) std::uint32_t pw[BC / 2 * NL];
     const auto* zero = reinterpret_cast<std::remove_cv_t<std::remove_pointer_t<R>>*>(ws.v.data());
-    pv_rows_pairs<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(), pw, zero);  // O = α·O + P V
+    pv_rows_pairs<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(), pw, zero, v_far);  // O = α·O + P V
   }
 #endif
   else
-    pv_rows<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data());                  // O = α·O + P V
+    pv_rows<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(), v_far);           // O = α·O + P V
 }
 
 // The stored K and V rows of a row-major (decode) block's tile, located one tile ahead of their use (i8 rows'
 // scales, and i4 rows' block scales carried in their Q4Rows, are prefetched as soon as they are located), and the
-// rows far_keys(Dk) keys after each of its keys (k_far, v_far: null past the block's keys), which its score loop
-// prefetches into L2.
+// rows far_keys(Dk) keys after each of its keys (k_far, v_far: null past the block's keys), which its score and
+// P·V loops prefetch into L2.
 template <class KVT>
 struct StoredTile {
   static constexpr bool kI4 = RowSource<KVT>::kI4;  // rows are Q4Rows, their block scales inside them
