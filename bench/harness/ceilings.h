@@ -4,7 +4,8 @@
 //   - peak AMX bf16 rate (tdpbf16ps on tiles that stay in the tile registers), where the CPU has AMX;
 //   - peak bf16 dot-product rate (vdpbf16ps on registers), where the CPU has AVX512-BF16;
 //   - streaming read bandwidth: every thread sums its slice of a buffer far larger than the last-level
-//     cache.
+//     cache, once on the hardware prefetchers alone and once prefetching every line 32 KiB ahead (as the decode
+//     kernels do); a trial's rate is the faster of the two.
 // Each is the best of several short trials (the ceiling is what the machine can do, so the fastest
 // trial is the estimate; noise only ever slows a trial down); every trial is kept, so a report can give the
 // spread. bench/run_bench.py measures them once per benchmark run (`attn bench --ceilings-only`) and hands the
@@ -61,6 +62,7 @@ struct CeilingLoops {
   std::uint64_t (*read_sum)(const std::uint64_t* words, std::int64_t n) = nullptr;
   double dot_flops = 0;                                          // of one dpbf16_loop iteration
   float (*dpbf16_loop)(std::int64_t iters, float seed) = nullptr;  // null: the level has no vdpbf16ps
+  std::uint64_t (*read_sum_prefetched)(const std::uint64_t* words, std::int64_t n) = nullptr;  // lines 32 KiB ahead
 };
 
 }  // namespace attn::tools
