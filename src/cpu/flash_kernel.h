@@ -353,43 +353,6 @@ inline void o_from_pair_order(V lo, V hi, V& x0, V& x1) {
   x0 = _mm512_permutex2var_ps(lo, x0_idx, hi), x1 = _mm512_permutex2var_ps(lo, x1_idx, hi);
 }
 
-// o_r = α_r·o_r + Σ_c P[c][r] v_c for lanes r < NL and value dims d .. d + 32·DB, from the weights' bf16 pairs
-// pw[c/2][r] (keys c, c + 1) and V rows in pairs (an odd last key paired with `zero`).
-template <int NL, int DB, class T>
-inline void pv_rows_pairs_step(const std::uint32_t* pw, const T* const* vrows, const T* zero,
-                               std::int64_t dv, std::int64_t cols, const float* alpha, float* o, std::int64_t d,
-                               const T* const* pv = nullptr) {
-  V acc[NL][2 * DB];
-  for (int r = 0; r < NL; ++r)
-    for (int e = 0; e < DB; ++e) {
-      const V a = Vec::set1(alpha[r]);
-      o_to_pair_order(Vec::mul(Vec::load(o + r * dv + d + 32 * e), a), Vec::mul(Vec::load(o + r * dv + d + 32 * e + 16), a),
-                      acc[r][2 * e], acc[r][2 * e + 1]);
-    }
-  for (std::int64_t c = 0; c < cols; c += 2) {
-    prefetch_rows(pv, c, std::min<std::int64_t>(2, cols - c), row_bytes<const T*>(d), row_bytes<const T*>(d + 32 * DB));
-    const T* v1 = c + 1 < cols ? vrows[c + 1] : zero;
-    BH lo[DB], hi[DB];
-    for (int e = 0; e < DB; ++e) {
-      const __m512i a = (__m512i)load_pairs(vrows[c] + d + 32 * e), b = (__m512i)load_pairs(v1 + d + 32 * e);
-      lo[e] = (BH)_mm512_unpacklo_epi16(a, b), hi[e] = (BH)_mm512_unpackhi_epi16(a, b);
-    }
-    for (int r = 0; r < NL; ++r) {
-      const BH w = (BH)_mm512_set1_epi32(static_cast<int>(pw[(c / 2) * NL + r]));
-      for (int e = 0; e < DB; ++e) {
-        acc[r][2 * e] = _mm512_dpbf16_ps(acc[r][2 * e], w, lo[e]);
-        acc[r][2 * e + 1] = _mm512_dpbf16_ps(acc[r][2 * e + 1], w, hi[e]);
-      }
-    }
-  }
-  for (int r = 0; r < NL; ++r)
-    for (int e = 0; e < DB; ++e) {
-      V x0, x1;
-      o_from_pair_order(acc[r][2 * e], acc[r][2 * e + 1], x0, x1);
-      Vec::store(o + r * dv + d + 32 * e, x0), Vec::store(o + r * dv + d + 32 * e + 16, x1);
-    }
-}
-
 // The weights Pᵀ[c][r] (lanes r < NL <= 16) rounded to bf16 (vcvtneps2bf16: to nearest even, as
 // core::from_float), as pairs pw[c/2][r] = (key c, key c + 1), an odd last key paired with 0: two rows of Pᵀ per
 // step (the scalar conversions took 9 % of bf16 decode's time).
@@ -406,25 +369,6 @@ inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw) 
   }
 }
 
-// pv_rows for bf16 pairs: the weights Pᵀ[c][r] as bf16 pairs, then 32·DB value dims at a time (NL·2·DB <= 16
-// accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
-template <int NL, class T>
-inline void pv_rows_pairs(const float* pt, const T* const* vrows, std::int64_t dv, std::int64_t cols,
-                          const float* alpha, float* o, std::uint32_t* pw, const T* zero, const T* const* pv) {
-  weight_pairs<NL>(pt, cols, pw);
-  constexpr int DB = NL >= 8 ? 1 : 8 / NL;
-  std::int64_t d = 0;
-  for (; d + 32 * DB <= dv; d += 32 * DB) pv_rows_pairs_step<NL, DB>(pw, vrows, zero, dv, cols, alpha, o, d, pv);
-  for (; d + 32 <= dv; d += 32) pv_rows_pairs_step<NL, 1>(pw, vrows, zero, dv, cols, alpha, o, d, pv);
-  for (; d < dv; ++d)
-    for (int r = 0; r < NL; ++r) {
-      float acc = o[r * dv + d] * alpha[r];
-      for (std::int64_t c = 0; c < cols; ++c)
-        acc += core::to_float(core::bf16{static_cast<std::uint16_t>(pw[(c / 2) * NL + r] >> (16 * (c & 1)))}) *
-               core::to_float(vrows[c][d]);
-      o[r * dv + d] = acc;
-    }
-}
 // Once per block, before its tiles: q's rows rounded back to bf16 (exact: they were widened from bf16) into qb, and
 // a zero V row of dv values (the partner of an odd last key).
 inline void start_pairs(const float* q, std::int64_t n, std::uint16_t* qb, core::bf16* zero, std::int64_t dv) {
@@ -558,36 +502,56 @@ inline void o_from_q4_order(V lo, V hi, V& x0, V& x1) {
   x1 = _mm512_permutex2var_ps(lo, _mm512_add_epi32(i0, _mm512_set1_epi32(8)), hi);
 }
 
-// pv_rows_pairs_step for 4-bit V rows: blocks b0 .. b0+DB-1 (dims 32·b0 ..), the bytes of keys c and c + 1
-// interleaved and zero-extended to words (the pair of each byte's dims), their nibbles looked up; an odd last key
-// paired with itself (its weight is 0, its values finite).
-template <int NL, int DB>
-inline void pv_rows_q4_step(const std::uint32_t* pw, std::int64_t nb, const Q4Row* vrows, std::int64_t dv,
-                            std::int64_t cols, const float* alpha, float* o, std::int64_t b0,
-                            const Q4Row* pv = nullptr) {
-  const __m512i table = q4_bf16_table();
+// A key pair's V rows (keys c and c + 1, 32 values each from where a and b point) as bf16 pairs, in the order their
+// accumulators hold o's dims: bf16 rows as stored and i8 rows widened exactly (load_pairs), interleaved by one
+// 16-bit unpack (o_to_pair_order); 4-bit rows' bytes interleaved and zero-extended to words (the pair of each byte's
+// two dims), their nibbles looked up (even dims, then odd: o_to_q4_order).
+template <class T>
+ATTN_INLINE void key_pairs(const T* a, const T* b, BH& lo, BH& hi) {
+  const __m512i x = (__m512i)load_pairs(a), y = (__m512i)load_pairs(b);
+  lo = (BH)_mm512_unpacklo_epi16(x, y), hi = (BH)_mm512_unpackhi_epi16(x, y);
+}
+ATTN_INLINE void key_pairs(const Q4Row& a, const Q4Row& b, BH& lo, BH& hi) {
+  const __m128i x = _mm_loadu_si128(static_cast<const __m128i*>(row_address(a)));
+  const __m128i y = _mm_loadu_si128(static_cast<const __m128i*>(row_address(b)));
+  q4_nibbles(_mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(x, y), _mm_unpacklo_epi8(x, y))), q4_bf16_table(),
+             lo, hi);
+}
+
+// o_r = α_r·o_r + Σ_c P[c][r] v_c for lanes r < NL and value dims d .. d + 32·DB, from the weights' bf16 pairs (keys
+// c, c + 1) pw[(c/2)·pair_stride + (d/32 + e)·block_stride + r] for the e-th 32 dims (block_stride 0: one weight per
+// key and lane, as bf16 and i8 rows have; NL: one per block of 32, as 4-bit rows' block scales give), and the V rows
+// in pairs (an odd last key paired with `partner`, a row of finite values: its weight is 0). Each pass prefetches its
+// dims of the V rows far ahead (pv).
+template <int NL, int DB, class R>
+inline void pv_rows_pairs_step(const std::uint32_t* pw, std::int64_t pair_stride, std::int64_t block_stride,
+                               const R* vrows, R partner, std::int64_t dv, std::int64_t cols, const float* alpha,
+                               float* o, std::int64_t d, const R* pv) {
+  constexpr bool kQ4 = std::is_same_v<R, Q4Row>;
+  const auto to_order = [](V x0, V x1, V& lo, V& hi) {
+    if constexpr (kQ4) o_to_q4_order(x0, x1, lo, hi);
+    else o_to_pair_order(x0, x1, lo, hi);
+  };
+  const auto from_order = [](V lo, V hi, V& x0, V& x1) {
+    if constexpr (kQ4) o_from_q4_order(lo, hi, x0, x1);
+    else o_from_pair_order(lo, hi, x0, x1);
+  };
   V acc[NL][2 * DB];
   for (int r = 0; r < NL; ++r)
     for (int e = 0; e < DB; ++e) {
       const V a = Vec::set1(alpha[r]);
-      const float* x = o + r * dv + 32 * (b0 + e);
-      o_to_q4_order(Vec::mul(Vec::load(x), a), Vec::mul(Vec::load(x + 16), a), acc[r][2 * e], acc[r][2 * e + 1]);
+      const float* x = o + r * dv + d + 32 * e;
+      to_order(Vec::mul(Vec::load(x), a), Vec::mul(Vec::load(x + 16), a), acc[r][2 * e], acc[r][2 * e + 1]);
     }
   for (std::int64_t c = 0; c < cols; c += 2) {
-    prefetch_rows(pv, c, std::min<std::int64_t>(2, cols - c), 16 * b0, 16 * (b0 + DB));
-    const std::uint8_t* va = vrows[c].bytes + 16 * b0;
-    const std::uint8_t* vb = (c + 1 < cols ? vrows[c + 1] : vrows[c]).bytes + 16 * b0;
+    prefetch_rows(pv, c, std::min<std::int64_t>(2, cols - c), row_bytes<R>(d), row_bytes<R>(d + 32 * DB));
+    const R v1 = c + 1 < cols ? vrows[c + 1] : partner;
     BH lo[DB], hi[DB];
-    for (int e = 0; e < DB; ++e) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(va + 16 * e));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(vb + 16 * e));
-      q4_nibbles(_mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b))), table,
-                 lo[e], hi[e]);
-    }
-    const std::uint32_t* wc = pw + (c / 2) * nb * NL + b0 * NL;
+    for (int e = 0; e < DB; ++e) key_pairs(vrows[c] + (d + 32 * e), v1 + (d + 32 * e), lo[e], hi[e]);
+    const std::uint32_t* wc = pw + (c / 2) * pair_stride + (d / 32) * block_stride;
     for (int e = 0; e < DB; ++e)
       for (int r = 0; r < NL; ++r) {
-        const BH w = (BH)_mm512_set1_epi32(static_cast<int>(wc[e * NL + r]));
+        const BH w = (BH)_mm512_set1_epi32(static_cast<int>(wc[e * block_stride + r]));
         acc[r][2 * e] = _mm512_dpbf16_ps(acc[r][2 * e], w, lo[e]);
         acc[r][2 * e + 1] = _mm512_dpbf16_ps(acc[r][2 * e + 1], w, hi[e]);
       }
@@ -595,23 +559,44 @@ inline void pv_rows_q4_step(const std::uint32_t* pw, std::int64_t nb, const Q4Ro
   for (int r = 0; r < NL; ++r)
     for (int e = 0; e < DB; ++e) {
       V x0, x1;
-      o_from_q4_order(acc[r][2 * e], acc[r][2 * e + 1], x0, x1);
-      float* x = o + r * dv + 32 * (b0 + e);
+      from_order(acc[r][2 * e], acc[r][2 * e + 1], x0, x1);
+      float* x = o + r * dv + d + 32 * e;
       Vec::store(x, x0), Vec::store(x + 16, x1);
     }
 }
 
+// pv_rows for bf16 pairs: the weights Pᵀ[c][r] as bf16 pairs, then 32·DB value dims at a time (NL·2·DB <= 16
+// accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
+template <int NL, class T>
+inline void pv_rows_pairs(const float* pt, const T* const* vrows, std::int64_t dv, std::int64_t cols,
+                          const float* alpha, float* o, std::uint32_t* pw, const T* zero, const T* const* pv) {
+  weight_pairs<NL>(pt, cols, pw);
+  constexpr int DB = NL >= 8 ? 1 : 8 / NL;
+  std::int64_t d = 0;
+  for (; d + 32 * DB <= dv; d += 32 * DB) pv_rows_pairs_step<NL, DB>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, d, pv);
+  for (; d + 32 <= dv; d += 32) pv_rows_pairs_step<NL, 1>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, d, pv);
+  for (; d < dv; ++d)
+    for (int r = 0; r < NL; ++r) {
+      float acc = o[r * dv + d] * alpha[r];
+      for (std::int64_t c = 0; c < cols; ++c)
+        acc += core::to_float(core::bf16{static_cast<std::uint16_t>(pw[(c / 2) * NL + r] >> (16 * (c & 1)))}) *
+               core::to_float(vrows[c][d]);
+      o[r * dv + d] = acc;
+    }
+}
+
 // pv_rows_pairs for 4-bit V rows (dv a multiple of 32): the weights with their blocks' scales (pw: cols / 2 · dv / 32
-// · NL pairs), then DB blocks at a time.
+// · NL pairs), then 32·DB value dims at a time (an odd last key paired with the tile's first row).
 template <int NL>
 inline void pv_rows_pairs(const float* pt, const Q4Row* vrows, std::int64_t dv, std::int64_t cols,
                           const float* alpha, float* o, std::uint32_t* pw, const Q4Row* pv) {
   const std::int64_t nb = dv / 32;
   weight_pairs_q4<NL>(pt, vrows, cols, nb, pw);
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
-  std::int64_t b = 0;
-  for (; b + DB <= nb; b += DB) pv_rows_q4_step<NL, DB>(pw, nb, vrows, dv, cols, alpha, o, b, pv);
-  for (; b < nb; ++b) pv_rows_q4_step<NL, 1>(pw, nb, vrows, dv, cols, alpha, o, b, pv);
+  std::int64_t d = 0;
+  for (; d + 32 * DB <= dv; d += 32 * DB)
+    pv_rows_pairs_step<NL, DB>(pw, nb * NL, NL, vrows, vrows[0], dv, cols, alpha, o, d, pv);
+  for (; d < dv; d += 32) pv_rows_pairs_step<NL, 1>(pw, nb * NL, NL, vrows, vrows[0], dv, cols, alpha, o, d, pv);
 }
 #else
 inline constexpr bool kBf16Dot = false;
