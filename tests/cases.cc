@@ -273,6 +273,21 @@ std::vector<Case> registry() {
        .scale = 1.0});
   add({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 64, .kv_dtype = DType::i8, .amplitude = 30,
        .scale = 1.0});
+  // bf16 Q over 8-bit K rows on the 16-bit integer products (avx512bf16, where the pair products are preferred): 1,
+  // 8 and 16 lanes, head dims with a last partial vector of 32 (40, 80, 33), Dk != Dv, MLA's 576/512, one key, paged,
+  // the variants under an additive mask, the wide band.
+  add({.B = 2, .Hq = 3, .Hkv = 3, .Sq = 1, .Skv = 203, .Dk = 40, .Dv = 24, .kv_lens = true, .dtype = DType::bf16,
+       .kv_dtype = DType::i8});
+  add({.B = 1, .Hq = 16, .Hkv = 2, .Sq = 1, .Skv = 113, .Dk = 80, .Dv = 64, .causal = Causal::bottom_right,
+       .dtype = DType::bf16, .kv_dtype = DType::i8, .page_size = 16});
+  add({.B = 1, .Hq = 8, .Hkv = 1, .Sq = 1, .Skv = 300, .Dk = 576, .Dv = 512, .dtype = DType::bf16,
+       .kv_dtype = DType::i8});
+  add({.B = 2, .Hq = 4, .Hkv = 2, .Sq = 1, .Skv = 203, .Dk = 33, .Dv = 65, .mask = MaskCase::additive_full,
+       .dtype = DType::bf16, .kv_dtype = DType::i8, .softcap = 5.0, .alibi = 2, .sinks = true, .dropout = 0.2});
+  add({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 64, .dtype = DType::bf16, .kv_dtype = DType::i8,
+       .amplitude = 30, .scale = 1.0});
+  add({.B = 2, .Hq = 8, .Hkv = 1, .Sq = 2, .Skv = 1, .Dk = 128, .Dv = 96, .kv_lens = true, .dtype = DType::bf16,
+       .kv_dtype = DType::i8});
   // 4-bit K/V (i4 values, a scale per block of 32 values of a row): prefill and decode, GQA, split-KV, paged pools,
   // head dims with a partial last block and odd ones (a row's last byte half used), strided and padded rows, the
   // score variants, scores in the wide band, MLA's latent head dims.
