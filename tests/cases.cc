@@ -273,9 +273,9 @@ std::vector<Case> registry() {
        .scale = 1.0});
   add({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 64, .kv_dtype = DType::i8, .amplitude = 30,
        .scale = 1.0});
-  // bf16 Q over 8-bit K rows on the 16-bit integer products (avx512bf16, where the pair products are preferred): 1,
-  // 8 and 16 lanes, head dims with a last partial vector of 32 (40, 80, 33), Dk != Dv, MLA's 576/512, one key, paged,
-  // the variants under an additive mask, the wide band.
+  // bf16 Q over 8-bit K/V rows in decode (on the bf16 pair products at avx512bf16 where they are preferred, both
+  // ways there): 1 and 8 lanes, head dims with a last partial vector of 32 (40, 80, 33), Dk != Dv, MLA's 576/512 at
+  // 8 lanes, one key, paged, the variants under an additive mask, the wide band.
   add({.B = 2, .Hq = 3, .Hkv = 3, .Sq = 1, .Skv = 203, .Dk = 40, .Dv = 24, .kv_lens = true, .dtype = DType::bf16,
        .kv_dtype = DType::i8});
   add({.B = 1, .Hq = 16, .Hkv = 2, .Sq = 1, .Skv = 113, .Dk = 80, .Dv = 64, .causal = Causal::bottom_right,
