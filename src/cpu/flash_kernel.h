@@ -163,15 +163,20 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // rows far ahead, a key pair at a time: spread over both loops and every pass, so that lines keep arriving whichever
 // runs (issued all at once before the scores the prefetches stalled on full miss buffers; with both lists in the
 // score loop the memory idled during P·V: the V rows moved to the first P·V pass made D2 bf16 1.11x as fast at 2
-// threads, then spread over every pass 1.4x; Zen 5, bench/results_zen5_decode_i4pairs.md). Always inlined: as a
+// threads, then spread over every pass 1.4x; Zen 5, bench/results_zen5_decode_i4pairs.md). Step: the bytes between
+// prefetches. The score loop prefetches one line in two of the K rows (Step 128, each 128-byte pair's first line: the
+// L2's adjacent-line prefetcher brings the other), P·V every line of its slice: in a same-run A/B on Zen 5 at 2 threads
+// D1-D3 ran 1.26-1.53x as fast from fp32, bf16 and fp16 caches, 0.97-1.30x from 8- and 4-bit ones (one thread on D2
+// bf16 1.65x; in L1, where a prefetch is pure overhead, 9 % fewer ns per key); every line of both, or one in two of
+// both, were slower (bench/results_zen5_decode_prefetch_step.md). Always inlined: as a
 // function of its own GCC finds it free of side effects (a prefetch is not one) and deletes its calls, every
 // prefetch with them (measured: decode 25-35 % slower until this was seen).
-template <class R>
+template <int Step = 64, class R>
 ATTN_INLINE void prefetch_rows(const R* far, std::int64_t c, std::int64_t n, std::int64_t from, std::int64_t to) {
   if (far)
     for (std::int64_t g = c; g < c + n; ++g)
       if (far[g])
-        for (std::int64_t off = (from + 63) & ~std::int64_t{63}; off < to; off += 64)
+        for (std::int64_t off = (from + Step - 1) & ~std::int64_t{Step - 1}; off < to; off += Step)
           __builtin_prefetch(static_cast<const char*>(row_address(far[g])) + off, 0, 1);
 }
 
@@ -206,7 +211,7 @@ inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std:
   constexpr int NA = KG * NL;
   const std::int64_t d_end = dk / W * W;
   for (; c + KG <= cols; c += KG) {
-    prefetch_rows(pk, c, KG, 0, row_bytes<R>(dk));
+    prefetch_rows<128>(pk, c, KG, 0, row_bytes<R>(dk));
     V acc[NA];  // (exactly NA: rounded up to whole vectors of W, GCC zeroed and spilled them to the stack)
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t d = 0; d < d_end; d += W)
@@ -316,7 +321,7 @@ inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, co
   constexpr int NA = KG * NL;
   const std::int64_t d_end = dk / 32 * 32;
   for (; c + KG <= cols; c += KG) {
-    prefetch_rows(pk, c, KG, 0, row_bytes<const T*>(dk));
+    prefetch_rows<128>(pk, c, KG, 0, row_bytes<const T*>(dk));
     V acc[NA];
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t d = 0; d < d_end; d += 32)
@@ -419,7 +424,7 @@ inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::
   const std::int64_t spans = q4_spans(dk), whole = dk / 64;
   const __m512i table = q4_bf16_table();
   for (; c + KG <= cols; c += KG) {
-    prefetch_rows(pk, c, KG, 0, row_bytes<Q4Row>(dk));
+    prefetch_rows<128>(pk, c, KG, 0, row_bytes<Q4Row>(dk));
     V acc[NA];
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t s = 0; s < spans; ++s)
