@@ -166,7 +166,7 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // threads, then spread over every pass 1.4x; Zen 5, bench/results_zen5_decode_i4pairs.md). Step: the bytes between
 // prefetches. The score loop prefetches one line in two of the K rows (Step 128, each 128-byte pair's first line: the
 // L2's adjacent-line prefetcher brings the other), P·V every line of its slice: in a same-run A/B on Zen 5 at 2 threads
-// D1-D3 ran 1.26-1.53x as fast from fp32, bf16 and fp16 caches, 0.97-1.30x from 8- and 4-bit ones (one thread on D2
+// D1-D3 ran 1.16-1.66x as fast from fp32, bf16 and fp16 caches, 0.96-1.30x from 8- and 4-bit ones (one thread on D2
 // bf16 1.65x; in L1, where a prefetch is pure overhead, 9 % fewer ns per key); every line of both, or one in two of
 // both, were slower (bench/results_zen5_decode_prefetch_step.md). Always inlined: as a
 // function of its own GCC finds it free of side effects (a prefetch is not one) and deletes its calls, every
