@@ -169,6 +169,7 @@ Result attention(const core::Problem& p, bool keep_probs) {
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
   const Acc nan = std::numeric_limits<Acc>::quiet_NaN();
   Result r;
+  if (p.dropout.p > 0) r.weight_factor = 1.0 / (1.0 - p.dropout.p);
   r.out.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq * p.Dv), 0.0);
   r.lse.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq), 0.0);
   if (keep_probs) r.probs.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq * p.Skv), 0.0);

@@ -20,6 +20,10 @@ struct Result {
   // The size of the terms the scores sum, max over attended pairs of scale·Σ_d |q_d k_d| + |mask| (finite
   // values only): what rounding noise in a score is proportional to (the tests' atol).
   double score_terms = 0;
+  // The largest factor a weight carries after the softmax: dropout's 1 / (1 − p) for a kept pair, else 1. The
+  // output is a weighted sum of V rows whose weights sum to at most this, so its size, and every rounding in it,
+  // is up to this times max|v| (the tests' atol).
+  double weight_factor = 1;
 };
 
 // The reference materialises scores in fp64: refuses (before allocating) a problem whose buffers would pass
