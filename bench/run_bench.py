@@ -80,7 +80,8 @@ BENCH_KEYS = (
     "tool label shape backend isa kernel B Hq Hkv Sq Skv Dk Dv causal dtype kv_dtype page_size kv_len_min kv_tokens "
     "threads warmup reps kv_sets kv_set_bytes huge_pages time_median_s time_min_s time_max_s times_s flops flops_nominal "
     "gflops bytes gbps ceilings frac_fma frac_amx frac_bf16_dot frac_read_bw bound frac_bound rss_before_inputs_bytes "
-    "rss_with_inputs_bytes peak_rss_bytes extra_rss_bytes peak_rss_scope maxrss_bytes output_finite"
+    "rss_with_inputs_bytes peak_rss_bytes extra_rss_bytes peak_rss_scope maxrss_bytes inputs_huge_page_fraction "
+    "output_finite"
 ).split()
 CEILING_KEYS = ("threads fma_gflops fma_isa amx_bf16_gflops amx_note bf16_dot_gflops bf16_dot_note read_gbps "
                 "read_buffer_bytes huge_pages seconds read_setup_seconds fma_trials read_trials bf16_dot_trials "

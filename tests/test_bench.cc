@@ -129,7 +129,7 @@ const char* const kBenchKeys[] = {
     "huge_pages", "time_median_s", "time_min_s", "time_max_s", "times_s", "flops", "flops_nominal", "gflops",
     "bytes", "gbps", "ceilings", "frac_fma", "frac_amx", "frac_bf16_dot", "frac_read_bw", "bound", "frac_bound",
     "rss_before_inputs_bytes", "rss_with_inputs_bytes", "peak_rss_bytes", "extra_rss_bytes", "peak_rss_scope",
-    "maxrss_bytes", "output_finite", "latent"};
+    "maxrss_bytes", "inputs_huge_page_fraction", "output_finite", "latent"};
 // clang-format on
 
 void expect_bench_json(const std::string& line) {

@@ -96,9 +96,10 @@ std::int64_t allowed_pairs(std::int64_t Sq, std::int64_t L, bool causal) {
 
 // ---- measurements of the process ---------------------------------------------------------------------------
 
-// A field of /proc/self/status in bytes ("VmRSS", "VmHWM"), -1 if unavailable.
-std::int64_t proc_status_bytes(const std::string& field) {
-  std::ifstream status("/proc/self/status");
+// A field of /proc/self/status in bytes ("VmRSS", "VmHWM"), or of another such file (/proc/self/smaps_rollup's
+// "AnonHugePages"), -1 if unavailable.
+std::int64_t proc_status_bytes(const std::string& field, const char* file = "/proc/self/status") {
+  std::ifstream status(file);
   std::string line;
   while (std::getline(status, line))
     if (line.rfind(field + ":", 0) == 0) {
@@ -538,6 +539,7 @@ struct Result {
   int warmup = 0;
   double median = 0;
   std::int64_t rss_before = -1, rss_inputs = -1, peak_rss = -1, maxrss = -1;
+  std::int64_t huge_before = -1, huge_after = -1;  // anonymous memory on transparent huge pages
   bool peak_is_runs = false;
   bool output_finite = false;
 };
@@ -593,6 +595,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
 
   Result r;
   r.rss_before = proc_status_bytes("VmRSS");
+  r.huge_before = proc_status_bytes("AnonHugePages", "/proc/self/smaps_rollup");
   Inputs in;
   if (Status st = make_inputs(s, setup, sets, a.backward, &in); !st) return st;
   r.rss_inputs = proc_status_bytes("VmRSS");
@@ -650,6 +653,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   }
   r.peak_rss = r.peak_is_runs ? proc_status_bytes("VmHWM") : maxrss_bytes();
   r.maxrss = maxrss_bytes();
+  r.huge_after = proc_status_bytes("AnonHugePages", "/proc/self/smaps_rollup");
   const std::int64_t o_elems = checked_mul({s.B, s.Hq, s.Sq, s.Dv});
   r.output_finite = all_finite(in.out.get(), setup.dtype, o_elems);
   if (a.backward)
@@ -680,6 +684,13 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
                                                    static_cast<double>(kv_tokens) * static_cast<double>(s.Hkv) *
                                                        kv_row_bytes);
   const double gflops = flops / r.median / 1e9, gbps = bytes / r.median / 1e9;
+  // The share of the inputs' resident memory on transparent huge pages at the end of the runs (NaN where the
+  // kernel does not say): streaming through 4 KiB pages in a VM can cost as much as the reads, so a slow run
+  // shows here whether its inputs lacked them.
+  const double huge_fraction =
+      r.huge_before >= 0 && r.huge_after >= 0 && r.rss_inputs > r.rss_before
+          ? std::clamp(static_cast<double>(r.huge_after - r.huge_before) / static_cast<double>(r.rss_inputs - r.rss_before), 0.0, 1.0)
+          : std::numeric_limits<double>::quiet_NaN();
 
   // Fractions of the ceilings; the bound is the one the shape's arithmetic intensity hits first.
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -733,6 +744,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     o.add("rss_before_inputs_bytes", r.rss_before).add("rss_with_inputs_bytes", r.rss_inputs);
     o.add("peak_rss_bytes", r.peak_rss).add("extra_rss_bytes", r.peak_rss - r.rss_inputs);
     o.add("peak_rss_scope", r.peak_is_runs ? "runs" : "process").add("maxrss_bytes", r.maxrss);
+    o.add("inputs_huge_page_fraction", huge_fraction);
     o.add("output_finite", r.output_finite);
     out << o.str() << std::endl;
     return Status::Ok();
@@ -772,7 +784,9 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   out << "  RSS      " << bytes_text(static_cast<double>(r.rss_before)) << " before inputs, "
       << bytes_text(static_cast<double>(r.rss_inputs)) << " with inputs, peak "
       << bytes_text(static_cast<double>(r.peak_rss)) << (r.peak_is_runs ? " while running" : " (process)") << " = +"
-      << bytes_text(static_cast<double>(r.peak_rss - r.rss_inputs)) << " working memory\n";
+      << bytes_text(static_cast<double>(r.peak_rss - r.rss_inputs)) << " working memory";
+  if (std::isfinite(huge_fraction)) out << "; inputs " << percent(huge_fraction) << " on huge pages";
+  out << "\n";
   if (!r.output_finite) out << "  WARNING  the output has non-finite elements\n";
   return Status::Ok();
 }
