@@ -262,6 +262,7 @@ Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
   const Result fwd = attention<Acc>(p, /*keep_probs=*/true);
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
   Grads g;
+  g.score_terms = fwd.score_terms;
   g.dq.assign(static_cast<std::size_t>(p.B * p.Hq * p.Sq * p.Dk), 0.0);
   std::vector<Acc> dk(static_cast<std::size_t>(p.B * p.Hkv * p.Skv * p.Dk), 0);
   std::vector<Acc> dv(static_cast<std::size_t>(p.B * p.Hkv * p.Skv * p.Dv), 0);
@@ -286,6 +287,7 @@ Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
         // dP_ij = z_ij · dO_i · V_j (the gradient reaching P_ij through its dropped weight z_ij·P_ij), and
         // D_i = Σ_j P_ij dP_ij (= dO_i · O_i)
         Acc D = 0;
+        double D_terms = 0;  // Σ_j |P_ij dP_ij|: the size of what D sums (its terms can cancel)
         for (std::int64_t j = 0; j < p.Skv; ++j) {
           if (!live[i * p.Skv + j]) continue;
           Acc dp = 0;
@@ -294,14 +296,15 @@ Grads attention_backward(const core::Problem& p, const core::Strided& dout) {
           dp *= dropout_factor<Acc>(p, b, h, i, j);
           ds[i * p.Skv + j] = dp;
           D += static_cast<Acc>(P[i * p.Skv + j]) * dp;
+          D_terms += std::fabs(P[i * p.Skv + j] * static_cast<double>(dp));
         }
         // the sink's probability e^(sink − lse) (no value: dP = 0), so ∂L/∂sink = −P_sink · D
         if (p.sinks && !empty) {
           const double sink = p.sink(h);
           if (sink != -INFINITY) {
-            const double term = static_cast<double>(std::exp(static_cast<Acc>(sink - lse)) * D);
-            g.dsinks[static_cast<std::size_t>(h)] -= term;
-            g.dsinks_terms[static_cast<std::size_t>(h)] += std::fabs(term);
+            const Acc p_sink = std::exp(static_cast<Acc>(sink - lse));
+            g.dsinks[static_cast<std::size_t>(h)] -= static_cast<double>(p_sink * D);
+            g.dsinks_terms[static_cast<std::size_t>(h)] += static_cast<double>(p_sink) * std::max(std::fabs(static_cast<double>(D)), D_terms);
           }
         }
         for (std::int64_t j = 0; j < p.Skv; ++j) {

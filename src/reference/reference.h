@@ -55,7 +55,10 @@ struct Grads {
   std::vector<double> dk;  // [B, Hkv, Skv, Dk]
   std::vector<double> dv;  // [B, Hkv, Skv, Dv]
   std::vector<double> dsinks;        // [Hq]: ∂L/∂sink_h (0 without sinks)
-  std::vector<double> dsinks_terms;  // [Hq]: Σ |P_sink · D| of its terms (the size rounding is relative to)
+  // [Hq]: Σ_i P_sink,i · Σ_j |P_ij dP_ij|, the size of the terms ∂L/∂sink_h sums, D_i's own terms included (the
+  // size its rounding is relative to: D_i = Σ_j P_ij dP_ij cancels in a peaked row, its rounding does not).
+  std::vector<double> dsinks_terms;
+  double score_terms = 0;  // the forward's (Result::score_terms)
 };
 
 // dQ, dK, dV (and dsinks) for upstream gradient dout [B, Hq, Sq, Dv], the way the formulas read: P is
