@@ -81,7 +81,7 @@ BENCH_KEYS = (
     "threads warmup reps kv_sets kv_set_bytes huge_pages time_median_s time_min_s time_max_s times_s flops flops_nominal "
     "gflops bytes gbps ceilings frac_fma frac_amx frac_bf16_dot frac_read_bw bound frac_bound rss_before_inputs_bytes "
     "rss_with_inputs_bytes peak_rss_bytes extra_rss_bytes peak_rss_scope maxrss_bytes inputs_huge_page_fraction "
-    "output_finite"
+    "output_finite cpu"
 ).split()
 CEILING_KEYS = ("threads fma_gflops fma_isa amx_bf16_gflops amx_note bf16_dot_gflops bf16_dot_note read_gbps "
                 "read_buffer_bytes huge_pages seconds read_setup_seconds fma_trials read_trials bf16_dot_trials "
@@ -648,7 +648,7 @@ def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_p
         out.append(f"| {row['shape']} | {row['config']} | {fmt_time(r['time_median_s'])} | {fmt_time(t)} | {ratio} | "
                    f"{peer_cols}{a_rate} | {pct(a_frac)} | {p_rate} | {pct(p_frac)} | {extra:.1f} MiB |")
     head = ["**Self-test on tiny shapes with quick ceilings: the numbers mean nothing.**"] if self_test else []
-    head += [f"Machine: {info.get('brand') or info.get('vendor')}; {threads} threads for both; attn kernel "
+    head += [f"Machine: {info.get('cpu') or info.get('brand') or info.get('vendor')}; {threads} threads for both; attn kernel "
             f"{info['active_isa']} (best {info['best_isa']}); PyTorch {torch_version or 'not installed'}."]
     if ceil:
         amx = f"{ceil['amx_bf16_gflops']:.0f} GFLOP/s" if ceil["amx_bf16_gflops"] else f"n/a ({ceil['amx_note']})"
@@ -888,7 +888,7 @@ def cascade_main(args, attn, threads, md_path, info):
         text += "**Self-test on tiny shapes with quick ceilings: the numbers mean nothing.**\n\n"
     text += (f"{r0['batch']} sequences, {r0['heads']} query / {r0['kv_heads']} KV heads of {r0['head_dim']}, a "
              f"{r0['prefix']}-key shared prefix and {r0['own']} own keys each, pages of {r0['page']}, "
-             f"{threads} threads on {info.get('brand') or 'this CPU'} (best level {info.get('best_isa', '?')}); median of "
+             f"{threads} threads on {info.get('cpu') or info.get('brand') or 'this CPU'} (best level {info.get('best_isa', '?')}); median of "
              "the timed runs, both in one process on the same inputs (their outputs checked to agree there). The "
              "plain decode reads the prefix once per sequence, the cascade once for the batch; the cascade's "
              "ceiling is AMX bf16 where the CPU has it, else the FMA one.\n\n")

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -76,6 +78,56 @@ TEST(CpuFeatures, AreConsistent) {
   EXPECT_GE(f.last_level_cache_bytes(), f.l1d_bytes > 0 ? f.l1d_bytes : 0);
 }
 
+// CPUID's signature as Linux reads it: /proc/cpuinfo's "cpu family", "model" and "stepping" (the kernel's own
+// decoding of leaf 1, the same display rule) agree with cpu_features()'s.
+TEST(CpuFeatures, SignatureAgreesWithLinux) {
+  std::ifstream in("/proc/cpuinfo");
+  if (!in) GTEST_SKIP() << "no /proc/cpuinfo";
+  std::map<std::string, std::string> field;
+  for (std::string line; std::getline(in, line) && !line.empty();) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    field[key] = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+  }
+  if (!field.count("cpu family") || !field.count("model")) GTEST_SKIP() << "/proc/cpuinfo has no x86 signature";
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  EXPECT_EQ(f.family, std::stoi(field["cpu family"]));
+  EXPECT_EQ(f.model, std::stoi(field["model"]));
+  if (field.count("stepping") && field["stepping"] != "unknown") EXPECT_EQ(f.stepping, std::stoi(field["stepping"]));
+}
+
+// The microarchitecture table against the vendors' published signatures (a name for reports, never for dispatch).
+TEST(CpuFeatures, MicroarchitectureNames) {
+  const std::string amd = "AuthenticAMD", intel = "GenuineIntel";
+  EXPECT_EQ(cpu::microarchitecture(amd, 0x17, 0x01, 2), "Zen");      // Naples
+  EXPECT_EQ(cpu::microarchitecture(amd, 0x17, 0x31, 0), "Zen 2");    // Rome
+  EXPECT_EQ(cpu::microarchitecture(amd, 0x19, 0x01, 1), "Zen 3");    // Milan
+  EXPECT_EQ(cpu::microarchitecture(amd, 0x19, 0x21, 0), "Zen 3");    // Vermeer
+  EXPECT_EQ(cpu::microarchitecture(amd, 0x19, 0x11, 1), "Zen 4");    // Genoa
+  EXPECT_EQ(cpu::microarchitecture(amd, 0x19, 0x61, 2), "Zen 4");    // Raphael
+  EXPECT_EQ(cpu::microarchitecture(amd, 0x19, 0xA0, 2), "Zen 4");    // Bergamo
+  EXPECT_EQ(cpu::microarchitecture(amd, 0x1A, 0x02, 1), "Zen 5");    // Turin
+  EXPECT_EQ(cpu::microarchitecture(amd, 0x1A, 0x44, 0), "Zen 5");    // Granite Ridge
+  EXPECT_EQ(cpu::microarchitecture(intel, 6, 0x55, 4), "Skylake-SP");
+  EXPECT_EQ(cpu::microarchitecture(intel, 6, 0x55, 7), "Cascade Lake");
+  EXPECT_EQ(cpu::microarchitecture(intel, 6, 0x55, 11), "Cooper Lake");
+  EXPECT_EQ(cpu::microarchitecture(intel, 6, 0x6A, 6), "Ice Lake-SP");
+  EXPECT_EQ(cpu::microarchitecture(intel, 6, 0x8F, 8), "Sapphire Rapids");
+  EXPECT_EQ(cpu::microarchitecture(intel, 6, 0xCF, 2), "Emerald Rapids");
+  EXPECT_EQ(cpu::microarchitecture(intel, 6, 0xAD, 1), "Granite Rapids");
+  EXPECT_EQ(cpu::microarchitecture(intel, 6, 0x01, 0), "");  // not in the table: no guess
+  EXPECT_EQ(cpu::microarchitecture(amd, 0x15, 0x01, 0), "");
+  EXPECT_EQ(cpu::microarchitecture("SomeVendor", 6, 0x8F, 0), "");
+  CpuInfo c;
+  c.vendor = amd, c.brand = "AMD EPYC", c.family = 0x19, c.model = 0x11, c.stepping = 1, c.microarchitecture = "Zen 4";
+  EXPECT_EQ(describe_cpu(c), "AMD EPYC (Zen 4; AuthenticAMD family 0x19 model 0x11 stepping 1)");
+  c.brand = "", c.microarchitecture = "";
+  EXPECT_EQ(describe_cpu(c), "AuthenticAMD (AuthenticAMD family 0x19 model 0x11 stepping 1)");
+  EXPECT_EQ(describe_cpu(CpuInfo{}), "unknown CPU");
+}
+
 TEST(CpuFeatures, AmxRequestAgreesWithTheKernelAndTheDispatcher) {
   // request_amx() caches one ARCH_REQ_XCOMP_PERM answer; the kernel's own record (ARCH_GET_XCOMP_PERM) must agree
   // with it, a refusal must carry its errno, and the dispatcher must offer the amx level exactly when the CPU,
@@ -97,6 +149,7 @@ TEST(CliInfo, PrintsFeaturesOsSupportAndChoice) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err, "");
   EXPECT_TRUE(has(r.out, "CPUID has:"));
+  EXPECT_TRUE(has(r.out, "signature: family 0x"));
   EXPECT_TRUE(has(r.out, "XCR0"));
   EXPECT_TRUE(has(r.out, "AMX"));
   EXPECT_TRUE(has(r.out, std::string("best level for this CPU and OS: ") + cpu::isa_name(cpu::best_isa())));
@@ -113,7 +166,7 @@ TEST(CliInfo, JsonIsOneObject) {
   EXPECT_EQ(l[0].front(), '{');
   EXPECT_EQ(l[0].back(), '}');
   for (const char* key : {"vendor", "cpuid", "xcr0", "os_avx512", "os_amx", "amx_request_ok", "best_isa", "active_isa",
-                          "threads", "l3_bytes"})
+                          "threads", "l3_bytes", "family", "model", "stepping", "microarchitecture", "cpu"})
     EXPECT_TRUE(has(l[0], std::string("\"") + key + "\":")) << key;
   EXPECT_TRUE(has(l[0], std::string("\"best_isa\":\"") + cpu::isa_name(cpu::best_isa()) + "\""));
   EXPECT_TRUE(has(l[0], "\"avx512_bf16\":"));
@@ -129,7 +182,7 @@ const char* const kBenchKeys[] = {
     "huge_pages", "time_median_s", "time_min_s", "time_max_s", "times_s", "flops", "flops_nominal", "gflops",
     "bytes", "gbps", "ceilings", "frac_fma", "frac_amx", "frac_bf16_dot", "frac_read_bw", "bound", "frac_bound",
     "rss_before_inputs_bytes", "rss_with_inputs_bytes", "peak_rss_bytes", "extra_rss_bytes", "peak_rss_scope",
-    "maxrss_bytes", "inputs_huge_page_fraction", "output_finite", "latent"};
+    "maxrss_bytes", "inputs_huge_page_fraction", "output_finite", "latent", "cpu"};
 // clang-format on
 
 void expect_bench_json(const std::string& line) {

@@ -58,7 +58,9 @@ Status info(const InfoArgs& a, std::ostream& out) {
     JsonObject cpu_flags;
     for (const auto& [name, has] : f.cpuid) cpu_flags.add(name, has);
     JsonObject o;
-    o.add("vendor", f.vendor).add("brand", f.brand).add("cpuid", cpu_flags);
+    o.add("vendor", f.vendor).add("brand", f.brand);
+    o.add("family", f.family).add("model", f.model).add("stepping", f.stepping);
+    o.add("microarchitecture", f.microarchitecture).add("cpu", describe_cpu(f)).add("cpuid", cpu_flags);
     o.add("osxsave", f.osxsave).add("xcr0", hex(f.xcr0));
     o.add("os_avx", f.os_avx).add("os_avx512", f.os_avx512).add("os_amx", f.os_amx);
     o.add("amx_kernel_supports", f.amx_offered).add("amx_permitted_before_request", f.amx_permitted_before);
@@ -76,6 +78,9 @@ Status info(const InfoArgs& a, std::ostream& out) {
   }
 
   out << "CPU: " << (f.brand.empty() ? "(no brand string)" : f.brand) << " [" << f.vendor << "]\n";
+  out << "  signature: family " << hex(f.family) << " model " << hex(f.model) << " stepping " << f.stepping << ": "
+      << (f.microarchitecture.empty() ? "a microarchitecture attn's table does not name" : f.microarchitecture)
+      << "\n";
   out << "  caches: L1d " << size_text(f.l1d_bytes) << ", L2 " << size_text(f.l2_bytes) << ", L3 "
       << size_text(f.l3_bytes) << "\n";
   std::string has, lacks;

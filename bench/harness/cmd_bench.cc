@@ -544,6 +544,13 @@ struct Result {
   bool output_finite = false;
 };
 
+// The CPU in a few words for the text report: the microarchitecture CPUID names, else the brand string (the JSON's
+// "cpu" has the whole describe_cpu line).
+std::string cpu_short_name() {
+  const CpuInfo c = cpu_info();
+  return !c.microarchitecture.empty() ? c.microarchitecture : !c.brand.empty() ? c.brand : "an unknown CPU";
+}
+
 // The largest cache level known (L3, else L2, else L1d; 0 when unknown).
 std::int64_t last_level_cache_bytes() {
   const CpuInfo c = cpu_info();
@@ -724,7 +731,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
         .add("backend", setup.backend == Backend::reference ? "reference" : "flash")
         .add("pass", a.backward ? "backward" : "forward")
         .add("isa", isa)
-        .add("kernel", kernel);
+        .add("kernel", kernel)
+        .add("cpu", describe_cpu(cpu_info()));
     o.add("B", s.B).add("Hq", s.Hq).add("Hkv", s.Hkv).add("Sq", s.Sq).add("Skv", s.Skv).add("Dk", s.D).add("Dv", s.Dv);
     o.add("latent", s.latent);
     o.add("causal", s.causal).add("dtype", dtype_name(setup.dtype)).add("kv_dtype", dtype_name(setup.kv_dtype));
@@ -757,8 +765,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
       << (s.page_size ? " paged(" + std::to_string(s.page_size) + ")" : "") << (a.backward ? ", backward" : "")
       << ", q/out " << dtype_name(setup.dtype)
       << ", k/v " << dtype_name(setup.kv_dtype) << "; " << isa << (kernel.empty() ? "" : " (" + kernel + " kernel)")
-      << ", " << setup.threads << " thread"
-      << (setup.threads == 1 ? "" : "s") << "\n";
+      << ", " << setup.threads << " thread" << (setup.threads == 1 ? "" : "s") << " on " << cpu_short_name() << "\n";
   out << "  time     median " << time_text(r.median) << " (min " << time_text(sorted.front()) << ", max "
       << time_text(sorted.back()) << "; " << r.times.size() << (r.times.size() == 1 ? " rep" : " reps") << " after "
       << r.warmup << " warm-up"

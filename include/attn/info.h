@@ -53,6 +53,11 @@ Status describe_attention_backward(const TensorView& q, const TensorView& k, con
 // The CPU as attn sees it (`attn info`).
 struct CpuInfo {
   std::string vendor, brand;
+  // CPUID's signature in display form (0 = unknown) and the microarchitecture it names ("Zen 4", "Sapphire
+  // Rapids"; "" when attn's table does not know it): which CPU a number came from, where a virtual machine's brand
+  // string says only "AMD EPYC". Not used to choose kernels (the feature flags are).
+  int family = 0, model = 0, stepping = 0;
+  std::string microarchitecture;
   std::vector<std::pair<std::string, bool>> cpuid;  // the CPUID flags attn cares about, in a fixed order
   bool osxsave = false;
   std::uint64_t xcr0 = 0;
@@ -65,5 +70,7 @@ struct CpuInfo {
   std::int64_t l1d_bytes = 0, l2_bytes = 0, l3_bytes = 0;  // 0 = unknown
 };
 CpuInfo cpu_info();
+// One line naming the CPU for a report: "AMD EPYC (Zen 4; AuthenticAMD family 0x19 model 0x11 stepping 1)".
+std::string describe_cpu(const CpuInfo& c);
 
 }  // namespace attn

@@ -40,8 +40,9 @@ def set_isa(level):
 
 
 def info():
-    """What attn sees and would use, as a dict: 'version'; the CPU ('vendor', 'brand', 'cpuid': the CPUID flags attn
-    reads, 'l1d_bytes', 'l2_bytes', 'l3_bytes', 0 = unknown); what the OS enables ('osxsave', 'xcr0', 'os_avx',
+    """What attn sees and would use, as a dict: 'version'; the CPU ('vendor', 'brand', CPUID's signature 'family',
+    'model', 'stepping', the 'microarchitecture' it names ('' when attn's table does not), 'cpu': one line of them
+    all, 'cpuid': the CPUID flags attn reads, 'l1d_bytes', 'l2_bytes', 'l3_bytes', 0 = unknown); what the OS enables ('osxsave', 'xcr0', 'os_avx',
     'os_avx512', 'os_amx', and Linux's AMX permission: 'amx_kernel_supports', 'amx_permitted_before_request',
     'amx_request_ok', None when not asked); the kernel levels ('isa_levels', lowest first, 'supported_isa',
     'best_isa', 'active_isa': the one calls use now) and 'threads', the thread count of a call. The keys are those

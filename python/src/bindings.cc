@@ -307,6 +307,8 @@ nb::dict info() {
   nb::dict d;
   d["version"] = ATTN_VERSION;
   d["vendor"] = f.vendor, d["brand"] = f.brand;
+  d["family"] = f.family, d["model"] = f.model, d["stepping"] = f.stepping;
+  d["microarchitecture"] = f.microarchitecture, d["cpu"] = attn::describe_cpu(f);
   nb::dict flags;
   for (const auto& [name, has] : f.cpuid) flags[name.c_str()] = has;
   d["cpuid"] = flags;

@@ -1,6 +1,7 @@
 // attn/info.h over the private dispatch (cpu/kernels.h) and CPU detection (cpu/cpu_features.h).
 #include "attn/info.h"
 
+#include <cstdio>
 #include <new>
 
 #include "attn/backward.h"
@@ -135,6 +136,8 @@ CpuInfo cpu_info() {
   const cpu::CpuFeatures& f = cpu::cpu_features();
   CpuInfo c;
   c.vendor = f.vendor, c.brand = f.brand;
+  c.family = f.family, c.model = f.model, c.stepping = f.stepping;
+  c.microarchitecture = cpu::microarchitecture(f.vendor, f.family, f.model, f.stepping);
   c.cpuid = {{"sse2", f.sse2},         {"avx", f.avx},           {"avx2", f.avx2},         {"fma", f.fma},
              {"f16c", f.f16c},         {"avx512f", f.avx512f},   {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl},
              {"avx512dq", f.avx512dq}, {"avx512_bf16", f.avx512_bf16}, {"avx512_fp16", f.avx512_fp16},
@@ -150,6 +153,21 @@ CpuInfo cpu_info() {
   }
   c.l1d_bytes = f.l1d_bytes, c.l2_bytes = f.l2_bytes, c.l3_bytes = f.l3_bytes;
   return c;
+}
+
+std::string describe_cpu(const CpuInfo& c) {
+  const auto hex = [](int x) {
+    char b[16];
+    std::snprintf(b, sizeof b, "0x%X", static_cast<unsigned>(x));
+    return std::string(b);
+  };
+  std::string s = c.brand.empty() ? (c.vendor.empty() ? std::string("unknown CPU") : c.vendor) : c.brand;
+  std::string detail = c.microarchitecture;
+  if (c.family > 0) {
+    detail += (detail.empty() ? "" : "; ") + c.vendor + " family " + hex(c.family) + " model " + hex(c.model) +
+              " stepping " + std::to_string(c.stepping);
+  }
+  return detail.empty() ? s : s + " (" + detail + ")";
 }
 
 }  // namespace attn

@@ -111,6 +111,13 @@ CpuFeatures detect() {
 
   if (max_leaf >= 1) {
     const Regs r = cpuid(1);
+    // Display family = base + extended when base is 0xF; display model = extended << 4 | base when the base
+    // family is 0x6 or 0xF (the rule both vendors' manuals give).
+    const int base_family = (r.a >> 8) & 0xF, base_model = (r.a >> 4) & 0xF;
+    f.family = base_family == 0xF ? base_family + static_cast<int>((r.a >> 20) & 0xFF) : base_family;
+    f.model = base_family == 0x6 || base_family == 0xF ? static_cast<int>((r.a >> 16) & 0xF) << 4 | base_model
+                                                       : base_model;
+    f.stepping = static_cast<int>(r.a & 0xF);
     f.sse2 = bit(r.d, 26);
     f.fma = bit(r.c, 12);
     f.osxsave = bit(r.c, 27);
@@ -149,6 +156,40 @@ constexpr int kXfeatureXtiledata = 18;
 #endif
 
 }  // namespace
+
+std::string microarchitecture(const std::string& vendor, int family, int model, int stepping) {
+  const auto in = [model](int lo, int hi) { return model >= lo && model <= hi; };
+  if (vendor == "AuthenticAMD") {
+    if (family == 0x17) {
+      if (in(0x30, 0x4F) || in(0x60, 0x7F) || in(0x90, 0xAF)) return "Zen 2";
+      return model == 0x08 || model == 0x18 ? "Zen+" : "Zen";
+    }
+    if (family == 0x19) return in(0x10, 0x1F) || in(0x60, 0x7F) || in(0xA0, 0xAF) ? "Zen 4" : "Zen 3";
+    if (family == 0x1A && (in(0x00, 0x4F) || in(0x60, 0x7F))) return "Zen 5";
+    return "";
+  }
+  if (vendor != "GenuineIntel" || family != 6) return "";
+  switch (model) {
+    case 0x55:  // one model number, three generations told apart by the stepping
+      return stepping >= 10 ? "Cooper Lake" : stepping >= 5 ? "Cascade Lake" : "Skylake-SP";
+    case 0x6A: case 0x6C: return "Ice Lake-SP";
+    case 0x7D: case 0x7E: return "Ice Lake";
+    case 0x8C: case 0x8D: return "Tiger Lake";
+    case 0x8F: return "Sapphire Rapids";
+    case 0xCF: return "Emerald Rapids";
+    case 0xAD: case 0xAE: return "Granite Rapids";
+    case 0xAF: return "Sierra Forest";
+    case 0x97: case 0x9A: return "Alder Lake";
+    case 0xB7: case 0xBA: case 0xBF: return "Raptor Lake";
+    case 0xAA: case 0xAC: return "Meteor Lake";
+    case 0xC5: case 0xC6: return "Arrow Lake";
+    case 0xBD: return "Lunar Lake";
+    case 0x4E: case 0x5E: case 0x8E: case 0x9E: case 0xA5: case 0xA6: return "Skylake-derived (client)";
+    case 0x3F: return "Haswell-EP";
+    case 0x4F: return "Broadwell-EP";
+    default: return "";
+  }
+}
 
 std::int64_t CpuFeatures::last_level_cache_bytes() const {
   return l3_bytes > 0 ? l3_bytes : l2_bytes > 0 ? l2_bytes : l1d_bytes;

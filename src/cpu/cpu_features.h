@@ -11,6 +11,9 @@ namespace attn::cpu {
 struct CpuFeatures {
   std::string vendor;  // "GenuineIntel", "AuthenticAMD", ...
   std::string brand;   // the processor brand string, trimmed ("" when the CPU has none)
+  // CPUID leaf 1's signature, family and model in their display form (extended fields folded in: AMD family 0x19
+  // model 0x11 is Zen 4 "Genoa"); 0 when unknown. Virtual machines often hide the brand ("AMD EPYC"), seldom these.
+  int family = 0, model = 0, stepping = 0;
 
   // What CPUID reports (the hardware), whether or not the OS enables it.
   bool sse2 = false, avx = false, avx2 = false, fma = false, f16c = false;
@@ -33,13 +36,18 @@ struct CpuFeatures {
   bool avx512_usable() const { return avx512f && avx512bw && avx512vl && avx512dq && fma && os_avx512; }
   bool amx_bf16_usable() const { return amx_tile && amx_bf16 && os_amx; }  // still needs request_amx()
   // Whether vdpbf16ps outruns fp32 FMAs here: AMD's cores (Zen 4, Zen 5) issue it at the FMA's rate with twice
-  // the work per instruction (measured on Zen 5, 2 threads: 469 against 234 GFLOP/s); Intel's (Cooper Lake,
+  // the work per instruction (measured on Zen 4, family 0x19 model 0x11, 2 threads: 469 against 234 GFLOP/s); Intel's (Cooper Lake,
   // Sapphire Rapids) on one port, no faster than FMAs (measured on a Xeon with AMX: attn's bf16 dot-product
   // prefill kernel 0.75x its fp32-FMA vector kernel on the same bf16 call).
   bool bf16_dot_fast() const { return avx512_usable() && avx512_bf16 && vendor == "AuthenticAMD"; }
   // The largest cache level known (l3, else l2, else l1d), for sizing buffers that must miss it.
   std::int64_t last_level_cache_bytes() const;
 };
+
+// The core's microarchitecture from the vendor and CPUID signature ("Zen 4", "Sapphire Rapids", ...), from the
+// vendors' published family/model numbers; "" for a signature not in the table. A name for people reading a
+// benchmark, never a dispatch input: kernels are chosen from feature flags alone.
+std::string microarchitecture(const std::string& vendor, int family, int model, int stepping);
 
 // Detected once per process.
 const CpuFeatures& cpu_features();

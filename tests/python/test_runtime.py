@@ -44,8 +44,11 @@ def test_info_describes_the_machine_and_the_choices():
     assert isinstance(i["threads"], int) and i["threads"] >= 1
     assert i["threads"] == attn.get_num_threads()
     assert isinstance(i["cpuid"], dict) and i["cpuid"]["sse2"] is True
-    for key in ("vendor", "brand"):
+    for key in ("vendor", "brand", "microarchitecture", "cpu"):
         assert isinstance(i[key], str)
+    for key in ("family", "model", "stepping"):
+        assert isinstance(i[key], int) and i[key] >= 0
+    assert i["family"] > 0  # every x86-64 CPU reports its signature (CPUID leaf 1)
     for key in ("l1d_bytes", "l2_bytes", "l3_bytes", "xcr0"):
         assert isinstance(i[key], int) and i[key] >= 0
     for key in ("osxsave", "os_avx", "os_avx512", "os_amx", "amx_kernel_supports", "amx_permitted_before_request"):
