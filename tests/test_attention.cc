@@ -13,6 +13,7 @@
 #include "core/workspace_impl.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
+#include "cpu/prefetch_tuner.h"
 
 namespace attn::test {
 namespace {
@@ -212,6 +213,75 @@ TEST(WorkspaceReuse, KeptThroughDescribeAndRefusedCalls) {
 // head run the pair-product kernel where the level multiplies bf16 pairs faster than fp32 FMAs (amx: tiles;
 // avx512bf16: vdpbf16ps where cpu::bf16_dot_preferred(): AMD), fewer (decode) and other dtypes the vector kernels.
 // The registry cases above reach each kernel through the same rule (and the other choice at avx512bf16).
+// Decode's prefetch step over the far K rows (cpu/prefetch_tuner.h: measured per process) changes no result bit:
+// every K/V storage type, contiguous and paged, at every level, with the step fixed at 64 and at 128.
+TEST(Dispatch, DecodePrefetchStepChangesNoBit) {
+  cpu::PrefetchTuner& tuner = cpu::decode_prefetch_tuner();
+  const std::int64_t before = tuner.fixed();
+  for (DType kv : {DType::f32, DType::bf16, DType::f16, DType::i8, DType::i4})
+    for (std::int64_t page : {0, 16}) {
+      const DType q = kv == DType::f32 || kv == DType::f16 ? DType::f32 : DType::bf16;
+      const Case c{.B = 2, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 1100, .Dk = 128, .Dv = 128, .dtype = q,
+                   .kv_dtype = kv, .page_size = page};
+      for (cpu::Isa isa : supported_isas()) {
+        SCOPED_TRACE(std::string(dtype_name(kv)) + (page ? " paged, " : ", ") + cpu::isa_name(isa));
+        ForceIsa force(isa);
+        std::vector<unsigned char> out[2];
+        for (int i = 0; i < 2; ++i) {
+          tuner.set_fixed(cpu::PrefetchTuner::kSteps[i]);
+          Instance in = instantiate(c);
+          ASSERT_TRUE(in.run(Backend::flash, 2).ok());
+          out[i] = in.out.storage;
+        }
+        EXPECT_EQ(out[0], out[1]);
+      }
+    }
+  tuner.set_fixed(before);
+}
+
+// The tuner's policy on synthetic timings: the first calls alternate the steps, then the faster runs with the other
+// every kExploreEvery-th call, a change of which is faster is followed, short calls are not timed, a fixed step wins.
+TEST(PrefetchTuner, AlternatesThenKeepsTheFasterAndFollowsAChange) {
+  using T = cpu::PrefetchTuner;
+  const std::int64_t big = T::kMinTimedBytes;
+  T t;
+  EXPECT_EQ(t.best(3), 64);  // no samples: every line
+  const auto seconds = [](std::int64_t step, std::int64_t fast) { return step == fast ? 1e-3 : 1.5e-3; };
+  std::int64_t counts[2] = {0, 0};
+  for (int call = 0; call < 2 * T::kWarmup; ++call) {
+    const T::Choice c = t.pick(3, big);
+    ASSERT_TRUE(c.timed);
+    EXPECT_EQ(c.step, T::kSteps[call % 2]) << call;
+    t.record(3, c.step, big, seconds(c.step, 128));
+  }
+  EXPECT_EQ(t.best(3), 128);
+  EXPECT_EQ(t.best(4), 64);  // kinds are separate
+  for (int call = 0; call < 4 * T::kExploreEvery; ++call) {
+    const T::Choice c = t.pick(3, big);
+    ++counts[c.step == 128];
+    t.record(3, c.step, big, seconds(c.step, 128));
+  }
+  EXPECT_EQ(counts[0], 4);  // one exploring call in kExploreEvery
+  EXPECT_EQ(counts[1], 4 * T::kExploreEvery - 4);
+  for (int call = 0; call < 8 * T::kExploreEvery; ++call) {  // the machine changes: 64 is now the faster
+    const T::Choice c = t.pick(3, big);
+    t.record(3, c.step, big, seconds(c.step, 64));
+  }
+  EXPECT_EQ(t.best(3), 64);
+  const T::Choice small = t.pick(3, big / 2);
+  EXPECT_FALSE(small.timed);
+  EXPECT_EQ(small.step, 64);
+  const int samples = t.arm(3, 0).samples;
+  t.record(3, 64, big, 0.0);  // not a time
+  t.record(3, 64, 0, 1e-3);   // no bytes
+  EXPECT_EQ(t.arm(3, 0).samples, samples);
+  EXPECT_EQ(t.set_fixed(128), 0);
+  EXPECT_EQ(t.pick(3, big).step, 128);
+  EXPECT_FALSE(t.pick(3, big).timed);
+  EXPECT_EQ(t.set_fixed(7), 128);  // not a step: measure again
+  EXPECT_EQ(t.fixed(), 0);
+}
+
 TEST(Dispatch, Bf16PrefillRunsOnTheLevelsPairProducts) {
   const Case prefill{.B = 1, .Hq = 4, .Hkv = 2, .Sq = 32, .Skv = 90, .Dk = 40, .Dv = 24, .dtype = DType::bf16, .kv_dtype = DType::bf16};
   Case decode = prefill, f32 = prefill;

@@ -60,6 +60,7 @@ struct Workspace {
   AlignedVector<float> q, k, v, st, o, m, l, alpha, kh, vh;
   std::vector<unsigned char> have;
   std::int64_t head = -1;
+  std::int64_t k_step = 64;  // decode's prefetch step over the far K rows (set per call: cpu/prefetch_tuner.h)
   const float* krows[BC];
   const float* vrows[BC];
 
@@ -163,20 +164,22 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // rows far ahead, a key pair at a time: spread over both loops and every pass, so that lines keep arriving whichever
 // runs (issued all at once before the scores the prefetches stalled on full miss buffers; with both lists in the
 // score loop the memory idled during P·V: the V rows moved to the first P·V pass made D2 bf16 1.11x as fast at 2
-// threads, then spread over every pass 1.4x; Zen 5, bench/results_zen5_decode_i4pairs.md). Step: the bytes between
-// prefetches. The score loop prefetches one line in two of the K rows (Step 128, each 128-byte pair's first line: the
-// L2's adjacent-line prefetcher brings the other), P·V every line of its slice: in a same-run A/B on Zen 5 at 2 threads
-// D1-D3 ran 1.16-1.66x as fast from fp32, bf16 and fp16 caches, 0.96-1.30x from 8- and 4-bit ones (one thread on D2
-// bf16 1.65x; in L1, where a prefetch is pure overhead, 9 % fewer ns per key); every line of both, or one in two of
-// both, were slower (bench/results_zen5_decode_prefetch_step.md). Always inlined: as a
+// threads, then spread over every pass 1.4x; Zen 5, bench/results_zen5_decode_i4pairs.md). step: the bytes between
+// prefetches. P·V prefetches every line of its slice; the score loop every line of the K rows or one line in two
+// (128, each 128-byte pair's first line, the L2's adjacent-line prefetcher bringing the other), as the process's
+// measurement finds faster (cpu/prefetch_tuner.h, Workspace::k_step): on the same kind of VM one line in two ran D1-D3
+// from fp32, bf16 and fp16 caches 1.16-1.66x as fast in hours when every line was slow
+// (bench/results_zen5_decode_prefetch_step.md), every line 1.16-1.47x as fast as one in two on another day
+// (bench/results_zen4_prefetch_tuner.md); one line in two of the V slices too was slower in both. Always inlined: as a
 // function of its own GCC finds it free of side effects (a prefetch is not one) and deletes its calls, every
 // prefetch with them (measured: decode 25-35 % slower until this was seen).
-template <int Step = 64, class R>
-ATTN_INLINE void prefetch_rows(const R* far, std::int64_t c, std::int64_t n, std::int64_t from, std::int64_t to) {
+template <class R>
+ATTN_INLINE void prefetch_rows(const R* far, std::int64_t c, std::int64_t n, std::int64_t from, std::int64_t to,
+                               std::int64_t step = 64) {
   if (far)
     for (std::int64_t g = c; g < c + n; ++g)
       if (far[g])
-        for (std::int64_t off = (from + Step - 1) & ~std::int64_t{Step - 1}; off < to; off += Step)
+        for (std::int64_t off = (from + step - 1) & ~(step - 1); off < to; off += step)
           __builtin_prefetch(static_cast<const char*>(row_address(far[g])) + off, 0, 1);
 }
 
@@ -207,11 +210,11 @@ inline void store_group_scores(const V* acc, int a0, const float* q, const R* k,
 // then their scores stored. Returns the first key not done (cols less the last cols % KG).
 template <int NL, int KG, class R>
 inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std::int64_t c, std::int64_t cols,
-                               float mult, float* st, const R* pk) {
+                               float mult, float* st, const R* pk, std::int64_t kstep) {
   constexpr int NA = KG * NL;
   const std::int64_t d_end = dk / W * W;
   for (; c + KG <= cols; c += KG) {
-    prefetch_rows<128>(pk, c, KG, 0, row_bytes<R>(dk));
+    prefetch_rows(pk, c, KG, 0, row_bytes<R>(dk), kstep);
     V acc[NA];  // (exactly NA: rounded up to whole vectors of W, GCC zeroed and spilled them to the stack)
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t d = 0; d < d_end; d += W)
@@ -234,16 +237,16 @@ inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std:
 // measured slower on D1 and D3. The last cols % KG keys take groups of KG / 2 keys, then single keys.
 template <int NL, class R>
 inline void scores_rows(const float* q, const R* k, std::int64_t dk, std::int64_t cols, float mult, float* st,
-                        const R* pk = nullptr) {
+                        const R* pk = nullptr, std::int64_t kstep = 64) {
   constexpr bool wide = W == 16 || std::is_same_v<R, const float*>;  // the W / NL x NL form
   constexpr int kAcc = wide ? W : 12, NS = wide ? NL : (NL < 4 ? NL : 4), KG = kAcc / NS > 1 ? kAcc / NS : 1;
   for (int r0 = 0; r0 < NL; r0 += NS) {
     const float* qs = q + r0 * dk;
     float* ss = st + r0;
     const R* pks = r0 == 0 ? pk : nullptr;
-    std::int64_t c = score_keys<NS, KG>(qs, k, dk, 0, cols, mult, ss, pks);
-    if constexpr (KG > 2) c = score_keys<NS, KG / 2>(qs, k, dk, c, cols, mult, ss, pks);
-    if constexpr (KG > 1) score_keys<NS, 1>(qs, k, dk, c, cols, mult, ss, pks);
+    std::int64_t c = score_keys<NS, KG>(qs, k, dk, 0, cols, mult, ss, pks, kstep);
+    if constexpr (KG > 2) c = score_keys<NS, KG / 2>(qs, k, dk, c, cols, mult, ss, pks, kstep);
+    if constexpr (KG > 1) score_keys<NS, 1>(qs, k, dk, c, cols, mult, ss, pks, kstep);
   }
 }
 
@@ -317,11 +320,11 @@ inline BH load_pairs(const std::int8_t* p) {
 template <int NL, int KG, class T>
 inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, const T* const* k,
                                      std::int64_t dk, std::int64_t c, std::int64_t cols, float mult, float* st,
-                                     const T* const* pk) {
+                                     const T* const* pk, std::int64_t kstep) {
   constexpr int NA = KG * NL;
   const std::int64_t d_end = dk / 32 * 32;
   for (; c + KG <= cols; c += KG) {
-    prefetch_rows<128>(pk, c, KG, 0, row_bytes<const T*>(dk));
+    prefetch_rows(pk, c, KG, 0, row_bytes<const T*>(dk), kstep);
     V acc[NA];
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t d = 0; d < d_end; d += 32)
@@ -338,11 +341,12 @@ inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, co
 // rows as bf16 (qb, made once per block: start_pairs) and as fp32 (q, for the last dk % 32 dims).
 template <int NL, class T>
 inline void scores_rows_pairs(const float* q, const T* const* k, std::int64_t dk, std::int64_t cols,
-                              float mult, float* st, const T* const* pk, const std::uint16_t* qb) {
+                              float mult, float* st, const T* const* pk, const std::uint16_t* qb,
+                              std::int64_t kstep) {
   constexpr int KG = W / NL > 1 ? W / NL : 1;
-  std::int64_t c = score_keys_pairs<NL, KG>(qb, q, k, dk, 0, cols, mult, st, pk);
-  if constexpr (KG > 2) c = score_keys_pairs<NL, KG / 2>(qb, q, k, dk, c, cols, mult, st, pk);
-  if constexpr (KG > 1) score_keys_pairs<NL, 1>(qb, q, k, dk, c, cols, mult, st, pk);
+  std::int64_t c = score_keys_pairs<NL, KG>(qb, q, k, dk, 0, cols, mult, st, pk, kstep);
+  if constexpr (KG > 2) c = score_keys_pairs<NL, KG / 2>(qb, q, k, dk, c, cols, mult, st, pk, kstep);
+  if constexpr (KG > 1) score_keys_pairs<NL, 1>(qb, q, k, dk, c, cols, mult, st, pk, kstep);
 }
 
 // Unpacking rows a and b (32 dims each) by 16-bit words gives their key pairs for dims 0-3, 8-11, 16-19, 24-27 (lo)
@@ -419,12 +423,12 @@ inline void start_pairs_q4(const float* q, int nl, std::int64_t dk, std::uint16_
 // lanes each), then acc += t · (the span's block scales).
 template <int NL, int KG>
 inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::int64_t dk, std::int64_t c,
-                                  std::int64_t cols, float mult, float* st, const Q4Row* pk) {
+                                  std::int64_t cols, float mult, float* st, const Q4Row* pk, std::int64_t kstep) {
   constexpr int NA = KG * NL;
   const std::int64_t spans = q4_spans(dk), whole = dk / 64;
   const __m512i table = q4_bf16_table();
   for (; c + KG <= cols; c += KG) {
-    prefetch_rows<128>(pk, c, KG, 0, row_bytes<Q4Row>(dk));
+    prefetch_rows(pk, c, KG, 0, row_bytes<Q4Row>(dk), kstep);
     V acc[NA];
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     for (std::int64_t s = 0; s < spans; ++s)
@@ -456,11 +460,11 @@ inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::
 
 template <int NL>
 inline void scores_rows_pairs(const float*, const Q4Row* k, std::int64_t dk, std::int64_t cols, float mult,
-                              float* st, const Q4Row* pk, const std::uint16_t* qb) {
+                              float* st, const Q4Row* pk, const std::uint16_t* qb, std::int64_t kstep) {
   constexpr int KG = W / NL > 1 ? W / NL : 1;
-  std::int64_t c = score_keys_q4<NL, KG>(qb, k, dk, 0, cols, mult, st, pk);
-  if constexpr (KG > 2) c = score_keys_q4<NL, KG / 2>(qb, k, dk, c, cols, mult, st, pk);
-  if constexpr (KG > 1) score_keys_q4<NL, 1>(qb, k, dk, c, cols, mult, st, pk);
+  std::int64_t c = score_keys_q4<NL, KG>(qb, k, dk, 0, cols, mult, st, pk, kstep);
+  if constexpr (KG > 2) c = score_keys_q4<NL, KG / 2>(qb, k, dk, c, cols, mult, st, pk, kstep);
+  if constexpr (KG > 1) score_keys_q4<NL, 1>(qb, k, dk, c, cols, mult, st, pk, kstep);
 }
 
 // The weights of 4-bit V rows: pw[c/2][b][r] = the pair (Pᵀ[c][r]·scale_c(b), Pᵀ[c+1][r]·scale_c+1(b)) rounded to
@@ -989,10 +993,10 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
 #if ATTN_VEC_BF16_DOT
   if constexpr (Pairs)
     scores_rows_pairs<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), k_far,
-                          reinterpret_cast<const std::uint16_t*>(ws.k.data()));               // Sᵀ = K Qᵀ
+                          reinterpret_cast<const std::uint16_t*>(ws.k.data()), ws.k_step);    // Sᵀ = K Qᵀ
   else
 #endif
-  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), k_far);                 // Sᵀ = K Qᵀ
+  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), k_far, ws.k_step);      // Sᵀ = K Qᵀ
   if (kscale) scale_keys<NL>(ws.st.data(), kscale, cols);                                       // i8 K scales
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
   softmax_tile<QV, Variant, NL>(p, lanes, j0, cols, true, krows, kscale, u, ws);               // Pᵀ; m, l
@@ -1396,13 +1400,14 @@ void merge_and_store(const core::Problem& p, const Plan& plan, const Lanes& lane
 // key splits are merged in a fixed order. Nothing depends on the thread count or the schedule, so results are
 // bitwise identical on any number of threads.
 template <class QT, class KVT, class Variant>
-void run_plan(const core::Problem& p, int threads, const Plan& plan, Scratch& sc) {
+void run_plan(const core::Problem& p, int threads, const Plan& plan, Scratch& sc, std::int64_t k_step = 64) {
   if (!(sc.shape == plan.shape)) sc.team.clear(), sc.shape = plan.shape;
   for (Workspace& w : sc.team) w.head = -1;  // a kept workspace's cached rows are another call's
   const auto make = [&](int) { return Workspace(plan.shape); };
   if (plan.splits == 1) {
     run_team(&sc.team, threads, plan.items, make, loop(plan.items, [&](std::int64_t it, Workspace& ws) {
       const Lanes lanes = plan.lanes(p, it);
+      ws.k_step = k_step;
       const auto [d_stride, r_stride] = run_block<QT, KVT, Variant>(p, lanes, 0, p.Skv, ws);
       store_lanes<QT, Variant>(p, lanes, ws.o.data(), d_stride, r_stride, ws.m.data(), ws.l.data());
     }));
@@ -1415,6 +1420,7 @@ void run_plan(const core::Problem& p, int threads, const Plan& plan, Scratch& sc
            loop(plan.tasks(), [&](std::int64_t task, Workspace& ws) {  // each split of each block
              const std::int64_t it = task / plan.splits, sp = task % plan.splits;
              const Lanes lanes = plan.lanes(p, it);
+             ws.k_step = k_step;
              const std::int64_t lo = sp * plan.split_len, hi = std::min(p.Skv, (sp + 1) * plan.split_len);
              const auto [d_stride, r_stride] = run_block<QT, KVT, Variant>(p, lanes, lo, hi, ws);
              store_partial(p, lanes, ws, d_stride, r_stride, stride, partial + it * per_item + sp * BR * stride);
@@ -1424,6 +1430,8 @@ void run_plan(const core::Problem& p, int threads, const Plan& plan, Scratch& sc
            }, Spread::even));
 }
 
+// Decode calls (row-major blocks: a few lanes per KV head) take their K-row prefetch step from the process's tuner
+// and, when it asks, report their time to it (cpu/prefetch_tuner.h; the step changes no result bit).
 template <class QT, class KVT, class Variant>
 void flash_forward(const core::Problem& p, int threads) {
   const Plan plan(p);
@@ -1433,7 +1441,17 @@ void flash_forward(const core::Problem& p, int threads) {
   if constexpr (!RowSource<KVT>::kScaled)  // (Plan: quantised rows are never gathered)
     if (plan.gather_bytes > 0 && gather_kv<KVT>(p, plan, threads, sc, &gathered))
       return run_plan<QT, KVT, Variant>(gathered, threads, plan, sc);
-  run_plan<QT, KVT, Variant>(p, threads, plan, sc);
+  if (plan.rows_per_block * plan.heads_per_block > 8) return run_plan<QT, KVT, Variant>(p, threads, plan, sc);
+  PrefetchTuner& tuner = decode_prefetch_tuner();
+  const int kind = decode_prefetch_kind(static_cast<int>(p.k.dtype), p.paged.has_value());
+  const std::int64_t bits = RowSource<KVT>::kI4 ? 4 : 8 * static_cast<std::int64_t>(sizeof(KVT));
+  const std::int64_t bytes = p.B * p.Hkv * p.Skv * (p.Dk + p.Dv) * bits / 8;
+  const PrefetchTuner::Choice choice = tuner.pick(kind, bytes);
+  const auto start = std::chrono::steady_clock::now();
+  run_plan<QT, KVT, Variant>(p, threads, plan, sc, choice.step);
+  if (choice.timed)
+    tuner.record(kind, choice.step, bytes,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 // The bytes a call allocates at `threads` threads (with no workspace to reuse).

@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -30,4 +31,5 @@
 #include "cpu/aligned.h"
 #include "cpu/kernels.h"
 #include "cpu/pick.h"
+#include "cpu/prefetch_tuner.h"
 #include "cpu/schedule.h"

@@ -1,0 +1,68 @@
+// Decode's prefetch step over the far K rows, chosen per process by measuring. The decode kernels prefetch the K
+// rows far ahead of their keys into L2 (cpu/flash_kernel.h, prefetch_rows) either every 64-byte line or one line in
+// two (128: the L2's adjacent-line prefetcher, where it runs, brings the partner). Which is faster is not a
+// property of the CPU model: on the same kind of 2-core AMD EPYC VM (CPUID: Zen 4) one line in two ran D1-D3 decode
+// 1.16-1.66x as fast as every line during hours when every line was slow (bench/results_zen5_decode_prefetch_step.md),
+// and every line ran them 1.16-1.47x as fast as one in two on another day (bench/results_zen4_prefetch_tuner.md).
+// The prefetch changes no arithmetic (the results are the same bits either way), so each process times its own
+// decode calls and keeps the faster step: per K/V dtype and layout (contiguous or paged), the first calls alternate
+// the two steps, then the faster by an exponential average of seconds per byte runs, the other again every 16th
+// call so that a change of the machine's state is seen.
+//
+// ATTN_DECODE_PREFETCH=64 or =128 fixes the step for the process (benchmarks and A/B runs); unset, "auto" or any
+// other value leaves it to the measurement.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+namespace attn::cpu {
+
+class PrefetchTuner {
+ public:
+  static constexpr std::int64_t kSteps[2] = {64, 128};
+  static constexpr int kWarmup = 3;          // calls per step before the averages decide
+  static constexpr int kExploreEvery = 16;   // then one call in this many runs the other step
+  static constexpr double kWeight = 0.25;    // of a new sample in the average
+  static constexpr std::int64_t kMinTimedBytes = std::int64_t{8} << 20;  // calls reading less are not timed
+  static constexpr int kKinds = 16;          // (K/V dtype, paged) pairs
+
+  struct Arm {
+    double seconds_per_byte = 0;  // exponential average; 0 before the first sample
+    int samples = 0;
+  };
+  struct Choice {
+    std::int64_t step = 64;
+    bool timed = false;  // whether the caller should time the call and record() it
+  };
+
+  // fixed: 0 (measure), 64 or 128.
+  explicit PrefetchTuner(std::int64_t fixed = 0) : fixed_(fixed) {}
+
+  Choice pick(int kind, std::int64_t bytes);
+  void record(int kind, std::int64_t step, std::int64_t bytes, double seconds);
+  // The step the averages favour now for this kind (the default, 64, before both steps have samples).
+  std::int64_t best(int kind) const;
+  Arm arm(int kind, int i) const;
+  std::int64_t fixed() const { return fixed_.load(std::memory_order_relaxed); }
+  // 0 (measure), 64 or 128 from now on (the tests run decode at both steps); returns the previous setting.
+  std::int64_t set_fixed(std::int64_t step) { return fixed_.exchange(step == 64 || step == 128 ? step : 0); }
+
+ private:
+  struct Kind {
+    Arm arm[2];
+    std::int64_t calls = 0;
+  };
+  std::int64_t best_locked(const Kind& k) const;
+  std::atomic<std::int64_t> fixed_;
+  mutable std::mutex mu_;
+  Kind kinds_[kKinds];
+};
+
+// The process's tuner (ATTN_DECODE_PREFETCH read once), and the kind of a decode call: its K/V dtype and whether the
+// cache is paged.
+PrefetchTuner& decode_prefetch_tuner();
+int decode_prefetch_kind(int kv_dtype, bool paged);
+
+}  // namespace attn::cpu
