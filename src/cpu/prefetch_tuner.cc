@@ -2,6 +2,7 @@
 #include "cpu/prefetch_tuner.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -12,9 +13,18 @@ int index_of(std::int64_t step) { return step == PrefetchTuner::kSteps[1] ? 1 : 
 int clamp_kind(int kind) { return std::clamp(kind, 0, PrefetchTuner::kKinds - 1); }
 }  // namespace
 
+double PrefetchTuner::Arm::median() const {
+  const int n = std::min(samples, kWindow);
+  if (n == 0) return 0;
+  double v[kWindow];
+  std::copy(recent, recent + n, v);
+  std::sort(v, v + n);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 std::int64_t PrefetchTuner::best_locked(const Kind& k) const {
   if (k.arm[0].samples == 0 || k.arm[1].samples == 0) return kSteps[0];
-  return k.arm[1].seconds_per_byte < k.arm[0].seconds_per_byte ? kSteps[1] : kSteps[0];
+  return k.arm[1].median() < k.arm[0].median() ? kSteps[1] : kSteps[0];
 }
 
 PrefetchTuner::Choice PrefetchTuner::pick(int kind, std::int64_t bytes) {
@@ -33,9 +43,7 @@ void PrefetchTuner::record(int kind, std::int64_t step, std::int64_t bytes, doub
   if (fixed() || bytes <= 0 || !(seconds > 0)) return;
   std::lock_guard<std::mutex> lock(mu_);
   Arm& a = kinds_[clamp_kind(kind)].arm[index_of(step)];
-  double x = seconds / static_cast<double>(bytes);
-  if (a.samples > 0) x = std::min(x, 3 * a.seconds_per_byte);  // one preempted call moves the average little
-  a.seconds_per_byte = a.samples == 0 ? x : a.seconds_per_byte + kWeight * (x - a.seconds_per_byte);
+  a.recent[a.samples % kWindow] = seconds / static_cast<double>(bytes);
   ++a.samples;
 }
 
@@ -55,6 +63,8 @@ PrefetchTuner& decode_prefetch_tuner() {
     const char* v = std::getenv("ATTN_DECODE_PREFETCH");
     if (v && std::strcmp(v, "64") == 0) return std::int64_t{64};
     if (v && std::strcmp(v, "128") == 0) return std::int64_t{128};
+    if (v && *v && std::strcmp(v, "auto") != 0)
+      std::fprintf(stderr, "attn: ATTN_DECODE_PREFETCH=%s is not 64, 128 or auto; measuring (auto)\n", v);
     return std::int64_t{0};
   }());
   return tuner;

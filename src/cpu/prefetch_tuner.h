@@ -6,11 +6,13 @@
 // and every line ran them 1.16-1.47x as fast as one in two on another day (bench/results_zen4_prefetch_tuner.md).
 // The prefetch changes no arithmetic (the results are the same bits either way), so each process times its own
 // decode calls and keeps the faster step: per K/V dtype and layout (contiguous or paged), the first calls alternate
-// the two steps, then the faster by an exponential average of seconds per byte runs, the other again every 16th
-// call so that a change of the machine's state is seen.
+// the two steps, then the faster by the median seconds per byte of its last 8 calls runs, the other again every
+// 16th call so that a change of the machine's state is seen. (A median, not an average: a process's first call
+// also starts its threads and touches its scratch, several times a decode step's time, and the interference of a
+// shared machine only ever slows a call.)
 //
-// ATTN_DECODE_PREFETCH=64 or =128 fixes the step for the process (benchmarks and A/B runs); unset, "auto" or any
-// other value leaves it to the measurement.
+// ATTN_DECODE_PREFETCH=64 or =128 fixes the step for the process (benchmarks and A/B runs); unset or "auto" leaves it
+// to the measurement, as does any other value (reported once on stderr).
 #pragma once
 
 #include <atomic>
@@ -24,13 +26,14 @@ class PrefetchTuner {
   static constexpr std::int64_t kSteps[2] = {64, 128};
   static constexpr int kWarmup = 3;          // calls per step before the averages decide
   static constexpr int kExploreEvery = 16;   // then one call in this many runs the other step
-  static constexpr double kWeight = 0.25;    // of a new sample in the average
+  static constexpr int kWindow = 8;          // samples per step the median is taken over
   static constexpr std::int64_t kMinTimedBytes = std::int64_t{8} << 20;  // calls reading less are not timed
   static constexpr int kKinds = 16;          // (K/V dtype, paged) pairs
 
   struct Arm {
-    double seconds_per_byte = 0;  // exponential average; 0 before the first sample
+    double recent[kWindow] = {};  // seconds per byte of the last min(samples, kWindow) calls (a ring)
     int samples = 0;
+    double median() const;  // of recent; 0 before the first sample
   };
   struct Choice {
     std::int64_t step = 64;
