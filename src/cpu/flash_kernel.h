@@ -169,7 +169,7 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // (128, each 128-byte pair's first line, the L2's adjacent-line prefetcher bringing the other), as the process's
 // measurement finds faster (cpu/prefetch_tuner.h, Workspace::k_step): on the same kind of VM one line in two ran D1-D3
 // from fp32, bf16 and fp16 caches 1.16-1.66x as fast in hours when every line was slow
-// (bench/results_zen5_decode_prefetch_step.md), every line 1.16-1.47x as fast as one in two on another day
+// (bench/results_zen5_decode_prefetch_step.md), every line 1.16-1.5x as fast as one in two on another day
 // (bench/results_zen4_prefetch_tuner.md); one line in two of the V slices too was slower in both. Always inlined: as a
 // function of its own GCC finds it free of side effects (a prefetch is not one) and deletes its calls, every
 // prefetch with them (measured: decode 25-35 % slower until this was seen).
