@@ -1251,8 +1251,7 @@ struct Plan {
     }
     if (splits <= 1) splits = 1, split_len = p.Skv;
     const bool several_blocks = row_blocks * head_blocks >= 2;  // per KV head
-    const bool lane_major = rows_per_block * heads_per_block > 8;  // run_block's NL = 0 blocks
-    const bool cache = p.k.dtype != DType::f32 && lane_major && several_blocks &&
+    const bool cache = p.k.dtype != DType::f32 && !row_major() && several_blocks &&
                        p.Skv * (p.Dk + p.Dv) * static_cast<std::int64_t>(sizeof(float)) <= kHeadCacheBytes;
     shape = {p.Dk, p.Dv, cache ? p.Skv : 0};
     if (!p.paged && !p.k_scale && several_blocks && (scattered_rows(p.k, p.Dk) || scattered_rows(p.v, p.Dv))) {
@@ -1262,6 +1261,8 @@ struct Plan {
   }
 
   std::int64_t tasks() const { return items * splits; }
+  // Whether the blocks run row-major (run_block's NL > 0 forms, decode): at most 8 lanes per block.
+  bool row_major() const { return rows_per_block * heads_per_block <= 8; }
   // Split-KV's partial results: (m, l, o[Dv]) per (item, split, lane).
   std::int64_t partial_stride(const core::Problem& p) const { return p.Dv + 2; }
   std::int64_t partial_floats(const core::Problem& p) const {
@@ -1441,7 +1442,7 @@ void flash_forward(const core::Problem& p, int threads) {
   if constexpr (!RowSource<KVT>::kScaled)  // (Plan: quantised rows are never gathered)
     if (plan.gather_bytes > 0 && gather_kv<KVT>(p, plan, threads, sc, &gathered))
       return run_plan<QT, KVT, Variant>(gathered, threads, plan, sc);
-  if (plan.rows_per_block * plan.heads_per_block > 8) return run_plan<QT, KVT, Variant>(p, threads, plan, sc);
+  if (!plan.row_major()) return run_plan<QT, KVT, Variant>(p, threads, plan, sc);
   PrefetchTuner& tuner = decode_prefetch_tuner();
   const int kind = decode_prefetch_kind(static_cast<int>(p.k.dtype), p.paged.has_value());
   const std::int64_t bits = RowSource<KVT>::kI4 ? 4 : 8 * static_cast<std::int64_t>(sizeof(KVT));

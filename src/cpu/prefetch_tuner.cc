@@ -17,8 +17,11 @@ double PrefetchTuner::Arm::median() const {
   const int n = std::min(samples, kWindow);
   if (n == 0) return 0;
   double v[kWindow];
-  std::copy(recent, recent + n, v);
-  std::sort(v, v + n);
+  for (int i = 0; i < n; ++i) {  // insertion sort of at most 8 (std::sort: a false -Warray-bounds in GCC 12)
+    int j = i;
+    for (; j > 0 && v[j - 1] > recent[i]; --j) v[j] = v[j - 1];
+    v[j] = recent[i];
+  }
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 

@@ -3,7 +3,7 @@
 // two (128: the L2's adjacent-line prefetcher, where it runs, brings the partner). Which is faster is not a
 // property of the CPU model: on the same kind of 2-core AMD EPYC VM (CPUID: Zen 4) one line in two ran D1-D3 decode
 // 1.16-1.66x as fast as every line during hours when every line was slow (bench/results_zen5_decode_prefetch_step.md),
-// and every line ran them 1.16-1.47x as fast as one in two on another day (bench/results_zen4_prefetch_tuner.md).
+// and every line ran them 1.16-1.5x as fast as one in two on another day (bench/results_zen4_prefetch_tuner.md).
 // The prefetch changes no arithmetic (the results are the same bits either way), so each process times its own
 // decode calls and keeps the faster step: per K/V dtype and layout (contiguous or paged), the first calls alternate
 // the two steps, then the faster by the median seconds per byte of its last 8 calls runs, the other again every
@@ -24,7 +24,7 @@ namespace attn::cpu {
 class PrefetchTuner {
  public:
   static constexpr std::int64_t kSteps[2] = {64, 128};
-  static constexpr int kWarmup = 3;          // calls per step before the averages decide
+  static constexpr int kWarmup = 3;          // calls per step before the medians decide
   static constexpr int kExploreEvery = 16;   // then one call in this many runs the other step
   static constexpr int kWindow = 8;          // samples per step the median is taken over
   static constexpr std::int64_t kMinTimedBytes = std::int64_t{8} << 20;  // calls reading less are not timed
@@ -45,7 +45,7 @@ class PrefetchTuner {
 
   Choice pick(int kind, std::int64_t bytes);
   void record(int kind, std::int64_t step, std::int64_t bytes, double seconds);
-  // The step the averages favour now for this kind (the default, 64, before both steps have samples).
+  // The step the medians favour now for this kind (the default, 64, before both steps have samples).
   std::int64_t best(int kind) const;
   Arm arm(int kind, int i) const;
   std::int64_t fixed() const { return fixed_.load(std::memory_order_relaxed); }
