@@ -153,8 +153,7 @@ struct RowSource {
       std::int64_t d = d0;
       if constexpr (kI4Block % Vec::W == 0)
         if (end - d0 == kI4Block) {
-          const Vec::T fv = Vec::set1(f);
-          for (; d < end; d += Vec::W) Vec::store(dst + d, Vec::mul(Vec::load_q4(bytes + d / 2), fv));
+          for (; d < end; d += Vec::W) Vec::store(dst + d, load_q4_scaled(bytes + d / 2, f));
         }
       for (; d < end; ++d) dst[d] = static_cast<float>(core::q4_at(bytes, d)) * f;
     }
