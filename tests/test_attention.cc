@@ -380,6 +380,56 @@ void quantisation_error(DType storage, int every, int min_cases, double bound) {
 TEST(I8KV, QuantisationErrorOnTheRegistryCases) { quantisation_error(DType::i8, 1, 40, 0.05); }
 TEST(I4KV, QuantisationErrorOnTheRegistryCases) { quantisation_error(DType::i4, 3, 40, 0.15); }
 
+// 4-bit K/V read by the kernels are exactly their definition, value q times its block's scale rounded once to fp32,
+// at every level (each with its own 4-bit loader: AVX-512's product-table lookups, AVX2's and SSE2's widening) and on
+// every path that reads them (the decode kernels' row loads, the prefill's widening into fp32 tiles, contiguous and
+// paged rows, whole and partial 32-value blocks): an fp32 query over i4 K/V gives the same bits as over fp32 K/V
+// holding those products. Where the sums run in another order (decode on AVX-512 and AVX2 reads a span's even
+// values, then its odd ones: flash_kernel.h's kQ4Split), the two agree to within a few rounding steps instead.
+TEST(I4KV, SameBitsAsTheirFp32Values) {
+  std::vector<Case> cases;
+  for (std::int64_t page : {0, 16})
+    for (std::int64_t D : {128, 72})
+      for (std::int64_t Sq : {1, 3, 128})  // 128: whole blocks of lanes at every level (a last few run row-major)
+        cases.push_back({.B = 2, .Hq = 8, .Hkv = 2, .Sq = Sq, .Skv = 777, .Dk = D, .Dv = D + 32,
+                         .causal = Sq > 1 ? Causal::bottom_right : Causal::none, .kv_dtype = DType::i4,
+                         .page_size = page});
+  for (cpu::Isa isa : supported_isas()) {
+    ForceIsa force(isa);
+    for (const Case& c : cases)
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(std::string(cpu::isa_name(isa)) + ", " + c.name() + ", " + std::to_string(threads) + " threads");
+        Instance i4 = instantiate(c);
+        Case f = c;
+        f.kv_dtype = DType::f32;
+        Instance f32 = instantiate(f, 7, [&](Instance& in, std::mt19937_64&) {
+          in.q.for_each_index([&](auto b, auto h, auto r, auto d) { in.q.set(i4.q.get(b, h, r, d), b, h, r, d); });
+          for (auto [from, scale, to] : {std::tuple{&i4.k, &i4.k_scale, &in.k}, {&i4.v, &i4.v_scale, &in.v}})
+            to->for_each_index([&](auto b, auto h, auto j, auto d) {
+              const float q = static_cast<float>(from->get(b, h, j, d));
+              const float s = static_cast<float>(scale->get(b, h, j, d / kI4Block));
+              to->set(q * s, b, h, j, d);
+            });
+        });
+        const Outputs a = run_poisoned(i4, [&](Instance& in) { return in.run(Backend::flash, threads); });
+        const Outputs b = run_poisoned(f32, [&](Instance& in) { return in.run(Backend::flash, threads); });
+        ASSERT_EQ(a.out.size(), b.out.size());
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < a.out.size(); ++i) differ += std::memcmp(&a.out[i], &b.out[i], sizeof(double)) != 0;
+        for (std::size_t i = 0; i < a.lse.size(); ++i) differ += std::memcmp(&a.lse[i], &b.lse[i], sizeof(double)) != 0;
+        const bool split_order = isa >= cpu::Isa::avx2 && c.Sq < 128;
+        if (!split_order) {
+          EXPECT_EQ(differ, 0u) << "of " << a.out.size() + a.lse.size() << " outputs";
+          continue;
+        }
+        double worst = 0;
+        for (std::size_t i = 0; i < a.out.size(); ++i) worst = std::max(worst, std::fabs(a.out[i] - b.out[i]));
+        for (std::size_t i = 0; i < a.lse.size(); ++i) worst = std::max(worst, std::fabs(a.lse[i] - b.lse[i]));
+        EXPECT_LT(worst, 1e-5);  // |out| <= 1.5 / 7 · 8 here; fp32's rounding step at 1 is 1.2e-7
+      }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Registry, AttentionCase, ::testing::ValuesIn(registry()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
 

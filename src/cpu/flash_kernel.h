@@ -205,6 +205,71 @@ inline void store_group_scores(const V* acc, int a0, const float* q, const R* k,
   for (int a = a0; a < a0 + W && a < NA; a += NS) std::memcpy(st + (c + a / NL) * BR + a % NL, sums + (a - a0), NS * sizeof(float));
 }
 
+// 4-bit rows with fp32 products on AVX-512 and AVX2 (kQ4Split): each span of 2·W values (W bytes) is read as two
+// vectors, its even values (the bytes' low nibbles) and its odd ones (the high), one zero-extension for both
+// (Vec::load_q4_split; AVX-512: a shift and two lookups into the block's product table, 4 vector instructions per
+// 32 values where two natural-order vectors (load_q4_scaled) took 10; AVX2: a mask or shift, a conversion and an
+// FMA per vector, 7 per 16 values where natural order took 18). Each value is the same bits as q·scale. The scores
+// read q's rows in that order (q4_split_rows: each span's even dims, then its odd ones, the dims past the last whole
+// span as they are; a copy made once per block), and P·V holds o's dims in it between its load and its store
+// (o_to_q4_order). A lane's sum then adds a span's dims in another order than fp32 rows' (the tolerance rule holds;
+// the prefill widens 4-bit rows in their natural order: the same bits as fp32 rows of their values).
+#if defined(ATTN_VEC_AVX512) || defined(ATTN_VEC_AVX2)
+static_assert(kI4Block % (2 * W) == 0, "a span of 2·W values lies in one block");
+template <class R>
+inline constexpr bool kQ4Split = std::is_same_v<R, Q4Row>;
+// The span of a tile's row (offset 0) at dim d, whose block's scale is r.scales[at] (at: (d / kI4Block) · the
+// stride the tile's rows share, computed once for all of them).
+ATTN_INLINE void load_q4_split(const Q4Row& r, std::int64_t d, std::int64_t at, V& even, V& odd) {
+  Vec::load_q4_split(r.bytes + d / 2, r.scales[at], even, odd);
+}
+#else
+template <class R>
+inline constexpr bool kQ4Split = false;
+inline void load_q4_split(const Q4Row&, std::int64_t, std::int64_t, V&, V&) {}
+#endif
+inline std::int64_t q4_scale_at(const Q4Row& r, std::int64_t d) { return d / kI4Block * r.stride; }
+// The dims of q4 spans a row of dim values splits (a whole number of spans of 2·W).
+inline constexpr std::int64_t q4_split_end(std::int64_t dim) { return dim / (2 * W) * (2 * W); }
+
+// The accumulators of o's dims d .. d + 2·W − 1 (x0, x1): even dims (lo) and odd ones (hi), and back.
+#if defined(ATTN_VEC_AVX512)
+inline void o_to_q4_order(V x0, V x1, V& lo, V& hi) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  lo = _mm512_permutex2var_ps(x0, even, x1);
+  hi = _mm512_permutex2var_ps(x0, _mm512_add_epi32(even, _mm512_set1_epi32(1)), x1);
+}
+inline void o_from_q4_order(V lo, V hi, V& x0, V& x1) {
+  const __m512i i0 = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  x0 = _mm512_permutex2var_ps(lo, i0, hi);
+  x1 = _mm512_permutex2var_ps(lo, _mm512_add_epi32(i0, _mm512_set1_epi32(8)), hi);
+}
+#elif defined(ATTN_VEC_AVX2)
+inline void o_to_q4_order(V x0, V x1, V& lo, V& hi) {  // shuffles within 128-bit halves, then the halves' quarters
+  lo = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0x88)), 0xD8));
+  hi = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0xDD)), 0xD8));
+}
+inline void o_from_q4_order(V lo, V hi, V& x0, V& x1) {
+  const V a = _mm256_unpacklo_ps(lo, hi), b = _mm256_unpackhi_ps(lo, hi);
+  x0 = _mm256_permute2f128_ps(a, b, 0x20), x1 = _mm256_permute2f128_ps(a, b, 0x31);
+}
+#else
+inline void o_to_q4_order(V, V, V&, V&) {}
+inline void o_from_q4_order(V, V, V&, V&) {}
+#endif
+
+// q's rows [nl][dk] (fp32) into qs in the order kQ4Split's scores read them.
+inline void q4_split_rows(const float* q, int nl, std::int64_t dk, float* qs) {
+  const std::int64_t end = q4_split_end(dk);
+  for (int r = 0; r < nl; ++r) {
+    const float* x = q + r * dk;
+    float* y = qs + r * dk;
+    for (std::int64_t d = 0; d < end; d += 2 * W)
+      for (int n = 0; n < W; ++n) y[d + n] = x[d + 2 * n], y[d + W + n] = x[d + 2 * n + 1];
+    std::copy(x + end, x + dk, y + end);
+  }
+}
+
 // Sᵀ[c][r] = q_r · k_c for KG keys c at a time and lanes r < NL (q rows [NL][dk], st rows of BR): per group, its
 // rows prefetched, then KG·NL dot-product vectors over whole vectors of d (one widened key vector feeds NL FMAs),
 // then their scores stored. Returns the first key not done (cols less the last cols % KG).
@@ -212,12 +277,24 @@ template <int NL, int KG, class R>
 inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std::int64_t c, std::int64_t cols,
                                float mult, float* st, const R* pk, std::int64_t kstep) {
   constexpr int NA = KG * NL;
-  const std::int64_t d_end = dk / W * W;
+  const std::int64_t d_end = dk / W * W, d_split = kQ4Split<R> ? q4_split_end(dk) : 0;
   for (; c + KG <= cols; c += KG) {
     prefetch_rows(pk, c, KG, 0, row_bytes<R>(dk), kstep);
     V acc[NA];  // (exactly NA: rounded up to whole vectors of W, GCC zeroed and spilled them to the stack)
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
-    for (std::int64_t d = 0; d < d_end; d += W)
+    if constexpr (kQ4Split<R>)
+      for (std::int64_t d = 0; d < d_split; d += 2 * W) {  // whole spans, even then odd dims (q's rows so too)
+        const std::int64_t at = q4_scale_at(k[c], d);
+        for (int g = 0; g < KG; ++g) {
+          V even, odd;
+          load_q4_split(k[c + g], d, at, even, odd);
+          for (int r = 0; r < NL; ++r) {
+            acc[g * NL + r] = Vec::fmadd(Vec::load(q + r * dk + d), even, acc[g * NL + r]);
+            acc[g * NL + r] = Vec::fmadd(Vec::load(q + r * dk + d + W), odd, acc[g * NL + r]);
+          }
+        }
+      }
+    for (std::int64_t d = d_split; d < d_end; d += W)
       for (int g = 0; g < KG; ++g) {
         const V kv = load_as_float(k[c + g] + d);
         for (int r = 0; r < NL; ++r) acc[g * NL + r] = Vec::fmadd(Vec::load(q + r * dk + d), kv, acc[g * NL + r]);
@@ -255,20 +332,42 @@ inline void scores_rows(const float* q, const R* k, std::int64_t dk, std::int64_
 template <int NL, int DB, class R>
 inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::int64_t cols,
                          const float* alpha, float* o, std::int64_t d, const R* pv = nullptr) {
+  // kQ4Split (d a multiple of 2·W here): vectors e, e + 1 (e even) hold a span's even dims, then its odd ones
+  constexpr bool split = kQ4Split<R> && DB % 2 == 0;
   V acc[NL][DB];
   for (int r = 0; r < NL; ++r)
     for (int e = 0; e < DB; ++e) acc[r][e] = Vec::mul(Vec::load(o + r * dv + d + e * W), Vec::set1(alpha[r]));
+  std::int64_t at[DB / 2 + 1] = {};  // split: each span's scale index (the tile's rows share their stride)
+  if constexpr (split)
+    for (int r = 0; r < NL; ++r)
+      for (int e = 0; e < DB; e += 2) o_to_q4_order(acc[r][e], acc[r][e + 1], acc[r][e], acc[r][e + 1]);
+  if constexpr (split)
+    for (int e = 0; e < DB && cols > 0; e += 2) at[e / 2] = q4_scale_at(vrows[0], d + e * W);
   for (std::int64_t c = 0; c < cols; ++c) {
     prefetch_rows(pv, c, 1, row_bytes<R>(d), row_bytes<R>(d + DB * W));
     V vv[DB];
-    for (int e = 0; e < DB; ++e) vv[e] = load_as_float(vrows[c] + d + e * W);
+    if constexpr (split)
+      for (int e = 0; e < DB; e += 2) load_q4_split(vrows[c], d + e * W, at[e / 2], vv[e], vv[e + 1]);
+    else
+      for (int e = 0; e < DB; ++e) vv[e] = load_as_float(vrows[c] + d + e * W);
     for (int r = 0; r < NL; ++r) {
       const V pw = Vec::set1(pt[c * BR + r]);
       for (int e = 0; e < DB; ++e) acc[r][e] = Vec::fmadd(pw, vv[e], acc[r][e]);
     }
   }
+  if constexpr (split)
+    for (int r = 0; r < NL; ++r)
+      for (int e = 0; e < DB; e += 2) o_from_q4_order(acc[r][e], acc[r][e + 1], acc[r][e], acc[r][e + 1]);
   for (int r = 0; r < NL; ++r)
     for (int e = 0; e < DB; ++e) Vec::store(o + r * dv + d + e * W, acc[r][e]);
+}
+
+template <int NL, int DB, class R>
+inline std::int64_t pv_rows_steps(const float* pt, const R* vrows, std::int64_t dv, std::int64_t cols,
+                                  const float* alpha, float* o, std::int64_t d, const R* pv) {
+  for (; d + DB * W <= dv; d += DB * W) pv_rows_step<NL, DB>(pt, vrows, dv, cols, alpha, o, d, pv);
+  if constexpr (DB > 1) return pv_rows_steps<NL, DB / 2>(pt, vrows, dv, cols, alpha, o, d, pv);
+  else return d;
 }
 
 // pv: the V rows far ahead (prefetch_rows), each step prefetching its own dims of them.
@@ -277,11 +376,9 @@ inline void pv_rows(const float* pt, const R* vrows, std::int64_t dv, std::int64
                     float* o, const R* pv = nullptr) {
   // NL·DB accumulators, DB value vectors and a broadcast weight in registers: 16 accumulators with AVX-512's 32
   // registers, 8 with the 16 of AVX2 and SSE2 (16 there spilled to the stack: measured on D2).
+  // The dims a step of DB vectors leaves take steps of DB / 2, DB / 4, .. 1 (each dim's sum is the same whichever).
   constexpr int kAcc = W == 16 ? 16 : 8, DB = NL >= kAcc ? 1 : kAcc / NL;
-  std::int64_t d = 0;
-  for (; d + DB * W <= dv; d += DB * W) pv_rows_step<NL, DB>(pt, vrows, dv, cols, alpha, o, d, pv);
-  for (; d + W <= dv; d += W) pv_rows_step<NL, 1>(pt, vrows, dv, cols, alpha, o, d, pv);
-  for (; d < dv; ++d)
+  for (std::int64_t d = pv_rows_steps<NL, DB>(pt, vrows, dv, cols, alpha, o, 0, pv); d < dv; ++d)
     for (int r = 0; r < NL; ++r) {
       float acc = o[r * dv + d] * alpha[r];
       for (std::int64_t c = 0; c < cols; ++c) acc += pt[c * BR + r] * core::to_float(vrows[c][d]);
@@ -497,18 +594,6 @@ inline void weight_pairs_q4(const float* pt, const Q4Row* vrows, std::int64_t co
       _mm512_mask_storeu_epi32(pw + (c / 2) * n + e, valid, _mm512_permutexvar_epi16(interleave, w));
     }
   }
-}
-
-// The accumulators of o's dims d .. d + 31: even dims (lo) and odd ones (hi), and back.
-inline void o_to_q4_order(V x0, V x1, V& lo, V& hi) {
-  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  lo = _mm512_permutex2var_ps(x0, even, x1);
-  hi = _mm512_permutex2var_ps(x0, _mm512_add_epi32(even, _mm512_set1_epi32(1)), x1);
-}
-inline void o_from_q4_order(V lo, V hi, V& x0, V& x1) {
-  const __m512i i0 = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  x0 = _mm512_permutex2var_ps(lo, i0, hi);
-  x1 = _mm512_permutex2var_ps(lo, _mm512_add_epi32(i0, _mm512_set1_epi32(8)), hi);
 }
 
 // A key pair's V rows (keys c and c + 1, 32 values each from where a and b point) as bf16 pairs, in the order their
@@ -985,7 +1070,8 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 // vscale: their scales; null otherwise) are widened in registers like the others; a key's scale then multiplies
 // its dot product and a value's scale its weight (after the softmax has summed the weights). Pairs: both products
 // on bf16 pairs (scores_rows_pairs, pv_rows_pairs; bf16 Q, K and V rows bf16 or i8), reading q's bf16 rows and a
-// zero V row from the workspace's K and V tiles (unused for rows read as stored), where start_pairs put them.
+// zero V row from the workspace's K and V tiles (unused for rows read as stored), where start_pairs put them; 4-bit
+// rows on AVX-512 and AVX2 (kQ4Split) read q's rows in their split order from the K tile (q4_split_rows).
 template <int QV, int NL, class Variant, bool Pairs = false, class R>
 void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
                const float* vscale, std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws,
@@ -996,7 +1082,8 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
                           reinterpret_cast<const std::uint16_t*>(ws.k.data()), ws.k_step);    // Sᵀ = K Qᵀ
   else
 #endif
-  scores_rows<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), k_far, ws.k_step);      // Sᵀ = K Qᵀ
+  scores_rows<NL>(kQ4Split<R> ? ws.k.data() : ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), k_far,
+                  ws.k_step);                                                                   // Sᵀ = K Qᵀ
   if (kscale) scale_keys<NL>(ws.st.data(), kscale, cols);                                       // i8 K scales
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
   softmax_tile<QV, Variant, NL>(p, lanes, j0, cols, true, krows, kscale, u, ws);               // Pᵀ; m, l
@@ -1168,6 +1255,8 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
     constexpr bool kPairs = kBf16Dot && std::is_same_v<QT, core::bf16> &&
                             (std::is_same_v<KVT, core::bf16> || std::is_same_v<KVT, std::int8_t> || kI4);
     const bool pairs = kPairs && bf16_dot_preferred() && (!kI4 || q4_pairs_usable(p));
+    if constexpr (kI4 && kQ4Split<Q4Row>)
+      if (!pairs) q4_split_rows(ws.q.data(), NL, p.Dk, ws.k.data());  // q's rows as kQ4Split's scores read them
 #if ATTN_VEC_BF16_DOT
     if (pairs && kI4)
       start_pairs_q4(ws.q.data(), NL, p.Dk, reinterpret_cast<std::uint16_t*>(ws.k.data()));
