@@ -229,7 +229,7 @@ inline constexpr bool kQ4Split = false;
 inline void load_q4_split(const Q4Row&, std::int64_t, std::int64_t, V&, V&) {}
 #endif
 inline std::int64_t q4_scale_at(const Q4Row& r, std::int64_t d) { return d / kI4Block * r.stride; }
-// The dims of q4 spans a row of dim values splits (a whole number of spans of 2·W).
+// The first dims of a row of `dim` values that whole spans of 2·W cover: kQ4Split reads those split, the rest in order.
 inline constexpr std::int64_t q4_split_end(std::int64_t dim) { return dim / (2 * W) * (2 * W); }
 
 // The accumulators of o's dims d .. d + 2·W − 1 (x0, x1): even dims (lo) and odd ones (hi), and back.

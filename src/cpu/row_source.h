@@ -47,26 +47,24 @@ struct RowSource {
   // rows[c] = where row j0 + c starts, and (quantised rows, when scales is given) scales[c] = where its (first)
   // scale is.
   void locate(std::int64_t j0, std::int64_t n, const T** rows, const float** scales = nullptr) const {
-    const auto at = [&](std::int64_t c, std::int64_t a, std::int64_t r) {  // (batch or page, row within it)
-      rows[c] = this->at(t->offset(a, hk, r, 0));
-      if constexpr (kScaled)
-        if (scales) scales[c] = static_cast<const float*>(scale->data) + scale->offset(a, hk, r, 0);
-    };
-    if (!paged) {  // (offsets stepped, not recomputed: a decode tile locates 64 rows, twice)
-      const std::int64_t o0 = t->offset(b, hk, j0, 0), step = t->stride[2];
-      for (std::int64_t c = 0; c < n; ++c) rows[c] = this->at(o0 + c * step);
+    // m rows from row r of batch (or page) a on, at their stride: offsets stepped, not recomputed (a decode tile
+    // locates 64 rows, twice; paged, the table is read and the offsets formed once per page, not per row: locating
+    // took 11 % of D3's time from an 8-bit cache).
+    const auto run = [&](std::int64_t c, std::int64_t m, std::int64_t a, std::int64_t r) {
+      const std::int64_t o0 = t->offset(a, hk, r, 0), step = t->stride[2];
+      for (std::int64_t e = 0; e < m; ++e) rows[c + e] = this->at(o0 + e * step);
       if constexpr (kScaled)
         if (scales) {
-          const float* s0 = static_cast<const float*>(scale->data) + scale->offset(b, hk, j0, 0);
-          for (std::int64_t c = 0; c < n; ++c) scales[c] = s0 + c * scale->stride[2];
+          const float* s0 = static_cast<const float*>(scale->data) + scale->offset(a, hk, r, 0);
+          for (std::int64_t e = 0; e < m; ++e) scales[c + e] = s0 + e * scale->stride[2];
         }
-      return;
-    }
+    };
+    if (!paged) return run(0, n, b, j0);
     const core::Paged& pg = *p->paged;
     std::int64_t page = j0 / pg.page_size, slot = j0 % pg.page_size;
-    for (std::int64_t c = 0; c < n; ++c) {
-      at(c, pg.table[b * pg.table_stride[0] + page * pg.table_stride[1]], slot);
-      if (++slot == pg.page_size) slot = 0, ++page;
+    for (std::int64_t c = 0, m; c < n; c += m, ++page, slot = 0) {
+      m = std::min(n - c, pg.page_size - slot);
+      run(c, m, pg.table[b * pg.table_stride[0] + page * pg.table_stride[1]], slot);
     }
   }
 
