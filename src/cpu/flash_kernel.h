@@ -343,8 +343,12 @@ inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::
       for (int e = 0; e < DB; e += 2) o_to_q4_order(acc[r][e], acc[r][e + 1], acc[r][e], acc[r][e + 1]);
   if constexpr (split)
     for (int e = 0; e < DB && cols > 0; e += 2) at[e / 2] = q4_scale_at(vrows[0], d + e * W);
+  // The pass prefetches the lines of the V rows that start within its bytes: none when its slice is narrower than a
+  // line and holds no line's start (then no per-key checks either: AVX2 8-bit rows, three passes in four).
+  const std::int64_t from = row_bytes<R>(d), to = row_bytes<R>(d + DB * W);
+  const R* pf = ((from + 63) & ~std::int64_t{63}) < to ? pv : nullptr;
   for (std::int64_t c = 0; c < cols; ++c) {
-    prefetch_rows(pv, c, 1, row_bytes<R>(d), row_bytes<R>(d + DB * W));
+    prefetch_rows(pf, c, 1, from, to);
     V vv[DB];
     if constexpr (split)
       for (int e = 0; e < DB; e += 2) load_q4_split(vrows[c], d + e * W, at[e / 2], vv[e], vv[e + 1]);
