@@ -339,10 +339,10 @@ inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::
     for (int e = 0; e < DB; ++e) acc[r][e] = Vec::mul(Vec::load(o + r * dv + d + e * W), Vec::set1(alpha[r]));
   std::int64_t at[DB / 2 + 1] = {};  // split: each span's scale index (the tile's rows share their stride)
   if constexpr (split)
-    for (int r = 0; r < NL; ++r)
-      for (int e = 0; e < DB; e += 2) o_to_q4_order(acc[r][e], acc[r][e + 1], acc[r][e], acc[r][e + 1]);
-  if constexpr (split)
-    for (int e = 0; e < DB && cols > 0; e += 2) at[e / 2] = q4_scale_at(vrows[0], d + e * W);
+    for (int e = 0; e < DB; e += 2) {
+      if (cols > 0) at[e / 2] = q4_scale_at(vrows[0], d + e * W);
+      for (int r = 0; r < NL; ++r) o_to_q4_order(acc[r][e], acc[r][e + 1], acc[r][e], acc[r][e + 1]);
+    }
   // The pass prefetches the lines of the V rows that start within its bytes: none when its slice is narrower than a
   // line and holds no line's start (then no per-key checks either: AVX2 8-bit rows, three passes in four).
   const std::int64_t from = row_bytes<R>(d), to = row_bytes<R>(d + DB * W);
