@@ -86,16 +86,21 @@ bench: build
 # finds no memory error twice: each registry case at one instruction-set level (ATTN_TEST_LEVELS=rotate: the level
 # rotates over the cases, so every level's kernels still run), a third of the registry's fp64 comparisons
 # (ATTN_TEST_SAMPLE=3, by a hash of the case name; the others report as skipped), line tables only for the stack
-# traces (-g1: the build is the phase's larger half), a tenth of the random configurations, no CUDA
+# traces (-g1: the build is the phase's larger half), -O1 (the kernel units compile in 0.55x the time of -O2 under the
+# sanitizers, and the suite ran as fast: its time is the fp64 reference's, which CMakeLists.txt leaves uninstrumented
+# at -O2), only the levels this CPU runs (ATTN_ISA_LEVELS=host: the others' kernels cannot run here; `make test`
+# compiles every level), a tenth of the random configurations, no CUDA
 # (nvcc's objects are not instrumented), and not what `make test` proves once for all (SANITIZE_SKIP): the
 # registry's bitwise-determinism and scratch-bookkeeping checks (its fp64 comparisons, workspace reuse and the random
 # and backward tests stay), the 8- and 4-bit caches' quantisation-error statistics over the registry (57 s under
-# ASan; the same kernels run on the same cases in the registry's comparisons) and the benchmark script's dry runs.
-# The objects' symbol check stays: at -O2 it sees what -O3 inlines away.
-SANITIZE_SKIP ?= ^(bench\.run_bench_.*|I[48]KV\.QuantisationErrorOnTheRegistryCases|Registry/.*\.(FlashIsIdenticalAtEveryThreadCount|DeterministicAcrossRunsThreadCountsAndWorkspaces|ReportedScratchIsWhatTheCallAllocates)/.*)$$
+# ASan; the same kernels run on the same cases in the registry's comparisons), the benchmark script's dry runs and
+# the ring over namespaced hosts (ring.netns_np4: 4 ranks busy-polling 2 cores took 180 s under ASan, alone, near
+# its 300 s limit; the same test_ring checks run on 2 and 4 local ranks, and its TCP path is Open MPI's).
+# The objects' symbol check stays: at -O1 it sees what -O3 inlines away.
+SANITIZE_SKIP ?= ^(bench\.run_bench_.*|ring\.netns_np4|I[48]KV\.QuantisationErrorOnTheRegistryCases|Registry/.*\.(FlashIsIdenticalAtEveryThreadCount|DeterministicAcrossRunsThreadCountsAndWorkspaces|ReportedScratchIsWhatTheCallAllocates)/.*)$$
 test-sanitize: deps
-	cmake -S . -B $(BUILD)-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
-	  -DATTN_SANITIZE=ON -DATTN_CUDA=OFF $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD)-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+	  -DATTN_SANITIZE=ON -DATTN_CUDA=OFF -DATTN_ISA_LEVELS=host $(CMAKE_FLAGS)
 	cmake --build $(BUILD)-sanitize -j $(JOBS)
 	cd $(BUILD)-sanitize && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ATTN_TEST_LEVELS=rotate \

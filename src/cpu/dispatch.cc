@@ -20,7 +20,7 @@ namespace {
 
 struct Level {
   const char* name;
-  bool usable;          // the CPU has it and the OS enables it
+  bool usable;          // the CPU has it, the OS enables it and the build compiled it
   KernelSet kernels;    // amx: its vector kernels are the last vector level's
 };
 
@@ -30,7 +30,11 @@ const std::array<Level, kIsaCount>& levels() {
     const CpuFeatures& f = cpu_features();
     std::array<Level, kIsaCount> t{};
     int i = 0;
-#define ATTN_ISA_ROW(name, target, vec, usable_expr) t[i++] = {#name, static_cast<bool>(usable_expr), name::kernels()};
+    // (a level this build did not compile, ATTN_ISA_LEVELS=host, has no kernels: unusable like one the CPU lacks)
+#define ATTN_ISA_ROW(name, target, vec, usable_expr) \
+  t[i] = {#name, static_cast<bool>(usable_expr), name::kernels()}; \
+  t[i].usable = t[i].usable && t[i].kernels.flash != nullptr; \
+  ++i;
     ATTN_VECTOR_ISAS(ATTN_ISA_ROW)
 #undef ATTN_ISA_ROW
     // AMX also needs Linux's per-process grant of tile data (asked here, once).
