@@ -281,7 +281,7 @@ inline std::vector<cpu::Isa> supported_isas(bool rotate = false) {
   return out;
 }
 
-// With ATTN_TEST_SAMPLE=n (make test-sanitize sets 3) a registry case of the fp64 comparisons runs only when a
+// With ATTN_TEST_SAMPLE=n (make test-sanitize sets 6) a registry case of the fp64 comparisons runs only when a
 // hash of its test's full name is divisible by n, and is reported as skipped otherwise: under the sanitizers
 // every kernel, mask and variant still runs (the registry holds each configuration at several sizes and dtypes),
 // in a fraction of the time. `make test` runs every case.
