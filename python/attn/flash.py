@@ -209,7 +209,8 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     if dropout_p and dropout_p > 0:
         raise ValueError(f"dropout_p: {dropout_p} with block_table; expected 0 (the paged form is for inference)")
     starts_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, max_seqlen_q, q.shape[0])
-    if not isinstance(cu_seqlens_k, torch.Tensor) or cu_seqlens_k.dim() != 1:
+    if (not isinstance(cu_seqlens_k, torch.Tensor) or cu_seqlens_k.dim() != 1
+            or cu_seqlens_k.dtype not in (torch.int32, torch.int64)):
         raise TypeError("cu_seqlens_k: expected a 1-D int32 torch.Tensor [batch + 1] of cumulative key counts")
     starts_k = [int(x) for x in cu_seqlens_k.tolist()]
     batch = len(starts_q) - 1
@@ -279,7 +280,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (needs k and v): k is turned at positions cache_seqlens + t before it is written; q at cache_seqlens + t when
     causal or windowed, else every query at cache_seqlens (FlashAttention's meaning); rotary_interleaved picks
     the pairing (_rotary). num_splits is ignored (attn chooses its own split-KV). Returns out [batch, seqlen_q,
-    nheads, headdim] (and softmax_lse [batch, nheads, seqlen_q] with return_softmax_lse). No autograd."""
+    nheads, headdim] (and softmax_lse [batch, nheads, seqlen_q] with return_softmax_lse). k and v must have the
+    cache's heads, head dim, dtype and device (nothing is broadcast or cast into it), and a call that raises leaves
+    the cache as it was. No autograd."""
     torch = _torch()
     _tensor("q", q, 4, "[batch, seqlen_q, nheads, headdim]")
     _tensor("k_cache", k_cache, 4, "[batch, seqlen_cache, nheads_k, headdim] or [num_blocks, block_size, nheads_k, headdim]")
@@ -295,24 +298,47 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         capacity = k_cache.shape[1]
     if cache_seqlens is None:
         lens = [0 if k is not None else capacity] * batch
-    elif isinstance(cache_seqlens, int):
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         lens = [cache_seqlens] * batch
     else:
-        lens = [int(x) for x in torch.as_tensor(cache_seqlens).reshape(-1).tolist()]
+        seqlens = torch.as_tensor(cache_seqlens)
+        if seqlens.dtype not in (torch.int32, torch.int64) or seqlens.dim() > 1:
+            raise TypeError(f"cache_seqlens: {seqlens.dtype} of shape {list(seqlens.shape)}; expected an int or a "
+                            "1-D int32 tensor [batch]")
+        lens = [int(x) for x in seqlens.reshape(-1).tolist()]
         if len(lens) != batch:
             raise ValueError(f"cache_seqlens: {len(lens)} lengths; expected batch = {batch}")
     new = 0
     if (k is None) != (v is None):
         raise ValueError("k: k and v are appended together; expected both or neither")
     if k is not None:
+        # checked in full before anything is written: a shape torch would broadcast, or a dtype it would cast,
+        # must not reach the cache
         _tensor("k", k, 4, "[batch, seqlen_new, nheads_k, headdim]")
         _tensor("v", v, 4, "[batch, seqlen_new, nheads_k, headdim]")
         new = k.shape[1]
+        for name, x, cache in (("k", k, k_cache), ("v", v, v_cache)):
+            want = [batch, new, cache.shape[2], cache.shape[3]]
+            if list(x.shape) != want:
+                raise ValueError(f"{name}: shape {list(x.shape)}; expected {want} ([batch, seqlen_new, nheads_k, "
+                                 f"headdim] of q's batch, k's seqlen_new and {name}_cache's heads and headdim)")
+            if x.dtype != cache.dtype or x.device != cache.device:
+                raise TypeError(f"{name}: {x.dtype} on {x.device}; expected {name}_cache's {cache.dtype} on "
+                                f"{cache.device} (the new rows are written into it as they are)")
     for b, n in enumerate(lens):
         if n < 0 or n + new > capacity:
             raise ValueError(f"cache_seqlens: {n} (+ {new} new keys) for batch {b}; expected 0 <= length and "
                              f"length + seqlen_new <= the cache's {capacity} slots")
     total = [n + new for n in lens]
+    if paged:  # every page a sequence reads or appends to must be one of the pool's (checked before the append)
+        if block_table.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"block_table: {block_table.dtype}; expected int32")
+        for b in range(batch):
+            used = block_table[b, :(total[b] + k_cache.shape[1] - 1) // k_cache.shape[1]].tolist()
+            bad = [x for x in used if not 0 <= x < k_cache.shape[0]]
+            if bad:
+                raise ValueError(f"block_table: page {bad[0]} in row {b}; expected a page in [0, {k_cache.shape[0]}) "
+                                 f"for each of the row's first {len(used)} entries (its {total[b]} keys)")
     rows = list(range(batch))
     if cache_batch_idx is not None:
         if paged:
@@ -356,39 +382,56 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             q_pos = at + (torch.arange(q.shape[1], device=at.device) if per_token
                           else torch.zeros(q.shape[1], dtype=torch.int64, device=at.device))
             q = _rotary(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
-        if k is not None:  # append in place
-            for b in range(batch):
-                for t in range(new):
-                    pos = lens[b] + t
-                    if paged:
-                        blk = int(block_table[b, pos // k_cache.shape[1]])
-                        k_cache[blk, pos % k_cache.shape[1]] = k[b, t]
-                        v_cache[blk, pos % k_cache.shape[1]] = v[b, t]
-                    else:
-                        k_cache[rows[b], pos] = k[b, t]
-                        v_cache[rows[b], pos] = v[b, t]
-        seq = torch.tensor(total, dtype=torch.int64, device=q.device)
-        if not paged and (cache_batch_idx is not None or any(starts)):
-            # each sequence over its own row's keys [leftpad, end): views of the cache, no copy
-            outs, lses = [], []
-            for b in range(batch):
-                ks = k_cache[rows[b], starts[b]:total[b]].unsqueeze(0)
-                vs = v_cache[rows[b], starts[b]:total[b]].unsqueeze(0)
-                out, lse = _attend(q[b:b + 1], ks, vs, 0.0, softmax_scale, causal, window_size, softcap,
-                                   _slopes_of(alibi_slopes, b))
-                outs.append(out)
-                lses.append(lse)
-            out, lse = torch.cat(outs, 0), torch.cat(lses, 0)
-        elif paged:
-            out, lse = attention_paged(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
-                                       block_table, seq, is_causal=bool(causal), causal_alignment="bottom_right",
-                                       scale=softmax_scale, window=_window(window_size), return_lse=True,
-                                       softcap=softcap, alibi_slopes=alibi_slopes)
-            out = out.transpose(1, 2).contiguous()
-        else:
-            out, lse = _attend(q, k_cache, v_cache, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                               kv_lens=seq)
+        # The append, in place; the slots' old rows are kept so that a call that fails after it (an argument
+        # only the attention checks) leaves the caches as they were.
+        slots = []
+        for b in range(batch):
+            for t in range(new):
+                pos = lens[b] + t
+                if paged:
+                    slots.append((int(block_table[b, pos // k_cache.shape[1]]), pos % k_cache.shape[1], b, t))
+                else:
+                    slots.append((rows[b], pos, b, t))
+        kept = [(k_cache[i, j].clone(), v_cache[i, j].clone()) for i, j, _, _ in slots]
+        for i, j, b, t in slots:
+            k_cache[i, j] = k[b, t]
+            v_cache[i, j] = v[b, t]
+        try:
+            out, lse = _kvcache_attend(q, k_cache, v_cache, rows, starts, total, paged, block_table, softmax_scale,
+                                       causal, window_size, softcap, alibi_slopes, cache_batch_idx is not None)
+        except BaseException:
+            for (i, j, _, _), (ko, vo) in zip(reversed(slots), reversed(kept)):
+                k_cache[i, j] = ko
+                v_cache[i, j] = vo
+            raise
     return (out, _flash_lse(lse)) if return_softmax_lse else out
+
+
+def _kvcache_attend(q, k_cache, v_cache, rows, starts, total, paged, block_table, softmax_scale, causal, window_size,
+                    softcap, alibi_slopes, batch_index):
+    """flash_attn_with_kvcache's attention over the keys [starts[b], total[b]) of each sequence's cache row (or
+    pages): returns (out [batch, seqlen_q, nheads, headdim], lse [batch, nheads, seqlen_q])."""
+    torch = _torch()
+    batch = q.shape[0]
+    if not paged and (batch_index or any(starts)):
+        # each sequence over its own row's keys [leftpad, end): views of the cache, no copy
+        outs, lses = [], []
+        for b in range(batch):
+            ks = k_cache[rows[b], starts[b]:total[b]].unsqueeze(0)
+            vs = v_cache[rows[b], starts[b]:total[b]].unsqueeze(0)
+            out, lse = _attend(q[b:b + 1], ks, vs, 0.0, softmax_scale, causal, window_size, softcap,
+                               _slopes_of(alibi_slopes, b))
+            outs.append(out)
+            lses.append(lse)
+        return torch.cat(outs, 0), torch.cat(lses, 0)
+    seq = torch.tensor(total, dtype=torch.int64, device=q.device)
+    if paged:
+        out, lse = attention_paged(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                                   block_table, seq, is_causal=bool(causal), causal_alignment="bottom_right",
+                                   scale=softmax_scale, window=_window(window_size), return_lse=True,
+                                   softcap=softcap, alibi_slopes=alibi_slopes)
+        return out.transpose(1, 2).contiguous(), lse
+    return _attend(q, k_cache, v_cache, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes, kv_lens=seq)
 
 
 # ---- FlashMLA's decode API (multi-head latent attention, DeepSeek-V2/V3) ----------------------------------------

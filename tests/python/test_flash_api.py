@@ -345,3 +345,46 @@ def test_kvcache_options_refused_clearly():
         call(q, k_cache, v_cache, cache_seqlens=lens, cache_leftpad=torch.tensor([4, 0], dtype=torch.int32))
     with pytest.raises(TypeError, match="^cache_leftpad: "):
         call(q, k_cache, v_cache, cache_seqlens=lens, cache_leftpad=[0, 0])
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_bad_input_writes_nothing(paged):
+    """k and v checked against the cache before the append (no broadcast, no cast), the pages a sequence appends
+    to checked against the pool, and a call that an argument only the attention checks makes fail leaves the caches
+    as they were: the rows it appended are put back."""
+    gen = torch.Generator().manual_seed(23)
+    q = torch.randn(2, 1, 4, 16, generator=gen)
+    if paged:
+        k_cache, v_cache = torch.randn(6, 8, 2, 16, generator=gen), torch.randn(6, 8, 2, 16, generator=gen)
+        table = dict(block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32))
+    else:
+        k_cache, v_cache = torch.randn(2, 16, 2, 16, generator=gen), torch.randn(2, 16, 2, 16, generator=gen)
+        table = {}
+    k_new, v_new = torch.randn(2, 1, 2, 16, generator=gen), torch.randn(2, 1, 2, 16, generator=gen)
+    lens = torch.tensor([5, 9], dtype=torch.int32)
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    call = attn.flash_attn_with_kvcache
+    bad = [
+        (ValueError, "^k: ", dict(k=k_new[:, :, :1], v=v_new)),  # one head, would broadcast to both
+        (ValueError, "^k: ", dict(k=k_new[..., :1], v=v_new)),  # head dim 1, would broadcast
+        (ValueError, "^v: ", dict(k=k_new, v=torch.randn(3, 1, 2, 16, generator=gen))),  # batch 3 for 2
+        (TypeError, "^k: ", dict(k=k_new.double(), v=v_new)),  # would be cast
+        (TypeError, "^cache_seqlens: ", dict(k=k_new, v=v_new, cache_seqlens=lens.float())),
+        (TypeError, "^cache_seqlens: ", dict(k=k_new, v=v_new, cache_seqlens=True)),
+        # refused by the attention, after the append: the appended rows are put back
+        (ValueError, "^alibi_slopes: ", dict(k=k_new, v=v_new, alibi_slopes=torch.rand(3))),
+        (ValueError, "^softcap: ", dict(k=k_new, v=v_new, softcap=-1.0)),
+    ]
+    if not paged:  # (attention_paged takes a bf16 q over an fp32 cache)
+        bad.append((TypeError, "^key: ", dict(q=q.bfloat16(), k=k_new, v=v_new)))
+    if paged:
+        for page in (-1, 6):  # sequence 1 appends at key 9: its page 1
+            bad.append((ValueError, "^block_table: ", dict(k=k_new, v=v_new, block_table=torch.tensor(
+                [[0, 1], [2, page]], dtype=torch.int32))))
+    for error, match, args in bad:
+        args = {"q": q, "cache_seqlens": lens, **table, **args}
+        with pytest.raises(error, match=match):
+            call(args.pop("q"), k_cache, v_cache, **args)
+        assert torch.equal(k_cache, k0) and torch.equal(v_cache, v0), f"{match}: the cache changed"
+    call(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, **table)  # and a good call still appends
+    assert not torch.equal(k_cache, k0)
