@@ -398,6 +398,14 @@ TEST(CliBench, Errors) {
   expect_error({"bench", "--shape", "P1", "--threads", "-1"}, "--threads");
   expect_error({"bench", "--heads", "2", "--q-len", "2", "--head-dim", "8", "--backend", "cuda"}, "--backend");
   expect_error({"bench", "--heads", "two"}, "--heads");
+  // a 0 or -1 given is refused, not taken for "not given" (the option's default)
+  expect_error({"bench", "--heads", "0", "--q-len", "1", "--head-dim", "8"}, "--heads: 0; expected");
+  expect_error({"bench", "--heads", "-1", "--q-len", "1", "--head-dim", "8"}, "--heads: -1; expected");
+  expect_error({"bench", "--heads", "2", "--q-len", "1", "--head-dim", "8", "--batch", "0"}, "--batch: 0; expected");
+  expect_error({"bench", "--heads", "2", "--q-len", "1", "--head-dim", "8", "--kv-heads", "0"}, "--kv-heads: 0;");
+  expect_error({"bench", "--heads", "2", "--q-len", "1", "--head-dim", "8", "--kv-len", "0"}, "--kv-len: 0;");
+  expect_error({"bench", "--heads", "2", "--q-len", "1", "--head-dim", "8", "--value-dim", "-1"}, "--value-dim: -1;");
+  expect_error({"bench", "--heads", "2", "--q-len", "1", "--head-dim", "8", "--kv-dtype", ""}, "--kv-dtype: ''");
 }
 
 // attn cascade-bench on a tiny batch: one JSON object, the two outputs agreeing; bad sizes name their option.

@@ -122,8 +122,9 @@ Status kv_size(const KvArgs& a, std::ostream& out) {
         << (a.head_dim + kI4Block - 1) / kI4Block << " fp32 scales (one per " << kI4Block
         << " values of a row)";
   out << "\n";
-  out << "  = " << fmt("%.0f", bytes) << " bytes = " << fmt("%.2f", bytes / 1e9) << " GB = "
-      << fmt("%.2f", bytes / (1024.0 * 1024 * 1024)) << " GiB\n";
+  // (exact up to 2^53, a double's integers; beyond, the bytes are printed as what they are: 16 digits)
+  out << "  = " << (bytes < 0x1p53 ? fmt("%.0f", bytes) : fmt("%.15e", bytes)) << " bytes = "
+      << fmt("%.2f", bytes / 1e9) << " GB = " << fmt("%.2f", bytes / (1024.0 * 1024 * 1024)) << " GiB\n";
   return Status::Ok();
 }
 

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -267,10 +268,14 @@ std::string percent(double x) { return std::isfinite(x) ? fmt("%.0f%%", 100 * x)
 struct BenchArgs {
   std::string shapes;  // comma-separated canonical ids
   bool list_shapes = false;
-  std::int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
-  std::int64_t value_dim = -1;  // -1: not given (Dv = head_dim)
+  // kNotGiven: not given (B = 1, Hkv = Hq, Skv = Sq, Dv = head_dim; heads, q_len and head_dim have no default), so
+  // that a 0 or a -1 given is refused like any other non-positive value
+  static constexpr std::int64_t kNotGiven = std::numeric_limits<std::int64_t>::min();
+  std::int64_t batch = kNotGiven, heads = kNotGiven, kv_heads = kNotGiven, q_len = kNotGiven, kv_len = kNotGiven,
+               head_dim = kNotGiven, value_dim = kNotGiven;
   bool causal = false, latent = false;
-  std::string dtype = "f32", kv_dtype;
+  std::string dtype = "f32";
+  std::optional<std::string> kv_dtype;  // not given: --dtype
   int threads = 0;
   std::int64_t paged = 0, kv_len_min = 0;
   int reps = 0;     // 0: enough for about a second, at least 3
@@ -309,11 +314,13 @@ std::string shape_ids() {
   return ids;
 }
 
+bool given(std::int64_t option) { return option != BenchArgs::kNotGiven; }
+
 // The shapes to run: the canonical ones named by --shape, else the one the dimension options describe.
 Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
   const bool dims =
-      a.batch || a.heads || a.kv_heads || a.q_len || a.kv_len || a.head_dim || a.value_dim != -1 || a.causal ||
-      a.latent || a.paged || a.kv_len_min;
+      given(a.batch) || given(a.heads) || given(a.kv_heads) || given(a.q_len) || given(a.kv_len) || given(a.head_dim) ||
+      given(a.value_dim) || a.causal || a.latent || a.paged || a.kv_len_min;
   if (!a.shapes.empty()) {
     if (dims)
       return Status::Invalid(
@@ -332,21 +339,21 @@ Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
     if (shapes->empty()) return Status::Invalid("--shape", "empty; expected " + shape_ids() + " or all");
     return Status::Ok();
   }
-  if (!a.heads || !a.q_len || !a.head_dim)
-    return Status::Invalid(!a.heads   ? "--heads"
-                           : !a.q_len ? "--q-len"
-                                      : "--head-dim",
+  if (!given(a.heads) || !given(a.q_len) || !given(a.head_dim))
+    return Status::Invalid(!given(a.heads)   ? "--heads"
+                           : !given(a.q_len) ? "--q-len"
+                                             : "--head-dim",
                            "missing; expected --shape (" + shape_ids() + " or all), or at least --heads, --q-len "
                            "and --head-dim");
   Shape s;
   s.name = "custom";
-  s.B = a.batch ? a.batch : 1;
+  s.B = given(a.batch) ? a.batch : 1;
   s.Hq = a.heads;
-  s.Hkv = a.kv_heads ? a.kv_heads : a.heads;
+  s.Hkv = given(a.kv_heads) ? a.kv_heads : a.heads;
   s.Sq = a.q_len;
-  s.Skv = a.kv_len ? a.kv_len : a.q_len;
+  s.Skv = given(a.kv_len) ? a.kv_len : a.q_len;
   s.D = a.head_dim;
-  s.Dv = a.value_dim != -1 ? a.value_dim : a.head_dim;
+  s.Dv = given(a.value_dim) ? a.value_dim : a.head_dim;
   s.latent = a.latent;
   s.causal = a.causal;
   s.page_size = a.paged;
@@ -822,8 +829,8 @@ Status bench(const BenchArgs& a, std::ostream& out) {
   Setup setup;
   if (Status s = parse_dtype(a.dtype, "--dtype", &setup.dtype); !s) return s;
   setup.kv_dtype = setup.dtype;
-  if (!a.kv_dtype.empty())
-    if (Status s = parse_dtype(a.kv_dtype, "--kv-dtype", &setup.kv_dtype, /*kv=*/true); !s) return s;
+  if (a.kv_dtype)
+    if (Status s = parse_dtype(*a.kv_dtype, "--kv-dtype", &setup.kv_dtype, /*kv=*/true); !s) return s;
   if (a.threads < 0 || a.threads > 4096)
     return Status::Invalid("--threads", std::to_string(a.threads) + "; expected 0 (the default) or 1 to 4096");
   setup.threads = attn::resolve_threads(a.threads);
