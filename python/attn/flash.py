@@ -296,18 +296,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         capacity = block_table.shape[1] * k_cache.shape[1]
     else:
         capacity = k_cache.shape[1]
+    # Under torch.compile the lengths (a [batch] tensor, or an int) become a tensor (traced): no value is read on the
+    # host, so the checks of values below (lengths against the capacity, pages against the pool, rotary positions)
+    # are left to the indexing and to the attention, and a failing call is not undone. Eager calls check all first.
+    traced = (torch.compiler.is_compiling() and cache_seqlens is not None and not isinstance(cache_seqlens, bool)
+              and cache_batch_idx is None and cache_leftpad is None)
+    seqlens = None
     if cache_seqlens is None:
         lens = [0 if k is not None else capacity] * batch
     elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         lens = [cache_seqlens] * batch
+        if traced:
+            seqlens, lens = torch.full((batch,), cache_seqlens, dtype=torch.int64, device=k_cache.device), None
     else:
         seqlens = torch.as_tensor(cache_seqlens)
         if seqlens.dtype not in (torch.int32, torch.int64) or seqlens.dim() > 1:
             raise TypeError(f"cache_seqlens: {seqlens.dtype} of shape {list(seqlens.shape)}; expected an int or a "
                             "1-D int32 tensor [batch]")
-        lens = [int(x) for x in seqlens.reshape(-1).tolist()]
-        if len(lens) != batch:
-            raise ValueError(f"cache_seqlens: {len(lens)} lengths; expected batch = {batch}")
+        seqlens = seqlens.reshape(-1)
+        if seqlens.shape[0] != batch:
+            raise ValueError(f"cache_seqlens: {seqlens.shape[0]} lengths; expected batch = {batch}")
+        lens = None if traced else [int(x) for x in seqlens.tolist()]
     new = 0
     if (k is None) != (v is None):
         raise ValueError("k: k and v are appended together; expected both or neither")
@@ -325,15 +334,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             if x.dtype != cache.dtype or x.device != cache.device:
                 raise TypeError(f"{name}: {x.dtype} on {x.device}; expected {name}_cache's {cache.dtype} on "
                                 f"{cache.device} (the new rows are written into it as they are)")
-    for b, n in enumerate(lens):
+    for b, n in enumerate(lens or []):
         if n < 0 or n + new > capacity:
             raise ValueError(f"cache_seqlens: {n} (+ {new} new keys) for batch {b}; expected 0 <= length and "
                              f"length + seqlen_new <= the cache's {capacity} slots")
-    total = [n + new for n in lens]
+    total = None if traced else [n + new for n in lens]
     if paged:  # every page a sequence reads or appends to must be one of the pool's (checked before the append)
         if block_table.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"block_table: {block_table.dtype}; expected int32")
-        for b in range(batch):
+        for b in range(0 if traced else batch):
             used = block_table[b, :(total[b] + k_cache.shape[1] - 1) // k_cache.shape[1]].tolist()
             bad = [x for x in used if not 0 <= x < k_cache.shape[0]]
             if bad:
@@ -364,24 +373,45 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError("rotary_cos: the rotary embedding turns the new keys; expected k and v to be given")
         _tensor("rotary_cos", rotary_cos, 2, "[seqlen_ro, rotary_dim / 2]")
         _tensor("rotary_sin", rotary_sin, 2, "[seqlen_ro, rotary_dim / 2]")
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            if not t.dtype.is_floating_point:
+                raise TypeError(f"{name}: {t.dtype}; expected a real floating-point tensor (float32, bfloat16, ...)")
+        if not isinstance(rotary_interleaved, bool):
+            raise TypeError(f"rotary_interleaved: got {type(rotary_interleaved).__name__}; expected a bool")
         if rotary_sin.shape != rotary_cos.shape:
             raise ValueError(f"rotary_sin: shape {list(rotary_sin.shape)}; expected rotary_cos's "
                              f"{list(rotary_cos.shape)}")
         if not 0 < 2 * rotary_cos.shape[1] <= q.shape[3]:
             raise ValueError(f"rotary_cos: rotary_dim {2 * rotary_cos.shape[1]}; expected 0 < rotary_dim <= headdim "
                              f"({q.shape[3]})")
-        last = max(lens) + max(new, q.shape[1]) - 1
+        last = -1 if traced else max(lens) + max(new, q.shape[1]) - 1
         if last >= rotary_cos.shape[0]:
             raise ValueError(f"rotary_cos: {rotary_cos.shape[0]} positions; expected more than {last} (the last "
                              "position turned: cache_seqlens + seqlen_new - 1)")
     with torch.no_grad():
         if rotary_cos is not None:
-            at = torch.tensor(lens, dtype=torch.int64, device=rotary_cos.device)[:, None]
+            at = (seqlens.to(device=rotary_cos.device, dtype=torch.int64) if traced
+                  else torch.tensor(lens, dtype=torch.int64, device=rotary_cos.device))[:, None]
             k = _rotary(k, rotary_cos, rotary_sin, at + torch.arange(new, device=at.device), rotary_interleaved)
             per_token = bool(causal) or _window(window_size) is not None
             q_pos = at + (torch.arange(q.shape[1], device=at.device) if per_token
                           else torch.zeros(q.shape[1], dtype=torch.int64, device=at.device))
             q = _rotary(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
+        if traced:  # the append as one indexed write per cache; the lengths as a tensor
+            lens_t = seqlens.to(device=k_cache.device, dtype=torch.int64)
+            if k is not None:
+                pos = lens_t[:, None] + torch.arange(new, device=k_cache.device)  # [batch, seqlen_new]
+                if paged:
+                    page = k_cache.shape[1]
+                    where = (torch.gather(block_table.to(device=k_cache.device, dtype=torch.int64), 1, pos // page),
+                          pos % page)
+                else:
+                    where = (torch.arange(batch, device=k_cache.device)[:, None].expand(batch, new), pos)
+                k_cache.index_put_(where, k)
+                v_cache.index_put_(where, v)
+            out, lse = _kvcache_attend(q, k_cache, v_cache, None, None, lens_t + new, paged, block_table,
+                                       softmax_scale, causal, window_size, softcap, alibi_slopes, False)
+            return (out, _flash_lse(lse)) if return_softmax_lse else out
         # The append, in place; the slots' old rows are kept so that a call that fails after it (an argument
         # only the attention checks) leaves the caches as they were.
         slots = []
@@ -410,10 +440,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 def _kvcache_attend(q, k_cache, v_cache, rows, starts, total, paged, block_table, softmax_scale, causal, window_size,
                     softcap, alibi_slopes, batch_index):
     """flash_attn_with_kvcache's attention over the keys [starts[b], total[b]) of each sequence's cache row (or
-    pages): returns (out [batch, seqlen_q, nheads, headdim], lse [batch, nheads, seqlen_q])."""
+    pages; total: a list, or a tensor when traced, with rows and starts None): returns (out [batch, seqlen_q,
+    nheads, headdim], lse [batch, nheads, seqlen_q])."""
     torch = _torch()
     batch = q.shape[0]
-    if not paged and (batch_index or any(starts)):
+    if not paged and (batch_index or any(starts or [])):
         # each sequence over its own row's keys [leftpad, end): views of the cache, no copy
         outs, lses = [], []
         for b in range(batch):
@@ -424,7 +455,8 @@ def _kvcache_attend(q, k_cache, v_cache, rows, starts, total, paged, block_table
             outs.append(out)
             lses.append(lse)
         return torch.cat(outs, 0), torch.cat(lses, 0)
-    seq = torch.tensor(total, dtype=torch.int64, device=q.device)
+    seq = total.to(q.device) if isinstance(total, torch.Tensor) else torch.tensor(total, dtype=torch.int64,
+                                                                                   device=q.device)
     if paged:
         out, lse = attention_paged(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
                                    block_table, seq, is_causal=bool(causal), causal_alignment="bottom_right",
@@ -464,6 +496,29 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         raise ValueError(f"head_dim_v: {head_dim_v}; expected 1 <= head_dim_v <= head_dim ({k_cache.shape[3]})")
     if q.shape[3] != k_cache.shape[3]:
         raise ValueError(f"q: head_dim {q.shape[3]}; expected k_cache's {k_cache.shape[3]}")
+    if k_cache.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"k_cache: {k_cache.dtype}; expected bfloat16, float16 or float32 (this interface carries no "
+                        "scales: an 8-bit latent cache goes through attn.attention_paged with k_scale)")
+    # the block table and the lengths under their names here (attention_paged checks them again, as its own)
+    _tensor("block_table", block_table, 2, "[batch, max_blocks_per_seq]")
+    if block_table.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"block_table: {block_table.dtype}; expected int32")
+    if block_table.shape[0] != q.shape[0]:
+        raise ValueError(f"block_table: {block_table.shape[0]} rows; expected batch = {q.shape[0]}")
+    if (not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1
+            or cache_seqlens.dtype not in (torch.int32, torch.int64)):
+        raise TypeError("cache_seqlens: expected a 1-D int32 torch.Tensor [batch]")
+    if cache_seqlens.shape[0] != q.shape[0]:
+        raise ValueError(f"cache_seqlens: {cache_seqlens.shape[0]} lengths; expected batch = {q.shape[0]}")
+    if not torch.compiler.is_compiling():  # (values: read on the host only when not tracing)
+        page = k_cache.shape[1]
+        for b, n in enumerate(cache_seqlens.tolist()):
+            if not 0 <= n <= block_table.shape[1] * page:
+                raise ValueError(f"cache_seqlens: {n} for batch {b}; expected 0 <= length <= the "
+                                 f"{block_table.shape[1] * page} slots of its block_table row")
+            bad = [x for x in block_table[b, :(n + page - 1) // page].tolist() if not 0 <= x < k_cache.shape[0]]
+            if bad:
+                raise ValueError(f"block_table: page {bad[0]} in row {b}; expected a page in [0, {k_cache.shape[0]})")
     scale = softmax_scale if softmax_scale is not None else q.shape[3] ** -0.5
     with torch.no_grad():
         v_cache = k_cache[..., :head_dim_v]  # a view: the same rows, no copy

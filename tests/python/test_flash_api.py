@@ -339,6 +339,13 @@ def test_kvcache_options_refused_clearly():
              cache_seqlens=lens)
     with pytest.raises(ValueError, match="^rotary_cos: "):  # position 5 needs 6 rows
         call(q, k_cache, v_cache, k_new, k_new, rotary_cos=cos[:5], rotary_sin=cos[:5], cache_seqlens=lens)
+    with pytest.raises(TypeError, match="^rotary_cos: torch.complex64"):  # (the imaginary part would be dropped)
+        call(q, k_cache, v_cache, k_new, k_new, rotary_cos=cos.to(torch.complex64), rotary_sin=cos, cache_seqlens=lens)
+    with pytest.raises(TypeError, match="^rotary_sin: torch.int64"):
+        call(q, k_cache, v_cache, k_new, k_new, rotary_cos=cos, rotary_sin=cos.long(), cache_seqlens=lens)
+    with pytest.raises(TypeError, match="^rotary_interleaved: "):
+        call(q, k_cache, v_cache, k_new, k_new, rotary_cos=cos, rotary_sin=cos, rotary_interleaved="no",
+             cache_seqlens=lens)
     with pytest.raises(ValueError, match="^cache_batch_idx: "):
         call(q, k_cache, v_cache, cache_seqlens=lens, cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32))
     with pytest.raises(ValueError, match="^cache_leftpad: "):

@@ -57,3 +57,25 @@ def test_flash_mla_refuses_a_bad_head_dim_v():
     lens = torch.tensor([3], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"^head_dim_v: 17; expected 1 <= head_dim_v <= head_dim \(16\)"):
         flash_mla_with_kvcache(q, k_cache, table, lens, 17)
+
+
+def test_flash_mla_names_its_own_parameters():
+    """The block table, the lengths and the cache are refused under flash_mla_with_kvcache's names (not those of the
+    attention_paged call it makes)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k_cache = torch.randn(2, 1, 4, 72, generator=gen), torch.randn(6, 8, 1, 72, generator=gen)
+    table, lens = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32), torch.tensor([10, 20], dtype=torch.int32)
+    bad = [
+        (ValueError, "^cache_seqlens: 30 for batch 1", dict(cache_seqlens=torch.tensor([10, 30], dtype=torch.int32))),
+        (ValueError, "^cache_seqlens: 1 lengths", dict(cache_seqlens=lens[:1])),
+        (TypeError, "^cache_seqlens: ", dict(cache_seqlens=lens.float())),
+        (TypeError, "^block_table: ", dict(block_table=table.float())),
+        (ValueError, "^block_table: page 9 in row 1", dict(block_table=torch.tensor([[0, 1, 2], [3, 4, 9]],
+                                                                                     dtype=torch.int32))),
+        (ValueError, "^block_table: 1 rows", dict(block_table=table[:1])),
+        (TypeError, "^k_cache: torch.int8", dict(k_cache=k_cache.to(torch.int8))),
+    ]
+    for error, match, change in bad:
+        args = {**dict(q=q, k_cache=k_cache, block_table=table, cache_seqlens=lens, head_dim_v=64), **change}
+        with pytest.raises(error, match=match):
+            flash_mla_with_kvcache(**args)

@@ -153,6 +153,46 @@ def test_paged_decode_compiles():
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("rotary", [False, True])
+def test_kvcache_decode_loop_compiles(paged, rotary):
+    """flash_attn_with_kvcache as a model's decode step: cache_seqlens a tensor input, k and v appended, one graph
+    (fullgraph) for every step, the same outputs and cache contents as eager, step after step."""
+    gen = torch.Generator().manual_seed(5)
+    b, h, hk, d, steps = 2, 4, 2, 16, 4
+    if paged:  # pages of 4 keys, scattered
+        k_cache, v_cache = torch.randn(8, 4, hk, d, generator=gen), torch.randn(8, 4, hk, d, generator=gen)
+        table = dict(block_table=torch.tensor([[5, 0, 2, 7], [1, 6, 3, 4]], dtype=torch.int32))
+    else:
+        k_cache, v_cache = torch.randn(b, 16, hk, d, generator=gen), torch.randn(b, 16, hk, d, generator=gen)
+        table = {}
+    rot = {}
+    if rotary:
+        angles = torch.arange(32.0)[:, None] * torch.rand(d // 4, generator=gen)  # rotary_dim = d / 2
+        rot = dict(rotary_cos=torch.cos(angles), rotary_sin=torch.sin(angles), rotary_interleaved=False)
+
+    def step(q, k, v, k_cache, v_cache, lens):
+        return attn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, causal=True, **rot,
+                                            **table)
+
+    torch._dynamo.reset()
+    inputs = [(torch.randn(b, 1, h, d, generator=gen), torch.randn(b, 1, hk, d, generator=gen),
+               torch.randn(b, 1, hk, d, generator=gen)) for _ in range(steps)]
+    breaks, reasons = graph_breaks(step, *inputs[0], k_cache.clone(), v_cache.clone(),
+                                   torch.tensor([3, 7], dtype=torch.int32))
+    assert breaks == 0, reasons
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    eager_caches, compiled_caches = (k_cache.clone(), v_cache.clone()), (k_cache.clone(), v_cache.clone())
+    lens = torch.tensor([3, 7], dtype=torch.int32)
+    for q, k, v in inputs:
+        expected = step(q, k, v, *eager_caches, lens)
+        got = compiled(q, k, v, *compiled_caches, lens)
+        assert torch.equal(got, expected)
+        assert torch.equal(compiled_caches[0], eager_caches[0]) and torch.equal(compiled_caches[1], eager_caches[1])
+        lens = lens + 1
+    torch._dynamo.reset()
+
+
 def test_export_holds_the_operator():
     q, k, v = (x.detach() for x in make(5))
 
