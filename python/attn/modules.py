@@ -18,9 +18,10 @@ from .functional import (_array, _bound, _call, _diagonals, _dtype_name, _empty,
 
 _WEIGHTS = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
 # C++ parameter names -> the Python ones, per function family.
-_MHA_NAMES = {"x_q": "x", "mask": "attn_mask"}
-_CACHE_NAMES = {}
-_PAGED_CACHE_NAMES = {"sequence": "seq_id"}
+_ROTARY_NAMES = {"rotary.cos": "rotary_cos", "rotary.sin": "rotary_sin"}
+_MHA_NAMES = {"x_q": "x", "mask": "attn_mask", **_ROTARY_NAMES}
+_CACHE_NAMES = dict(_ROTARY_NAMES)
+_PAGED_CACHE_NAMES = {"sequence": "seq_id", **_ROTARY_NAMES}
 _PAGED_ATTEND_NAMES = {"sequence": "ids"}
 
 
@@ -37,6 +38,19 @@ def _f32_array(name, x, rank, shape_doc, kind=None, like=None):
     _f32(name, x)
     _rank(name, x, (rank,), f"{rank} ({shape_doc})")
     return kind
+
+
+def _rotary(rotary_cos, rotary_sin, rotary_interleaved, kind, like):
+    """The rotary arguments as the bindings take them: (cos, sin, interleaved), or (None, None, False) for none.
+    cos, sin [positions, rotary_dim / 2] float32 of the call's kind; the library checks their shapes against the
+    head dim and the positions the call turns."""
+    if rotary_cos is None and rotary_sin is None:
+        return None, None, False
+    if rotary_cos is None or rotary_sin is None:
+        raise ValueError("rotary_cos: rotary_cos and rotary_sin come together; expected both or neither")
+    _f32_array("rotary_cos", rotary_cos, 2, "[positions, rotary_dim / 2]", kind, like)
+    _f32_array("rotary_sin", rotary_sin, 2, "[positions, rotary_dim / 2]", kind, like)
+    return _for_binding(rotary_cos), _for_binding(rotary_sin), _flag("rotary_interleaved", rotary_interleaved)
 
 
 def _optional_dim(name, value, default):
@@ -156,14 +170,20 @@ class MultiHeadAttention:
 
     forward = __call__
 
-    def forward_cached(self, x, cache):
+    def forward_cached(self, x, cache, rotary_cos=None, rotary_sin=None, rotary_interleaved=False):
         """A decode step of one sequence: x [1, T, d_model] float32 are the new tokens; their K/V are
-        appended to `cache` (a KVCache) and their queries attend to the whole cache (bottom-right causal)."""
+        appended to `cache` (a KVCache) and their queries attend to the whole cache (bottom-right causal).
+        With rotary_cos, rotary_sin [positions, rotary_dim / 2] float32 (rotary_dim <= head_dim), the new tokens'
+        queries and keys are turned by the rotary embedding at their positions len(cache) + t first (the keys as
+        the cache stores them): pairs (i, i + rotary_dim / 2), GPT-NeoX's and Llama's, or (2i, 2i + 1) with
+        rotary_interleaved=True (GPT-J's); a model's whole decode step is this one call."""
         kind = _f32_array("x", x, 3, "[1, T, d_model]")
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache: got {type(cache).__module__}.{type(cache).__qualname__}; expected an attn.KVCache")
+        cos, sin, interleaved = _rotary(rotary_cos, rotary_sin, rotary_interleaved, kind, "x")
         out = _empty(kind, x, (x.shape[0], x.shape[1], self.d_model))
-        _call(self._m.forward_cached, _for_binding(x), cache._c, _for_binding(out), names=_MHA_NAMES)
+        _call(self._m.forward_cached, _for_binding(x), cache._c, _for_binding(out), cos, sin, interleaved,
+              names=_MHA_NAMES)
         return out
 
 
@@ -204,12 +224,15 @@ class KVCache:
     def capacity(self):
         return self._c.capacity
 
-    def append(self, k, v):
+    def append(self, k, v, rotary_cos=None, rotary_sin=None, rotary_interleaved=False):
         """k [1, Hkv, T, Dk], v [1, Hkv, T, Dv] float32 (v of k's kind); past the capacity is a ValueError,
-        nothing changes."""
+        nothing changes. With rotary_cos, rotary_sin [positions, rotary_dim / 2] float32, the keys are turned by the
+        rotary embedding as they are written, token t at position len(self) + t (pairs as in
+        MultiHeadAttention.forward_cached); the values as given."""
         kind = _f32_array("k", k, 4, "[1, Hkv, T, Dk]")
         _f32_array("v", v, 4, "[1, Hkv, T, Dv]", kind, "k")
-        _call(self._c.append, _for_binding(k), _for_binding(v), names=_CACHE_NAMES)
+        cos, sin, interleaved = _rotary(rotary_cos, rotary_sin, rotary_interleaved, kind, "k")
+        _call(self._c.append, _for_binding(k), _for_binding(v), cos, sin, interleaved, names=_CACHE_NAMES)
 
     def attend(self, q, return_lse=False):
         """q [1, Hq, T, Dk] float32 -> out [1, Hq, T, Dv] (and the float32 lse [1, Hq, T] with return_lse)."""
@@ -260,13 +283,16 @@ class PagedKVCache:
     def length(self, seq_id):
         return _call(self._c.length, _int("seq_id", seq_id), names=_PAGED_CACHE_NAMES)
 
-    def append(self, seq_id, k, v):
+    def append(self, seq_id, k, v, rotary_cos=None, rotary_sin=None, rotary_interleaved=False):
         """k [1, Hkv, T, Dk], v [1, Hkv, T, Dv] float32 (v of k's kind) for sequence seq_id; an exhausted
-        pool is a ValueError and nothing changes."""
+        pool is a ValueError and nothing changes. rotary_cos, rotary_sin: as KVCache.append, token t at the
+        sequence's position length(seq_id) + t."""
         seq_id = _int("seq_id", seq_id)
         kind = _f32_array("k", k, 4, "[1, Hkv, T, Dk]")
         _f32_array("v", v, 4, "[1, Hkv, T, Dv]", kind, "k")
-        _call(self._c.append, seq_id, _for_binding(k), _for_binding(v), names=_PAGED_CACHE_NAMES)
+        cos, sin, interleaved = _rotary(rotary_cos, rotary_sin, rotary_interleaved, kind, "k")
+        _call(self._c.append, seq_id, _for_binding(k), _for_binding(v), cos, sin, interleaved,
+              names=_PAGED_CACHE_NAMES)
 
     def attend(self, ids, q, return_lse=False):
         """q [B, Hq, T, Dk] float32, row b the new queries of sequence ids[b] -> out [B, Hq, T, Dv] (and lse).

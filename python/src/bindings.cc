@@ -388,6 +388,11 @@ void unlocked(Fn&& fn) {
   check(s);
 }
 
+// The rotary tables of a cache append or a cached forward (both given, checked by the library).
+attn::Rotary rotary_of(const In& cos, const In& sin, bool interleaved) {
+  return {to_view("rotary.cos", cos), to_view("rotary.sin", sin), interleaved};
+}
+
 }  // namespace
 
 NB_MODULE(_attn, m) {
@@ -512,10 +517,14 @@ NB_MODULE(_attn, m) {
         const attn::TensorView xv = to_view("x", x), kvv = to_view("x_kv", x_kv), ov = to_view("out", out);
         unlocked([&] { return cross ? a.forward_cross(xv, kvv, ov, p) : a.forward(xv, ov, p); });
       })
-      .def("forward_cached", [](const attn::MultiHeadAttention& a, const In& x, attn::KVCache& cache, const Out& out) {
+      .def("forward_cached", [](const attn::MultiHeadAttention& a, const In& x, attn::KVCache& cache, const Out& out,
+                                const std::optional<In>& cos, const std::optional<In>& sin, bool interleaved) {
         const attn::TensorView xv = to_view("x", x), ov = to_view("out", out);
-        unlocked([&] { return a.forward_cached(xv, cache, ov); });
-      });
+        if (!cos) return unlocked([&] { return a.forward_cached(xv, cache, ov); });
+        const attn::Rotary r = rotary_of(*cos, *sin, interleaved);
+        unlocked([&] { return a.forward_cached(xv, cache, ov, r); });
+      }, nb::arg("x"), nb::arg("cache"), nb::arg("out"), nb::arg("cos").none() = nb::none(),
+         nb::arg("sin").none() = nb::none(), nb::arg("interleaved") = false);
 
   // A cache's storage dtype by name ("f32", "bf16", "f16", "i8", "i4"); another name reaches create(), which refuses
   // it.
@@ -536,10 +545,14 @@ NB_MODULE(_attn, m) {
       .def_prop_ro("dtype", [](const attn::KVCache& c) { return std::string(attn::dtype_name(c.dtype())); })
       .def_prop_ro("length", &attn::KVCache::length)
       .def_prop_ro("capacity", &attn::KVCache::capacity)
-      .def("append", [](attn::KVCache& c, const In& k, const In& v) {
+      .def("append", [](attn::KVCache& c, const In& k, const In& v, const std::optional<In>& cos,
+                        const std::optional<In>& sin, bool interleaved) {
         const attn::TensorView kv = to_view("k", k), vv = to_view("v", v);
-        unlocked([&] { return c.append(kv, vv); });
-      })
+        if (!cos) return unlocked([&] { return c.append(kv, vv); });
+        const attn::Rotary r = rotary_of(*cos, *sin, interleaved);
+        unlocked([&] { return c.append(kv, vv, r); });
+      }, nb::arg("k"), nb::arg("v"), nb::arg("cos").none() = nb::none(), nb::arg("sin").none() = nb::none(),
+         nb::arg("interleaved") = false)
       .def("attend", [](const attn::KVCache& c, const In& q, const Out& out, const std::optional<Out>& lse) {
         const attn::TensorView qv = to_view("q", q), ov = to_view("out", out);
         const std::optional<attn::TensorView> lv = to_view("lse", lse);
@@ -569,10 +582,14 @@ NB_MODULE(_attn, m) {
         check(c.length(id, &n));
         return n;
       })
-      .def("append", [](attn::PagedKVCache& c, std::int64_t id, const In& k, const In& v) {
+      .def("append", [](attn::PagedKVCache& c, std::int64_t id, const In& k, const In& v, const std::optional<In>& cos,
+                        const std::optional<In>& sin, bool interleaved) {
         const attn::TensorView kv = to_view("k", k), vv = to_view("v", v);
-        unlocked([&] { return c.append(id, kv, vv); });
-      })
+        if (!cos) return unlocked([&] { return c.append(id, kv, vv); });
+        const attn::Rotary r = rotary_of(*cos, *sin, interleaved);
+        unlocked([&] { return c.append(id, kv, vv, r); });
+      }, nb::arg("id"), nb::arg("k"), nb::arg("v"), nb::arg("cos").none() = nb::none(),
+         nb::arg("sin").none() = nb::none(), nb::arg("interleaved") = false)
       .def("attend", [](const attn::PagedKVCache& c, const std::vector<std::int64_t>& ids, const In& q, const Out& out,
                         const std::optional<Out>& lse) {
         const attn::TensorView qv = to_view("q", q), ov = to_view("out", out);

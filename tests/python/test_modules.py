@@ -121,3 +121,81 @@ def test_attention_paged_matches_contiguous():
     bad[1, 1] = 9
     with pytest.raises(ValueError, match="^page_table"):
         attn.attention_paged(q, k_pages, v_pages, bad, lens)
+
+
+def ref_rotary(x, cos, sin, p0, interleaved):
+    """x [B, H, T, D] turned in fp64, token t at position p0 + t: the first 2R dims in pairs (2i, 2i + 1) when
+    interleaved, else (i, i + R)."""
+    x = x.astype(np.float64).copy()
+    r = cos.shape[1]
+    c = cos[p0:p0 + x.shape[2]].astype(np.float64)[None, None]
+    s = sin[p0:p0 + x.shape[2]].astype(np.float64)[None, None]
+    a, b = (np.arange(0, 2 * r, 2), np.arange(1, 2 * r, 2)) if interleaved else (np.arange(r), np.arange(r, 2 * r))
+    xa, xb = x[..., a].copy(), x[..., b].copy()
+    x[..., a], x[..., b] = xa * c - xb * s, xa * s + xb * c
+    return x
+
+
+def rotary_tables(rng, positions, r):
+    angles = np.arange(positions)[:, None] * rng.uniform(0.01, 1.0, size=r)[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("paged", [False, True])
+def test_cache_append_turns_the_keys(interleaved, paged):
+    """KVCache.append / PagedKVCache.append with a rotary embedding: the keys turned at their positions (the cache's
+    length + t, over several appends), the values as given, rotary_dim below the head dim; against fp64."""
+    rng = np.random.default_rng(7)
+    hq, hkv, d, r = 4, 2, 24, 8  # rotary_dim 16 of 24
+    cos, sin = rotary_tables(rng, 40, r)
+    cache = attn.PagedKVCache(hkv, d, page_size=4, num_pages=12) if paged else attn.KVCache(hkv, d, capacity=40)
+    sid = cache.add_sequence() if paged else None
+    ks, vs, n = [], [], 0
+    for t in (5, 1, 7, 1):
+        k, v = rand(rng, 1, hkv, t, d), rand(rng, 1, hkv, t, d)
+        args = (sid, k, v) if paged else (k, v)
+        cache.append(*args, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
+        ks.append(ref_rotary(k, cos, sin, n, interleaved))
+        vs.append(v)
+        n += t
+        q = rand(rng, 1, hq, 1, d)
+        out = cache.attend([sid], q) if paged else cache.attend(q)
+        ref, _ = ref_attention(q, np.concatenate(ks, 2), np.concatenate(vs, 2), causal=True, align="bottom_right")
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    k = rand(rng, 1, hkv, 1, d)
+    append = (lambda **kw: cache.append(sid, k, k, **kw)) if paged else (lambda **kw: cache.append(k, k, **kw))
+    with pytest.raises(ValueError, match="^rotary_cos: "):  # position 14 needs 15 rows
+        append(rotary_cos=cos[:14], rotary_sin=sin[:14])
+    with pytest.raises(ValueError, match="^rotary_cos: "):
+        append(rotary_cos=cos)
+    with pytest.raises(TypeError, match="^rotary_sin: "):
+        append(rotary_cos=cos, rotary_sin=sin.astype(np.float64))
+    with pytest.raises(TypeError, match="^rotary_interleaved: "):
+        append(rotary_cos=cos, rotary_sin=sin, rotary_interleaved="yes")
+    assert (cache.length(sid) if paged else len(cache)) == n  # the refused appends wrote nothing
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_forward_cached_with_rotary_is_one_decode_step(interleaved):
+    """MultiHeadAttention.forward_cached with a rotary embedding: the new tokens' queries and keys turned at their
+    positions, prompt then single tokens, against the module's formula in fp64 with the same rotation."""
+    rng = np.random.default_rng(8)
+    m = attn.MultiHeadAttention(32, 4, 2, seed=5)  # head_dim 8
+    cos, sin = rotary_tables(rng, 16, 2)  # rotary_dim 4 of 8
+    cache = attn.KVCache(2, 8, capacity=16)
+    w = {n: m.get_weight(n).astype(np.float64) for n in ("w_q", "w_k", "w_v", "w_o")}
+    xs = []
+    for t in (6, 1, 1, 3):
+        x = rand(rng, 1, t, 32)
+        y = m.forward_cached(x, cache, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
+        p0 = sum(a.shape[1] for a in xs)
+        xs.append(x)
+        xa = np.concatenate(xs, 1).astype(np.float64)
+        q = (x @ w["w_q"].T).reshape(1, t, 4, 8).transpose(0, 2, 1, 3)
+        k = (xa @ w["w_k"].T).reshape(1, -1, 2, 8).transpose(0, 2, 1, 3)
+        v = (xa @ w["w_v"].T).reshape(1, -1, 2, 8).transpose(0, 2, 1, 3)
+        q, k = ref_rotary(q, cos, sin, p0, interleaved), ref_rotary(k, cos, sin, 0, interleaved)
+        o, _ = ref_attention(q, k, v, causal=True, align="bottom_right")
+        ref = o.transpose(0, 2, 1, 3).reshape(1, t, 32) @ w["w_o"].T
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
