@@ -558,7 +558,8 @@ def attention_paged_cascade(query, k_pages, v_pages, prefix_table, prefix_len, p
     is_causal: the last query of each sequence on its last key (bottom-right); every query must see the whole
     prefix (seq_lens[b] >= Sq - 1). scale, softcap, sinks, k_scale, v_scale: as attention_paged's. Windows, masks,
     ALiBi and dropout are refused (they depend on a key's position in its sequence). Returns out [B, Hq, Sq, Dv]
-    (and the float32 lse [B, Hq, Sq] with return_lse=True), eagerly (no torch.ops operator, no autograd)."""
+    (and the float32 lse [B, Hq, Sq] with return_lse=True). No autograd; torch tensors (but 8-bit pages) go through
+    torch.ops.attn.sdpa_paged_cascade, so torch.compile and torch.export trace the call."""
     c = _check_call(query, k_pages, v_pages, paged=True, attn_mask=None, is_causal=is_causal,
                     causal_alignment="bottom_right" if is_causal else None, scale=scale, window=None,
                     return_lse=return_lse, softcap=softcap, alibi_slopes=None, sinks=sinks, k_scale=k_scale,
@@ -568,12 +569,13 @@ def attention_paged_cascade(query, k_pages, v_pages, prefix_table, prefix_len, p
     table = _on_device(c.kind, query, table)
     if isinstance(prefix_len, (bool, np.bool_)) or not isinstance(prefix_len, (int, np.integer)):
         raise TypeError(f"prefix_len: got {type(prefix_len).__name__}; expected an int >= 0")
-    b, hq, sq, _ = query.shape
-    out = _empty(c.kind, query, (b, hq, sq, v_pages.shape[-1]))
-    lse = _empty(c.kind, query, (b, hq, sq), "float32") if c.return_lse else None
-    _call(_attn.attention_paged_cascade, _for_binding(query), _for_binding(k_pages), _for_binding(v_pages),
-          _for_binding(table), int(prefix_len), _for_binding(c.page_table), _for_binding(c.seq_lens),
-          _for_binding(out), lse, c.options(), names=_PAGED_NAMES)
+    if c.kind == "torch" and not c.int8_kv and not _ops().direct(query, k_pages, v_pages):
+        ops = _ops()  # torch.ops.attn.sdpa_paged_cascade, traceable by torch.compile and torch.export
+        out, lse = _call(ops.sdpa_paged_cascade, query, k_pages, v_pages, _as_tensor(table), int(prefix_len),
+                         *c.op_args(("page_table", "seq_lens")), *c.op_args(ops.PAGED_OPTIONS), names=_PAGED_NAMES)
+    else:
+        out, lse = _forward_paged_cascade(c.kind, query, k_pages, v_pages, table, int(prefix_len), c.page_table,
+                                          c.seq_lens, c.options(), c.return_lse)
     return (out, lse) if c.return_lse else out
 
 
@@ -711,6 +713,18 @@ def _forward_paged(kind, q, k_pages, v_pages, page_table, seq_lens, options, wan
     lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
     _call(_attn.attention_paged, _for_binding(q), _for_binding(k_pages), _for_binding(v_pages),
           _for_binding(page_table), _for_binding(seq_lens), _for_binding(out), lse, options, names=names)
+    return out, lse
+
+
+def _forward_paged_cascade(kind, q, k_pages, v_pages, prefix_table, prefix_len, page_table, seq_lens, options,
+                           want_lse, names=_PAGED_NAMES):
+    """attention_paged_cascade's out (and lse when wanted, else None), allocated as q's kind."""
+    b, hq, sq, _ = q.shape
+    out = _empty(kind, q, (b, hq, sq, v_pages.shape[-1]))
+    lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
+    _call(_attn.attention_paged_cascade, _for_binding(q), _for_binding(k_pages), _for_binding(v_pages),
+          _for_binding(prefix_table), prefix_len, _for_binding(page_table), _for_binding(seq_lens),
+          _for_binding(out), lse, options, names=names)
     return out, lse
 
 

@@ -1,6 +1,7 @@
-"""attn as PyTorch operators (torch.library): torch.ops.attn.sdpa, torch.ops.attn.sdpa_backward and
-torch.ops.attn.sdpa_paged, with fake (meta) implementations and a registered autograd formula, so that
-torch.compile(fullgraph=True) and torch.export trace through attn without graph breaks.
+"""attn as PyTorch operators (torch.library): torch.ops.attn.sdpa, torch.ops.attn.sdpa_backward,
+torch.ops.attn.sdpa_paged and torch.ops.attn.sdpa_paged_cascade, with fake (meta) implementations and a registered
+autograd formula (sdpa's), so that torch.compile(fullgraph=True) and torch.export trace through attn without graph
+breaks.
 
     import attn.torch_ops                        # registers the operators (any attn call on torch tensors does too)
     out, lse = torch.ops.attn.sdpa(q, k, v, None, None, None, "top_left", -1, -1, "top_left", 0.0, None, None, 0.0,
@@ -36,9 +37,10 @@ import torch
 from torch import Tensor
 
 from . import _attn
-from .functional import _for_binding, _forward, _forward_paged, _options
+from .functional import _for_binding, _forward, _forward_paged, _forward_paged_cascade, _options
 
-__all__ = ["sdpa", "sdpa_backward", "sdpa_paged", "seed_tensor", "direct", "OPTIONS", "PAGED_OPTIONS"]
+__all__ = ["sdpa", "sdpa_backward", "sdpa_paged", "sdpa_paged_cascade", "seed_tensor", "direct", "OPTIONS",
+           "PAGED_OPTIONS"]
 
 # The operators' options, in their schemas' order, with their schema types: attn::sdpa and attn::sdpa_backward take
 # all of them (after q, k, v and after grad_out, q, k, v, out, lse), attn::sdpa_paged those of PAGED_OPTIONS (after
@@ -155,5 +157,26 @@ sdpa_paged = torch.library.custom_op(
 
 @sdpa_paged.register_fake
 def _sdpa_paged_fake(q, k_pages, v_pages, page_table, seq_lens, *options):
+    b, hq, sq, _ = q.shape
+    return q.new_empty((b, hq, sq, v_pages.shape[-1])), q.new_empty((b, hq, sq), dtype=torch.float32)
+
+
+# ---- attn::sdpa_paged_cascade: (q, k_pages, v_pages, prefix_table, prefix_len, page_table, seq_lens,
+#      *PAGED_OPTIONS) -> (out, lse); no autograd (attn.attention_paged_cascade: a shared prefix, then each
+#      sequence's own keys; masks, windows and ALiBi refused by the library) ------------------------------------
+
+def _sdpa_paged_cascade(q, k_pages, v_pages, prefix_table, prefix_len, page_table, seq_lens, *options):
+    return _forward_paged_cascade("torch", q, k_pages, v_pages, prefix_table, prefix_len, page_table, seq_lens,
+                                  _binding_options(PAGED_OPTIONS, options), True, names={})
+
+
+sdpa_paged_cascade = torch.library.custom_op(
+    "attn::sdpa_paged_cascade", _sdpa_paged_cascade, mutates_args=(),
+    schema="(Tensor q, Tensor k_pages, Tensor v_pages, Tensor prefix_table, SymInt prefix_len, Tensor page_table, "
+           "Tensor seq_lens, " + ", ".join(f"{_TYPES[name]} {name}" for name in PAGED_OPTIONS) + ") -> (Tensor, Tensor)")
+
+
+@sdpa_paged_cascade.register_fake
+def _sdpa_paged_cascade_fake(q, k_pages, v_pages, prefix_table, prefix_len, page_table, seq_lens, *options):
     b, hq, sq, _ = q.shape
     return q.new_empty((b, hq, sq, v_pages.shape[-1])), q.new_empty((b, hq, sq), dtype=torch.float32)

@@ -193,6 +193,31 @@ def test_kvcache_decode_loop_compiles(paged, rotary):
     torch._dynamo.reset()
 
 
+def test_cascade_decode_compiles():
+    """attention_paged_cascade through torch.ops.attn.sdpa_paged_cascade: one graph, the eager numbers, and
+    opcheck's agreement of schema, fake implementation and dispatch."""
+    gen = torch.Generator().manual_seed(6)
+    k_pages, v_pages = torch.randn(9, 2, 4, 16, generator=gen), torch.randn(9, 2, 4, 8, generator=gen)
+    prefix = torch.tensor([7, 2, 5], dtype=torch.int32)  # 10 shared keys: a partial last page
+    table = torch.tensor([[0, 3], [8, 1], [4, 6]], dtype=torch.int32)
+    lens = torch.tensor([5, 0, 8], dtype=torch.int32)
+    q = torch.randn(3, 4, 1, 16, generator=gen)
+
+    def fn(q):
+        return attn.attention_paged_cascade(q, k_pages, v_pages, prefix, 10, table, lens, is_causal=True,
+                                            return_lse=True)
+
+    breaks, reasons = graph_breaks(fn, q)
+    assert breaks == 0, reasons
+    out, lse = torch.compile(fn, fullgraph=True, backend="aot_eager")(q)
+    expected, expected_lse = fn(q)
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    torch._dynamo.reset()
+    torch.library.opcheck(torch.ops.attn.sdpa_paged_cascade.default,
+                          (q, k_pages, v_pages, prefix, 10, table, lens, None, None, "bottom_right", -1, -1,
+                           "top_left", 0.0, None, None))
+
+
 def test_export_holds_the_operator():
     q, k, v = (x.detach() for x in make(5))
 
