@@ -123,26 +123,43 @@ def _float_dtype(name, x, like=None, like_dtype=None):
     return dtype
 
 
-def _kv_int8(kind, key, value, k_scale, v_scale, names):
-    """Whether key and value are int8 (an 8-bit KV cache: row j of head h is k_scale[.., h, j] · key[.., h, j, :],
-    likewise for value); then both must be int8 and the scales of the call's kind (their dtype and shape are the
-    library's checks). Otherwise no scale may be given. names: the Python names of key and value."""
+# Quantised K/V by their array dtype: int8 (an 8-bit cache, a float32 scale per row) and uint8 read as packed 4-bit
+# values (a 4-bit cache: two values per byte, value d of a row in the low nibble of byte d / 2 when d is even, the
+# high one when odd, each stored as q + 8 for q in [-8, 7]; a float32 scale per block of 32 values of a row).
+_QUANTISED = {"int8": "int8", "uint8": "int4"}
+
+
+def _kv_quantised(kind, key, value, k_scale, v_scale, names):
+    """The quantised type of key and value ("int8", "int4"), or None for values: an 8-bit KV cache's rows (row j of
+    head h is k_scale[.., h, j] · key[.., h, j, :], likewise for value) or a 4-bit one's (value d of row j is
+    k_scale[.., h, j, d // 32] · its nibble's q); then both must be of that dtype and the scales float32 of the
+    call's kind (their shapes are the library's checks). Otherwise no scale may be given. names: the Python names
+    of key and value."""
     kn, vn = names
     kd, vd = _dtype_name(key), _dtype_name(value)
-    if "int8" not in (kd, vd):
+    if kd not in _QUANTISED and vd not in _QUANTISED:
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             if s is not None:
-                raise TypeError(f"{name}: is set for {kd} {kn}; expected it only with int8 {kn} and {vn}")
-        return False
+                raise TypeError(f"{name}: is set for {kd} {kn}; expected it only with int8 (or packed 4-bit uint8) "
+                                f"{kn} and {vn}")
+        return None
     if kd != vd:
-        name, dtype = (vn, vd) if kd == "int8" else (kn, kd)
-        raise TypeError(f"{name}: dtype {dtype}; expected int8 like {kn if name == vn else vn} (an 8-bit KV cache)")
+        name, dtype = (vn, vd) if kd in _QUANTISED else (kn, kd)
+        like = kd if name == vn else vd
+        raise TypeError(f"{name}: dtype {dtype}; expected {like} like {kn if name == vn else vn} (a "
+                        f"{'4' if like == 'uint8' else '8'}-bit KV cache)")
     for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
         if s is not None:
             _array(name, s, kind, "query")
             if _dtype_name(s) != "float32":
-                raise TypeError(f"{name}: dtype {_dtype_name(s)}; expected float32 (a scale per row of {kn})")
-    return True
+                raise TypeError(f"{name}: dtype {_dtype_name(s)}; expected float32 (a scale per "
+                                f"{'row' if kd == 'int8' else 'block of 32 values of a row'} of {kn})")
+    return _QUANTISED[kd]
+
+
+def _value_dim(v):
+    """Dv of value rows: their last dimension, or twice it for packed 4-bit rows (two values per byte)."""
+    return v.shape[-1] * (2 if _dtype_name(v) == "uint8" else 1)
 
 
 def _rank(name, x, ranks, expected):
@@ -452,6 +469,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     k_scale, v_scale  float32 [B, Hkv, Skv] ([Hkv, Skv] unbatched): with key and value of dtype int8 (an 8-bit KV
                 cache, as attn.KVCache(dtype="int8") stores it), row j of key head h is k_scale[b, h, j] · key[b, h, j, :]
                 and likewise for value; the rows are widened in the kernel's registers (no float copy is made).
+                Or key and value of dtype uint8 [.., Skv, D / 2]: packed 4-bit values (a 4-bit KV cache, as
+                attn.KVCache(dtype="int4") stores it: value d of a row in the low nibble of byte d // 2 when d
+                is even, the high one when odd, each nibble q + 8 for q in [-8, 7]) with scales float32
+                [B, Hkv, Skv, ceil(D / 32)]: value d of row j is k_scale[b, h, j, d // 32] · q.
                 Inference only: no autograd (a torch query that requires grad gets a result that does not) and
                 no torch.compile graph (the call runs eagerly).
 
@@ -468,7 +489,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                     enable_gqa=enable_gqa)
     batched = query.ndim == 4
     q, k, v = (x if batched else _lead1(x) for x in (query, key, value))
-    if c.kind == "torch" and not c.int8_kv and not _ops().direct(q, k, v, c.sinks):
+    if c.kind == "torch" and not c.quant_kv and not _ops().direct(q, k, v, c.sinks):
         # torch.ops.attn.sdpa: one operator for autograd, torch.compile and torch.export (plain eager inference
         # calls the library directly below: the same code without the dispatcher's cost). int8 K/V always runs
         # eagerly: the operators take float K/V.
@@ -500,7 +521,7 @@ def describe_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
     batched = query.ndim == 4
     q, k, v = (x if batched else _lead1(x) for x in (query, key, value))
     b, hq, sq, _ = q.shape
-    out = _empty(c.kind, q, (b, hq, sq, v.shape[-1]))
+    out = _empty(c.kind, q, (b, hq, sq, _value_dim(v)))
     lse = _empty(c.kind, q, (b, hq, sq), "float32") if c.return_lse else None
     return _call(_attn.describe_attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse,
                  c.options())
@@ -527,13 +548,15 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
 
     k_pages and v_pages may instead be int8 with k_scale and v_scale, float32 [P, Hkv, page_size]: an 8-bit
     paged cache (attn.PagedKVCache(dtype="int8")), row s of page p being k_scale[p, h, s] · k_pages[p, h, s, :];
-    the rows are widened in registers, and the call runs eagerly for torch tensors.
+    or packed 4-bit uint8 [P, Hkv, page_size, D / 2] with scales [P, Hkv, page_size, ceil(D / 32)] (as
+    scaled_dot_product_attention's k_scale describes); the rows are widened in registers, and the call runs eagerly
+    for torch tensors.
     """
     c = _check_call(query, k_pages, v_pages, paged=True, attn_mask=attn_mask, is_causal=is_causal,
                     causal_alignment=causal_alignment, scale=scale, window=window, return_lse=return_lse,
                     softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
                     lens=seq_lens, page_table=page_table)
-    if c.kind == "torch" and not c.int8_kv and not _ops().direct(query, k_pages, v_pages):
+    if c.kind == "torch" and not c.quant_kv and not _ops().direct(query, k_pages, v_pages):
         # torch.ops.attn.sdpa_paged, traceable by torch.compile and torch.export
         ops = _ops()
         out, lse = _call(ops.sdpa_paged, query, k_pages, v_pages, *c.op_args(("page_table", "seq_lens")),
@@ -569,7 +592,7 @@ def attention_paged_cascade(query, k_pages, v_pages, prefix_table, prefix_len, p
     table = _on_device(c.kind, query, table)
     if isinstance(prefix_len, (bool, np.bool_)) or not isinstance(prefix_len, (int, np.integer)):
         raise TypeError(f"prefix_len: got {type(prefix_len).__name__}; expected an int >= 0")
-    if c.kind == "torch" and not c.int8_kv and not _ops().direct(query, k_pages, v_pages):
+    if c.kind == "torch" and not c.quant_kv and not _ops().direct(query, k_pages, v_pages):
         ops = _ops()  # torch.ops.attn.sdpa_paged_cascade, traceable by torch.compile and torch.export
         out, lse = _call(ops.sdpa_paged_cascade, query, k_pages, v_pages, _as_tensor(table), int(prefix_len),
                          *c.op_args(("page_table", "seq_lens")), *c.op_args(ops.PAGED_OPTIONS), names=_PAGED_NAMES)
@@ -590,12 +613,13 @@ _PAGED_NAMES = {"q": "query", "mask": "attn_mask"}
 
 
 class _Call:
-    """One attention call after its checks (_check_call): its kind, whether K/V are int8, whether the LSE is wanted,
-    a paged call's page table and sequence lengths, and its options under their binding names (_OPTION_NAMES).
+    """One attention call after its checks (_check_call): its kind, K/V's quantised type (None, "int8" or "int4"),
+    whether the LSE is wanted, a paged call's page table and sequence lengths, and its options under their binding
+    names (_OPTION_NAMES).
     Arrays are of the call's kind (index arguments given as lists are NumPy arrays), and torch tensors stay in
     autograd's graph (sinks may require grad); options() makes the binding's view of them."""
 
-    __slots__ = ("kind", "int8_kv", "return_lse", "page_table", "seq_lens") + _OPTION_NAMES
+    __slots__ = ("kind", "quant_kv", "return_lse", "page_table", "seq_lens") + _OPTION_NAMES
 
     def options(self):
         """The binding's Options for this call (its fields spelled out: this runs on every call)."""
@@ -648,9 +672,9 @@ def _check_call(query, key, value, *, paged=False, attn_mask, is_causal, causal_
     _array(kn, key, kind, "query")
     _array(vn, value, kind, "query")
     qdtype = _float_dtype("query", query)
-    int8_kv = _kv_int8(kind, key, value, k_scale, v_scale, (kn, vn))
-    if int8_kv:
-        kdtype = "int8"
+    quant_kv = _kv_quantised(kind, key, value, k_scale, v_scale, (kn, vn))
+    if quant_kv:
+        kdtype = quant_kv
     elif paged:  # the pages may be of another float dtype than the query
         kdtype = _float_dtype(kn, key)
         _float_dtype(vn, value, kn, kdtype)
@@ -666,7 +690,7 @@ def _check_call(query, key, value, *, paged=False, attn_mask, is_causal, causal_
         for name, x in ((kn, key), (vn, value)):
             _rank(name, x, (query.ndim,), f"rank {query.ndim} like query")
     c = _Call()
-    c.kind, c.int8_kv = kind, int8_kv
+    c.kind, c.quant_kv = kind, quant_kv
     is_causal = _flag("is_causal", is_causal)
     if not paged:
         enable_gqa = _flag("enable_gqa", enable_gqa)
@@ -690,8 +714,10 @@ def _check_call(query, key, value, *, paged=False, attn_mask, is_causal, causal_
     c.softcap = _softcap(softcap)
     c.alibi_slopes = _per_head("alibi_slopes", alibi_slopes, kind, grad_ok=False)
     c.sinks = _per_head("sinks", sinks, kind, grad_ok=not paged)
-    batched = query.ndim == 4  # unbatched [Hkv, Skv] scales go with the unbatched K/V, given a batch of 1
-    c.k_scale, c.v_scale = (s if s is None or batched or s.ndim != 2 else _lead1(s) for s in (k_scale, v_scale))
+    # unbatched scales ([Hkv, Skv], 4-bit [Hkv, Skv, blocks]) go with the unbatched K/V, given a batch of 1
+    batched, unbatched_rank = query.ndim == 4, 3 if quant_kv == "int4" else 2
+    c.k_scale, c.v_scale = (s if s is None or batched or s.ndim != unbatched_rank else _lead1(s)
+                            for s in (k_scale, v_scale))
     c.bf16_bits = kind == "numpy" and "bfloat16" in (qdtype, kdtype)
     return c
 
@@ -699,7 +725,7 @@ def _check_call(query, key, value, *, paged=False, attn_mask, is_causal, causal_
 def _forward(kind, q, k, v, options, want_lse, names=None):
     """out (and lse when wanted, else None) of 4-D q, k, v with the binding's Options, allocated as q's kind."""
     b, hq, sq, _ = q.shape
-    out = _empty(kind, q, (b, hq, sq, v.shape[-1]))
+    out = _empty(kind, q, (b, hq, sq, _value_dim(v)))
     lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
     _call(_attn.attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse, options,
           names=names)
@@ -709,7 +735,7 @@ def _forward(kind, q, k, v, options, want_lse, names=None):
 def _forward_paged(kind, q, k_pages, v_pages, page_table, seq_lens, options, want_lse, names=_PAGED_NAMES):
     """attention_paged's out (and lse when wanted, else None) with the binding's Options, allocated as q's kind."""
     b, hq, sq, _ = q.shape
-    out = _empty(kind, q, (b, hq, sq, v_pages.shape[-1]))
+    out = _empty(kind, q, (b, hq, sq, _value_dim(v_pages)))
     lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
     _call(_attn.attention_paged, _for_binding(q), _for_binding(k_pages), _for_binding(v_pages),
           _for_binding(page_table), _for_binding(seq_lens), _for_binding(out), lse, options, names=names)
@@ -720,7 +746,7 @@ def _forward_paged_cascade(kind, q, k_pages, v_pages, prefix_table, prefix_len, 
                            want_lse, names=_PAGED_NAMES):
     """attention_paged_cascade's out (and lse when wanted, else None), allocated as q's kind."""
     b, hq, sq, _ = q.shape
-    out = _empty(kind, q, (b, hq, sq, v_pages.shape[-1]))
+    out = _empty(kind, q, (b, hq, sq, _value_dim(v_pages)))
     lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
     _call(_attn.attention_paged_cascade, _for_binding(q), _for_binding(k_pages), _for_binding(v_pages),
           _for_binding(prefix_table), prefix_len, _for_binding(page_table), _for_binding(seq_lens),

@@ -66,6 +66,9 @@ attn::DType to_dtype(const std::string& name, nb::dlpack::dtype dt, bool bf16_bi
       case Code::Bool:
         if (dt.bits == 8) return attn::DType::boolean;
         break;
+      case Code::UInt:
+        if (dt.bits == 8) return attn::DType::i4;  // packed 4-bit K/V, two values per byte (to_view)
+        break;
       case Code::Int:
         if (dt.bits == 8) return attn::DType::i8;  // 8-bit K/V (with k_scale and v_scale)
         if (dt.bits == 32) return attn::DType::i32;
@@ -75,7 +78,8 @@ attn::DType to_dtype(const std::string& name, nb::dlpack::dtype dt, bool bf16_bi
     }
   }
   throw nb::type_error((name + ": dtype " + dlpack_name(dt) +
-                        " is not one attn handles; expected float32, bfloat16, float16, bool, int8, int32 or int64")
+                        " is not one attn handles; expected float32, bfloat16, float16, bool, int8, uint8 (packed "
+                        "4-bit values), int32 or int64")
                            .c_str());
 }
 
@@ -100,6 +104,15 @@ attn::TensorView to_view(const std::string& name, const Array& a, bool bf16_bits
   for (int d = 0; d < t.rank; ++d) {
     t.shape[d] = static_cast<std::int64_t>(a.shape(d));
     t.strides[d] = a.stride(d);
+  }
+  if (t.dtype == attn::DType::i4) {  // bytes of two values each: the view counts values (attn/tensor.h)
+    const int last = t.rank - 1;
+    if (t.shape[last] > 1 && t.strides[last] != 1)
+      throw nb::value_error((name + ": stride " + std::to_string(t.strides[last]) +
+                             " along its last dimension; expected 1 (packed 4-bit values, two per byte)").c_str());
+    for (int d = 0; d < last; ++d) t.strides[d] *= 2;
+    t.shape[last] *= 2;
+    t.strides[last] = 1;
   }
   return t;
 }

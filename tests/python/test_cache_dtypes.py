@@ -157,7 +157,8 @@ def test_int8_kv_errors_name_the_parameter():
         sdpa(q, k8, v8, v_scale=vs)
     with pytest.raises(TypeError, match="^value: dtype float32; expected int8 like key"):
         sdpa(q, k8, v8.astype(np.float32), k_scale=ks, v_scale=vs)
-    with pytest.raises(TypeError, match="^k_scale: is set for float32 key; expected it only with int8 key and value"):
+    with pytest.raises(TypeError, match=r"^k_scale: is set for float32 key; expected it only with int8 \(or packed "
+                                        r"4-bit uint8\) key and value"):
         sdpa(q, k8.astype(np.float32), v8.astype(np.float32), k_scale=ks)
     with pytest.raises(TypeError, match="^v_scale: dtype float16; expected float32"):
         sdpa(q, k8, v8, k_scale=ks, v_scale=vs.astype(np.float16))
@@ -165,3 +166,83 @@ def test_int8_kv_errors_name_the_parameter():
         sdpa(q, k8, v8, k_scale=ks[:, :, :4], v_scale=vs)
     with pytest.raises(TypeError, match="^query: dtype int8"):
         sdpa(k8, k8, v8, k_scale=ks, v_scale=vs)
+
+
+# ---- 4-bit K/V as inputs: uint8 arrays of packed values, a scale per 32 values of a row -------------------------
+
+def quantise4(x):
+    """x [..., S, D] (D even) as the 4-bit caches store it: a scale per block of 32 values of a row (max |x| / 7),
+    q = round(x / scale) in [-7, 7], packed two per byte (value 2i in the low nibble of byte i, 2i + 1 in the high
+    one, each as q + 8). Returns (uint8 [..., S, D / 2], float32 scales [..., S, ceil(D / 32)], the exact values)."""
+    d = x.shape[-1]
+    nb = -(-d // 32)
+    padded = np.zeros(x.shape[:-1] + (nb * 32,), np.float32)
+    padded[..., :d] = x
+    blocks = padded.reshape(x.shape[:-1] + (nb, 32))
+    scale = (np.abs(blocks).max(-1) / 7).astype(np.float32)
+    safe = np.where(scale > 0, scale, 1).astype(np.float32)
+    q = np.clip(np.rint(blocks / safe[..., None]), -7, 7).astype(np.int64).reshape(padded.shape)[..., :d]
+    nibbles = (q + 8).astype(np.uint8)
+    packed = (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).astype(np.uint8)
+    exact = q * np.repeat(scale.astype(np.float64), 32, axis=-1)[..., :d]
+    return packed, scale, exact
+
+
+@pytest.mark.parametrize("sq,causal,d", [(1, False, 64), (7, True, 40), (113, False, 80)])
+def test_sdpa_int4_kv_matches_fp64_on_the_dequantised_values(sq, causal, d):
+    """Packed 4-bit rows (uint8) with their block scales are exact inputs: the result is fp32 attention over
+    scale · q, to fp32 rounding; NumPy and torch give the same bits."""
+    rng = np.random.default_rng(40 + sq)
+    b, hq, hkv, skv = 2, 4, 2, 203
+    q = uniform(rng, (b, hq, sq, d), amp=2.0)
+    k4, ks, k_exact = quantise4(uniform(rng, (b, hkv, skv, d), amp=2.0))
+    v4, vs, v_exact = quantise4(uniform(rng, (b, hkv, skv, d)))
+    out = attn.scaled_dot_product_attention(q, k4, v4, is_causal=causal, enable_gqa=True,
+                                            causal_alignment="bottom_right", k_scale=ks, v_scale=vs)
+    assert out.dtype == np.float32 and out.shape == (b, hq, sq, d)
+    exact = exact_attention(q, k_exact, v_exact, causal)
+    assert np.isfinite(out).all()
+    assert np.abs(out - exact).max() <= 1e-5 * np.abs(exact).max()
+    unbatched = attn.scaled_dot_product_attention(q[1], k4[1], v4[1], is_causal=causal, enable_gqa=True,
+                                                  causal_alignment="bottom_right", k_scale=ks[1], v_scale=vs[1])
+    assert np.array_equal(unbatched, out[1])
+    torch = pytest.importorskip("torch")
+    t = attn.scaled_dot_product_attention(*(torch.from_numpy(x) for x in (q, k4, v4)), is_causal=causal,
+                                          enable_gqa=True, causal_alignment="bottom_right",
+                                          k_scale=torch.from_numpy(ks), v_scale=torch.from_numpy(vs))
+    assert np.array_equal(t.numpy(), out)
+
+
+def test_attention_paged_int4_matches_the_contiguous_call():
+    rng = np.random.default_rng(41)
+    hq, hkv, d, page, pages = 4, 2, 48, 4, 12
+    k4, ks, _ = quantise4(uniform(rng, (pages, hkv, page, d), amp=2.0))
+    v4, vs, _ = quantise4(uniform(rng, (pages, hkv, page, d)))
+    table = np.array([[3, 7, 1], [10, 0, 5]], np.int32)
+    lens = np.array([11, 9], np.int32)
+    q = uniform(rng, (2, hq, 1, d))
+    out = attn.attention_paged(q, k4, v4, table, lens, k_scale=ks, v_scale=vs)
+    assert out.shape == (2, hq, 1, d)
+    for b in range(2):
+        rows = lambda x: np.concatenate([x[p].swapaxes(0, 1) for p in table[b]])[:lens[b]].swapaxes(0, 1)[None]
+        want = attn.scaled_dot_product_attention(q[b:b + 1], rows(k4), rows(v4), enable_gqa=True, k_scale=rows(ks),
+                                                 v_scale=rows(vs))
+        assert np.array_equal(out[b:b + 1], want)
+
+
+def test_int4_kv_errors_name_the_parameter():
+    rng = np.random.default_rng(2)
+    q = uniform(rng, (1, 2, 3, 64))
+    k4, ks, _ = quantise4(uniform(rng, (1, 2, 5, 64)))
+    v4, vs, _ = quantise4(uniform(rng, (1, 2, 5, 64)))
+    sdpa = attn.scaled_dot_product_attention
+    with pytest.raises(TypeError, match="^value: dtype int8; expected uint8 like key"):
+        sdpa(q, k4, v4.view(np.int8), k_scale=ks, v_scale=vs)
+    with pytest.raises(ValueError, match="^k_scale: "):  # one scale per row is the 8-bit cache's layout
+        sdpa(q, k4, v4, k_scale=ks[..., 0], v_scale=vs)
+    with pytest.raises(ValueError, match="^key: stride 2 along its last dimension"):
+        wide = np.zeros(k4.shape[:-1] + (64,), np.uint8)
+        wide[..., ::2] = k4
+        sdpa(q, wide[..., ::2], v4, k_scale=ks, v_scale=vs)
+    with pytest.raises(ValueError, match="^key: "):  # 2 x 16 bytes = 32 values for a query of 64
+        sdpa(q, k4[..., :16], v4, k_scale=ks[..., :1], v_scale=vs)
