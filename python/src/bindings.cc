@@ -411,6 +411,10 @@ attn::Rotary rotary_of(const In& cos, const In& sin, bool interleaved) {
 NB_MODULE(_attn, m) {
   m.doc() = "attn's C++ entry points over strided arrays (use the attn package, not this module)";
   m.attr("__version__") = ATTN_VERSION;
+  // A module, cache or options object can stay referenced until the interpreter's end by caches that outlive the
+  // module's teardown (torch.compile's guards hold the objects a traced function saw), which nanobind would report
+  // as "leaked instances" at exit: not leaks of attn's, so not reported.
+  nb::set_leak_warnings(false);
   nb::class_<Options>(m, "Options", "The options of one call (attn::Params and bf16_bits); see attn.functional.")
       .def("__init__",
            [](Options* self, std::optional<In> mask, std::optional<In> kv_lens, std::optional<double> scale,
