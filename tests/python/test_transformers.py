@@ -216,6 +216,52 @@ def test_growing_kv_cache_equals_the_default_cache():
         assert torch.equal(torch.stack(outs[0].logits), torch.stack(outs[1].logits)), implementation
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_caches_follow_beams_batch_edits_and_crops(int8):
+    """The growing caches' buffers follow what generate does to a cache besides appending: beam search's reordering,
+    batch selection and repetition, and assisted decoding's crop (the next update writes after the kept rows)."""
+    cache = attn_hf.Int8KVCache() if int8 else attn_hf.GrowingKVCache()
+    rows = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 2, 4, 8).contiguous() + 1  # batch row b holds b + 1
+    cache.update(rows, rows, 0)
+    cache.update(rows[:, :, :1], rows[:, :, :1], 0)  # (int8: the rows read back as stored from here)
+    cache.reorder_cache(torch.tensor([2, 2, 0]))
+    keys, _ = cache.update(rows[:, :, :1] * 0, rows[:, :, :1] * 0, 0)
+    got = keys.float() * keys._attn_scale[..., None] if int8 else keys
+    assert [got[b, 0, :5, 0].tolist() for b in range(3)] == [[3.0] * 5, [3.0] * 5, [1.0] * 5]
+    assert got[:, :, 5].abs().max() == 0 and cache.get_seq_length() == 6
+    cache.crop(-2)
+    assert cache.get_seq_length() == 4
+    keys, _ = cache.update(rows[:, :, :1] * 7, rows[:, :, :1] * 7, 0)
+    assert keys.shape[2] == 5
+    cache.crop(0)
+    assert cache.get_seq_length() == 5
+    with pytest.raises(ValueError):
+        cache.crop(2)
+    cache.batch_select_indices(torch.tensor([2]))
+    cache.batch_repeat_interleave(2)
+    keys, _ = cache.update(rows[:2, :, :1], rows[:2, :, :1], 0)
+    got = keys.float() * keys._attn_scale[..., None] if int8 else keys
+    assert keys.shape[:3] == (2, 2, 6) and got[:, 0, :4, 0].eq(1.0).all()
+
+
+@pytest.mark.parametrize("mode", ["beams", "prompt_lookup"])
+def test_growing_kv_cache_in_beam_search_and_assisted_decoding(mode):
+    """generate's beam search and prompt-lookup decoding with GrowingKVCache: the tokens of the default cache."""
+    model = decoder("llama", seed=5)
+    model.set_attn_implementation("attn")
+    g = torch.Generator().manual_seed(9)
+    head = torch.randint(3, 97, (4,), generator=g)
+    ids = torch.cat([head, torch.randint(3, 97, (3,), generator=g), head[:2]]).view(1, -1)  # a repeated n-gram
+    extra = dict(num_beams=2) if mode == "beams" else dict(prompt_lookup_num_tokens=2, max_matching_ngram_size=1)
+    outs = []
+    for cache in (None, attn_hf.GrowingKVCache()):
+        with torch.no_grad():
+            outs.append(model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=24,
+                                       min_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=None,
+                                       past_key_values=cache, **extra))
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_decoder_training_gradients_equal_eager():
     """A training step (causal, padding, GQA) through attn's backward: parameter gradients as eager's."""
     model = decoder("llama", seed=4)

@@ -38,6 +38,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     """transformers' attention-function signature: query [B, Hq, Sq, D], key/value [B, Hkv, Skv, D], attention_mask
     None, bool (True = attend) or float (added), broadcastable to [B, 1 or Hq, Sq, Skv]. Returns
     (out [B, Sq, Hq, Dv], None): attn computes no attention weights (output_attentions needs "eager")."""
+    if kwargs.get("output_attentions", False):
+        _warn_once("attn: attn_implementation='attn' computes no attention weights, so output_attentions=True "
+                   "returns none; use attn_implementation='eager' for them")
     q_length = query.shape[2]
     if query.shape[0] != key.shape[0]:  # learned queries of batch 1 against a batch of keys (as SDPA broadcasts)
         query = query.expand(key.shape[0], *query.shape[1:])
@@ -73,6 +76,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         is_causal=causal, scale=scaling, enable_gqa=query.shape[1] != key.shape[1], causal_alignment="bottom_right",
         window=window, softcap=float(softcap) if softcap else 0.0, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
     return out.transpose(1, 2).contiguous(), None
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(message):
+    from transformers.utils import logging
+    logging.get_logger(__name__).warning(message)
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,11 +136,53 @@ def _layer_class(int8):
             else:
                 self._k[:, :, self._len:end], self._v[:, :, self._len:end] = key_states, value_states
             self._len = end
-            keys, values = self._k[:, :, :end], self._v[:, :, :end]
-            if int8:
-                keys._attn_scale, values._attn_scale = self._ks[:, :, :end], self._vs[:, :, :end]
-            self.keys, self.values = keys, values  # (the sequence length transformers reads from them)
+            keys, values = self._views()
             return (key_states, value_states) if first and int8 else (keys, values)
+
+        def _views(self):
+            """self.keys, self.values: the rows so far (the sequence length transformers reads from them), views of
+            the buffers (int8: each carrying its scales)."""
+            keys, values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+            if int8:
+                keys._attn_scale, values._attn_scale = self._ks[:, :, :self._len], self._vs[:, :, :self._len]
+            self.keys, self.values = keys, values
+            return keys, values
+
+        def _buffers_by_batch(self, fn):
+            """Every buffer (K, V and int8 scales) replaced by fn(buffer) along the batch dimension (beam search's
+            reordering, batch selection and repetition): the next update writes into the new ones."""
+            if not self.is_initialized or self._k is None:
+                return
+            self._k, self._v = fn(self._k), fn(self._v)
+            if int8:
+                self._ks, self._vs = fn(self._ks), fn(self._vs)
+            self._views()
+
+        def reorder_cache(self, beam_idx):
+            self._buffers_by_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+        def batch_select_indices(self, indices):
+            self._buffers_by_batch(lambda t: t[indices.to(t.device) if torch.is_tensor(indices) else indices])
+
+        def batch_repeat_interleave(self, repeats):
+            self._buffers_by_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+        def crop(self, tokens_to_remove):
+            """Drops the last -tokens_to_remove tokens (assisted decoding's rejected ones), as DynamicLayer.crop."""
+            if tokens_to_remove > 0:
+                raise ValueError(f"tokens_to_remove: {tokens_to_remove}; expected a negative number of tokens to "
+                                 "remove (or 0)")
+            if tokens_to_remove == 0 or not self.is_initialized or self._k is None:
+                return
+            self._len = max(self._len + tokens_to_remove, 0)
+            self._views()
+
+        def offload(self):
+            self._buffers_by_batch(lambda t: t.to("cpu", non_blocking=True))
+
+        def prefetch(self):
+            if self.is_initialized and self._k is not None and self._k.device != self.device:
+                self._buffers_by_batch(lambda t: t.to(self.device, non_blocking=True))
 
         def reset(self):
             self._len = 0
