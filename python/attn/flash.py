@@ -403,8 +403,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                 pos = lens_t[:, None] + torch.arange(new, device=k_cache.device)  # [batch, seqlen_new]
                 if paged:
                     page = k_cache.shape[1]
-                    where = (torch.gather(block_table.to(device=k_cache.device, dtype=torch.int64), 1, pos // page),
-                          pos % page)
+                    pages = torch.gather(block_table.to(device=k_cache.device, dtype=torch.int64), 1, pos // page)
+                    where = (pages, pos % page)
                 else:
                     where = (torch.arange(batch, device=k_cache.device)[:, None].expand(batch, new), pos)
                 k_cache.index_put_(where, k)
