@@ -773,6 +773,24 @@ TEST_F(CliTest, RingPlanNumbersFollowTheCostModel) {
   EXPECT_TRUE(near(value(hosts, ""), S / c_star, 0.005)) << r.out;
 }
 
+// Bad ring-plan input: one error line naming the option, nothing on stdout (every pair checked before the table).
+TEST_F(CliTest, RingPlanRefusesBadInputBeforePrinting) {
+  for (const auto& [args, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--rate", "0"}, "--rate: 0;"},
+           {{"--rate", "-5"}, "--rate: -5;"},
+           {{"--rate", "nan"}, "--rate: nan;"},
+           {{"--rate", "5", "--measure-rate"}, "--rate: given with --measure-rate"},
+           {{"--seq", "10", "--hosts", "4,20"}, "--hosts: 20 for 10 tokens"},
+           {{"--seq", "99999999999999999"}, "--seq: 99999999999999999; expected at most 2^53"},
+           {{"--bandwidth", "0"}, "--bandwidth: "},
+           {{"--kv-heads", "3"}, "--kv-heads: 3"}}) {
+    std::vector<std::string> all{"ring-plan"};
+    all.insert(all.end(), args.begin(), args.end());
+    expect_error(all, needle);
+    EXPECT_EQ(cli(all).out, "") << needle;
+  }
+}
+
 TEST_F(CliTest, CliRunScoreVariantsAndDropout) {
   write_qkv({});
   const Dims& d = dims_;

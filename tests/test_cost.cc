@@ -139,6 +139,8 @@ TEST(RingPlan, BadInputNamesTheField) {
   EXPECT_NE(plan_ring(in, &p).message().find("bandwidth_gbit"), std::string::npos);
   in.bandwidth_gbit = 100, in.hosts = 0;
   EXPECT_NE(plan_ring(in, &p).message().find("hosts"), std::string::npos);
+  in.hosts = 1001;  // more hosts than tokens
+  EXPECT_EQ(plan_ring(in, &p).message().rfind("hosts: 1001 for 1000 tokens", 0), 0u) << plan_ring(in, &p).message();
 }
 
 // Ulysses and the hybrid (attn/ring_plan.h) against the formulas written out: 4,096 tokens on 8 hosts over 1 Gbit/s

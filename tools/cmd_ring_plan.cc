@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -24,7 +25,8 @@ struct RingPlanArgs {
   std::int64_t batch = 1, heads = 32, kv_heads = 8, head_dim = 128;
   std::string dtype = "bf16";
   bool no_causal = false;
-  double bandwidth = 100, latency = 5, rate = 0;
+  double bandwidth = 100, latency = 5;
+  std::optional<double> rate;  // not given: 1000, or measured with --measure-rate
   bool measure_rate = false;
 };
 
@@ -73,6 +75,19 @@ Status measure_rate(const RingPlanArgs& a, double* gflops) {
   return Status::Ok();
 }
 
+// plan_ring's parameter names as this command's options.
+Status as_options(const Status& status) {
+  static const std::pair<const char*, const char*> kOptions[] = {
+      {"seq", "--seq"},         {"hosts", "--hosts"},   {"batch", "--batch"},
+      {"heads", "--heads"},     {"kv_heads", "--kv-heads"}, {"head_dim", "--head-dim"},
+      {"bandwidth_gbit", "--bandwidth"}, {"latency_us", "--latency"}, {"rate_gflops", "--rate"}};
+  for (const auto& [param, option] : kOptions) {
+    const std::string prefix = std::string(param) + ": ";
+    if (status.message().rfind(prefix, 0) == 0) return Status::Invalid(option, status.message().substr(prefix.size()));
+  }
+  return status;
+}
+
 Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
   RingPlanInput in;
   in.batch = a.batch, in.heads = a.heads, in.kv_heads = a.kv_heads, in.head_dim = a.head_dim;
@@ -82,15 +97,32 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
   else if (a.dtype == "fp8" || a.dtype == "int8") in.bytes_per_element = 1;
   else return Status::Invalid("--dtype", "'" + a.dtype + "'; expected bf16, f16, f32, fp8 or int8");
   in.bandwidth_gbit = a.bandwidth, in.latency_us = a.latency;
-  double rate = a.rate;
-  std::string rate_note = "given";
+  if (a.rate && a.measure_rate)
+    return Status::Invalid("--rate", "given with --measure-rate; expected one of them (or neither: 1000 GFLOP/s)");
+  if (a.rate && !(std::isfinite(*a.rate) && *a.rate >= 1e-3)) {
+    char given[32];
+    std::snprintf(given, sizeof given, "%g", *a.rate);
+    return Status::Invalid("--rate", std::string(given) + "; expected a finite GFLOP/s >= 0.001");
+  }
+  for (const auto& [name, list] : {std::pair{"--seq", &a.seq}, {"--hosts", &a.hosts}}) {
+    if (list->empty()) return Status::Invalid(name, "empty; expected one or more counts");
+    for (std::int64_t n : *list)  // (past 2^53 a count is no longer exact as the model's doubles)
+      if (n > (std::int64_t{1} << 53))
+        return Status::Invalid(name, std::to_string(n) + "; expected at most 2^53");
+  }
+  double rate = a.rate.value_or(1000);
+  std::string rate_note = a.rate ? "given" : "default (pass --rate or --measure-rate)";
   if (a.measure_rate) {
     if (Status s = measure_rate(a, &rate); !s) return s;
     rate_note = "measured here: one bf16 attention() call, 2048 tokens";
-  } else if (!(rate > 0)) {
-    rate = 1000, rate_note = "default (pass --rate or --measure-rate)";
   }
   in.rate_gflops = rate;
+  for (std::int64_t S : a.seq)  // every pair checked before anything is printed
+    for (std::int64_t P : a.hosts) {
+      in.seq = S, in.hosts = P;
+      RingPlan p;
+      if (Status s = plan_ring(in, &p); !s) return as_options(s);
+    }
   char line[512];
   std::snprintf(line, sizeof line,
                 "ring attention plan: B=%lld Hq=%lld Hkv=%lld D=%lld, %s K/V, %s; links %.0f Gbit/s, %.1f us; "
@@ -107,7 +139,7 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
     for (std::int64_t P : a.hosts) {
       in.seq = S, in.hosts = P;
       RingPlan p;
-      if (Status s = plan_ring(in, &p); !s) return with_option_names(s);
+      if (Status s = plan_ring(in, &p); !s) return as_options(s);
       first = p;
       std::snprintf(line, sizeof line, "%9s %6lld %12s %13s %14s %15s %15s %6.1f%% %7.1fx %12s %19s %10s  %s\n",
                     human_count(static_cast<double>(S)).c_str(), static_cast<long long>(P),

@@ -17,9 +17,11 @@ the C++ attn::dist::ring_attention (attn/dist.h), written here over Python commu
 mpirun and torchrun alike; the local blocks run in attn's kernels (fp32 accumulation: bf16/f16 slices are widened
 once per block, and the output and gradients rounded once at the end).
 
-Every rank must call with the same B, heads, head dims, dtype and options. Before any compute the ranks agree on all
-of it (one allgather): a rank whose arguments are invalid, or disagree with the others', makes every rank raise the
-same error, naming the rank and the parameter; nothing hangs.
+Every rank must call with the same B, heads, head dims, dtype and options, and record autograd (inputs that require
+grad, grad mode on) on every rank or on none. Before any compute the ranks agree on all of it (one allgather): a
+rank whose arguments are invalid (threads included), or disagree with the others', makes every rank raise the same
+error, naming the rank and the parameter; nothing hangs. (Only a `comm` that is no communicator fails on its rank
+alone: there is nothing to agree through.)
 """
 
 import numpy as np
@@ -196,6 +198,8 @@ class _Plan:
         desc, error = {}, None
         try:
             _layout(layout)
+            if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+                raise ValueError(f"threads: {threads!r}; expected an int >= 0")
             for name, x in (("q", q), ("k", k), ("v", v)):
                 if not isinstance(x, torch.Tensor):
                     raise TypeError(f"{name}: {type(x).__name__}; expected a torch tensor")
@@ -217,9 +221,11 @@ class _Plan:
                                  "self-attention slices (the same positions)")
             if scale is not None and not (isinstance(scale, (int, float)) and np.isfinite(scale) and scale > 0):
                 raise ValueError(f"scale: {scale!r}; expected a finite float > 0 or None")
+            # grad: whether this call records autograd (every rank must: the ring backward is collective)
+            grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
             desc = dict(B=int(q.shape[0]), Hq=int(q.shape[1]), Hkv=int(k.shape[1]), Dk=int(q.shape[3]),
                         Dv=int(v.shape[3]), dtype=str(q.dtype), causal=bool(causal), layout=layout,
-                        scale=None if scale is None else float(scale))
+                        scale=None if scale is None else float(scale), autograd=grad)
         except (TypeError, ValueError) as e:
             error = f"{type(e).__name__}: {e}"
         mine = dict(desc=desc, sq=int(q.shape[2]) if error is None else 0, skv=int(k.shape[2]) if error is None else 0,
@@ -241,12 +247,10 @@ class _Plan:
         self.sq, self.skv, self.total_q, self.total_kv = sq, skv, sum(sq), sum(skv)
         if layout == "zigzag":
             for name, lens, total in (("q", sq, self.total_q), ("k", skv, self.total_kv)):
-                for r, n in enumerate(lens):
-                    want = sum(m for _, m in slice_segments(layout, total, self.ranks, r))
-                    if n != want:
-                        raise ValueError(f"rank {r}: {name} holds {n} positions; the zigzag layout of {total} over "
-                                         f"{self.ranks} ranks gives it {want} (attn.dist.scatter_sequence makes the "
-                                         "slices)")
+                want = [sum(m for _, m in slice_segments(layout, total, self.ranks, r)) for r in range(self.ranks)]
+                if lens != want:  # (the total is the ranks' sum, so no one rank is the wrong one: all are named)
+                    raise ValueError(f"{name}: the ranks hold {lens} positions; the zigzag layout of their {total} over "
+                                     f"{self.ranks} ranks gives {want} (attn.dist.scatter_sequence makes the slices)")
             self.qsegs = [slice_segments(layout, self.total_q, self.ranks, r) for r in range(self.ranks)]
             self.ksegs = [slice_segments(layout, self.total_kv, self.ranks, r) for r in range(self.ranks)]
         else:  # contiguous: slices in rank order, any lengths
@@ -413,12 +417,9 @@ def ring_attention(q, k, v, comm=None, *, causal=False, scale=None, layout="zigz
     v requires grad, the result carries autograd: its backward runs the ring backward (the gradients of this rank's
     slices). Every rank must call it, with the same shapes apart from the sequence and the same options.
     """
-    torch = _torch()
     c = _comm(comm)
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
-        raise ValueError(f"threads: {threads!r}; expected an int >= 0")
     plan = _Plan(c, q, k, v, causal, scale, layout, threads)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+    if plan.autograd:
         out, lse = _function().apply(q, k, v, plan, c)
     else:
         out32, lse = _ring_forward(plan, c, q, k, v)
@@ -535,8 +536,6 @@ def ulysses_attention(q, k, v, comm=None, *, causal=False, scale=None, layout="z
     network once each instead of K and V P - 1 times: attn ring-plan says which is faster for a given link."""
     from .functional import scaled_dot_product_attention
     c = _comm(comm)
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
-        raise ValueError(f"threads: {threads!r}; expected an int >= 0")
     plan = _UlyssesPlan(c, q, k, v, causal, scale, layout, threads)
     b = plan.base
     to_heads, to_seq = _ulysses_functions()

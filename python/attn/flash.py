@@ -97,6 +97,8 @@ def _attn_probs(q, k, dropout_p, softmax_scale, causal, window_size, softcap, al
     the position). Costs O(seqlen_q · seqlen_k²) per head: for tests and small inputs."""
     torch = _torch()
     b, sk, hk = k.shape[0], k.shape[1], k.shape[2]
+    if sk == 0:  # no keys: no weights (the identity below would be a V of head dim 0)
+        return q.new_zeros((b, q.shape[2], q.shape[1], 0))
     # v[b, j, h, :] = e_j, no copy
     eye = torch.eye(sk, dtype=q.dtype, device=q.device)[None, :, None, :].expand(b, sk, hk, sk)
     with torch.no_grad():

@@ -15,6 +15,9 @@ Status plan_ring(const RingPlanInput& in, RingPlan* plan) {
   };
   if (in.seq < 1) return Status::Invalid("seq", std::to_string(in.seq) + "; expected >= 1");
   if (in.hosts < 1) return Status::Invalid("hosts", std::to_string(in.hosts) + "; expected >= 1");
+  if (in.hosts > in.seq)
+    return Status::Invalid("hosts", std::to_string(in.hosts) + " for " + std::to_string(in.seq) +
+                                        " tokens; expected at most one host per token");
   if (in.batch < 1) return Status::Invalid("batch", std::to_string(in.batch) + "; expected >= 1");
   if (in.heads < 1) return Status::Invalid("heads", std::to_string(in.heads) + "; expected >= 1");
   if (in.kv_heads < 1 || in.heads % in.kv_heads)

@@ -95,16 +95,21 @@ def run_case(comm, launcher, rank, world, case, fn=ad.ring_attention):
 
 
 def check_disagreement(comm, rank, world):
-    """Rank 1 passes a different head dimension: every rank raises a ValueError naming rank 1."""
-    q = torch.rand(1, 2, 8, 16)
-    k = torch.rand(1, 2, 8, 24 if rank == 1 else 16)
-    try:
-        ad.ring_attention(q, k, k, comm, layout="contiguous")
-    except ValueError as e:
-        if "rank 1" in str(e):
-            return []
-        return [f"disagreement: rank {rank} raised {e!r}; expected it to name rank 1"]
-    return [f"disagreement: rank {rank} raised nothing"]
+    """Rank 1 passes a different head dimension, a bad thread count, or inputs that require grad where the others'
+    do not: every rank raises a ValueError naming rank 1 (none waits forever for it)."""
+    bad = []
+    for what in ("head dim", "threads", "autograd"):
+        q = torch.rand(1, 2, 8, 16)
+        k = torch.rand(1, 2, 8, 24 if rank == 1 and what == "head dim" else 16)
+        if what == "autograd" and rank == 1:
+            q.requires_grad_()
+        try:
+            ad.ring_attention(q, k, k, comm, layout="contiguous", threads=-1 if rank == 1 and what == "threads" else 0)
+            bad.append(f"disagreement ({what}): rank {rank} raised nothing")
+        except ValueError as e:
+            if "rank 1" not in str(e):
+                bad.append(f"disagreement ({what}): rank {rank} raised {e!r}; expected it to name rank 1")
+    return bad
 
 
 def main():

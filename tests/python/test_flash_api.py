@@ -395,3 +395,11 @@ def test_kvcache_bad_input_writes_nothing(paged):
         assert torch.equal(k_cache, k0) and torch.equal(v_cache, v0), f"{match}: the cache changed"
     call(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, **table)  # and a good call still appends
     assert not torch.equal(k_cache, k0)
+
+
+def test_attn_probs_without_keys():
+    """return_attn_probs with seqlen_k = 0: out 0, lse +inf and an empty S_dmask [batch, nheads, seqlen_q, 0]."""
+    q, k = torch.randn(1, 3, 2, 8), torch.randn(1, 0, 2, 8)
+    out, lse, probs = attn.flash_attn_func(q, k, k, return_attn_probs=True)
+    assert torch.equal(out, torch.zeros_like(q)) and torch.isinf(lse).all() and (lse > 0).all()
+    assert probs.shape == (1, 2, 3, 0)
