@@ -401,9 +401,12 @@ void unlocked(Fn&& fn) {
   check(s);
 }
 
-// The rotary tables of a cache append or a cached forward (both given, checked by the library).
-attn::Rotary rotary_of(const In& cos, const In& sin, bool interleaved) {
-  return {to_view("rotary.cos", cos), to_view("rotary.sin", sin), interleaved};
+// The rotary tables of a cache append or a cached forward: none, or both (their shapes checked by the library).
+std::optional<attn::Rotary> rotary_of(const std::optional<In>& cos, const std::optional<In>& sin, bool interleaved) {
+  if (!cos && !sin) return std::nullopt;
+  if (!cos || !sin)
+    throw nb::value_error("rotary.cos: rotary.cos and rotary.sin come together; expected both or neither");
+  return attn::Rotary{to_view("rotary.cos", *cos), to_view("rotary.sin", *sin), interleaved};
 }
 
 }  // namespace
@@ -537,9 +540,8 @@ NB_MODULE(_attn, m) {
       .def("forward_cached", [](const attn::MultiHeadAttention& a, const In& x, attn::KVCache& cache, const Out& out,
                                 const std::optional<In>& cos, const std::optional<In>& sin, bool interleaved) {
         const attn::TensorView xv = to_view("x", x), ov = to_view("out", out);
-        if (!cos) return unlocked([&] { return a.forward_cached(xv, cache, ov); });
-        const attn::Rotary r = rotary_of(*cos, *sin, interleaved);
-        unlocked([&] { return a.forward_cached(xv, cache, ov, r); });
+        const std::optional<attn::Rotary> r = rotary_of(cos, sin, interleaved);
+        unlocked([&] { return r ? a.forward_cached(xv, cache, ov, *r) : a.forward_cached(xv, cache, ov); });
       }, nb::arg("x"), nb::arg("cache"), nb::arg("out"), nb::arg("cos").none() = nb::none(),
          nb::arg("sin").none() = nb::none(), nb::arg("interleaved") = false);
 
@@ -565,9 +567,8 @@ NB_MODULE(_attn, m) {
       .def("append", [](attn::KVCache& c, const In& k, const In& v, const std::optional<In>& cos,
                         const std::optional<In>& sin, bool interleaved) {
         const attn::TensorView kv = to_view("k", k), vv = to_view("v", v);
-        if (!cos) return unlocked([&] { return c.append(kv, vv); });
-        const attn::Rotary r = rotary_of(*cos, *sin, interleaved);
-        unlocked([&] { return c.append(kv, vv, r); });
+        const std::optional<attn::Rotary> r = rotary_of(cos, sin, interleaved);
+        unlocked([&] { return r ? c.append(kv, vv, *r) : c.append(kv, vv); });
       }, nb::arg("k"), nb::arg("v"), nb::arg("cos").none() = nb::none(), nb::arg("sin").none() = nb::none(),
          nb::arg("interleaved") = false)
       .def("attend", [](const attn::KVCache& c, const In& q, const Out& out, const std::optional<Out>& lse) {
@@ -602,9 +603,8 @@ NB_MODULE(_attn, m) {
       .def("append", [](attn::PagedKVCache& c, std::int64_t id, const In& k, const In& v, const std::optional<In>& cos,
                         const std::optional<In>& sin, bool interleaved) {
         const attn::TensorView kv = to_view("k", k), vv = to_view("v", v);
-        if (!cos) return unlocked([&] { return c.append(id, kv, vv); });
-        const attn::Rotary r = rotary_of(*cos, *sin, interleaved);
-        unlocked([&] { return c.append(id, kv, vv, r); });
+        const std::optional<attn::Rotary> r = rotary_of(cos, sin, interleaved);
+        unlocked([&] { return r ? c.append(id, kv, vv, *r) : c.append(id, kv, vv); });
       }, nb::arg("id"), nb::arg("k"), nb::arg("v"), nb::arg("cos").none() = nb::none(),
          nb::arg("sin").none() = nb::none(), nb::arg("interleaved") = false)
       .def("attend", [](const attn::PagedKVCache& c, const std::vector<std::int64_t>& ids, const In& q, const Out& out,
