@@ -789,6 +789,13 @@ TEST_F(CliTest, RingPlanRefusesBadInputBeforePrinting) {
     expect_error(all, needle);
     EXPECT_EQ(cli(all).out, "") << needle;
   }
+  // The default host counts skip those above a sequence's tokens (given ones are refused, above)
+  const Outcome r = cli({"ring-plan", "--seq", "2048"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* row : {"    2.05k      2 ", "    2.05k      8 ", "    2.05k     64 ", "    2.05k    512 "})
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << " in:\n" << r.out;
+  EXPECT_EQ(r.out.find("   4096 "), std::string::npos) << r.out;
+  expect_error({"ring-plan", "--seq", "1"}, "--seq: 1 tokens; expected at least 2 for the default --hosts");
 }
 
 TEST_F(CliTest, CliRunScoreVariantsAndDropout) {

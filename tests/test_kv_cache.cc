@@ -661,15 +661,6 @@ TEST(MergeAttention, EmptySidesAreSafe) {
   const Status s = merge_attention(view4(oa), view3(la), TensorView::contiguous(ob, DType::f32, {1, 1, 2, 2}), view3(lb),
                                    view4(o), view3(l));
   EXPECT_NE(s.message().find("out_b"), std::string::npos) << s.message();
-  // An lse of +inf (FlashAttention's empty row) or NaN: refused, naming the side and the row, nothing written.
-  for (const float bad : {inf, kNaN}) {
-    float lb_bad[3] = {0.5f, bad, -inf};
-    std::fill(&o[0][0], &o[0][0] + 6, 123.0f);
-    const Status e = merge_attention(view4(oa), view3(la), view4(ob), view3(lb_bad), view4(o), view3(l));
-    EXPECT_EQ(e.message().rfind("lse_b: ", 0), 0u) << e.message();
-    EXPECT_NE(e.message().find("at [0, 0, 1]"), std::string::npos) << e.message();
-    EXPECT_EQ(o[1][1], 123.0f);
-  }
 }
 
 }  // namespace

@@ -28,6 +28,7 @@ struct RingPlanArgs {
   double bandwidth = 100, latency = 5;
   std::optional<double> rate;  // not given: 1000, or measured with --measure-rate
   bool measure_rate = false;
+  bool hosts_given = false;  // the default host counts skip those above a sequence's tokens; given ones are refused
 };
 
 std::string human_seconds(double s) {
@@ -117,12 +118,17 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
     rate_note = "measured here: one bf16 attention() call, 2048 tokens";
   }
   in.rate_gflops = rate;
-  for (std::int64_t S : a.seq)  // every pair checked before anything is printed
+  for (std::int64_t S : a.seq) {  // every pair checked before anything is printed
+    if (!a.hosts_given && S < a.hosts.front())
+      return Status::Invalid("--seq", std::to_string(S) + " tokens; expected at least " +
+                                          std::to_string(a.hosts.front()) + " for the default --hosts (or give --hosts)");
     for (std::int64_t P : a.hosts) {
+      if (!a.hosts_given && P > S) continue;
       in.seq = S, in.hosts = P;
       RingPlan p;
       if (Status s = plan_ring(in, &p); !s) return as_options(s);
     }
+  }
   char line[512];
   std::snprintf(line, sizeof line,
                 "ring attention plan: B=%lld Hq=%lld Hkv=%lld D=%lld, %s K/V, %s; links %.0f Gbit/s, %.1f us; "
@@ -137,6 +143,7 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
   for (std::int64_t S : a.seq) {
     RingPlan first;
     for (std::int64_t P : a.hosts) {
+      if (!a.hosts_given && P > S) continue;
       in.seq = S, in.hosts = P;
       RingPlan p;
       if (Status s = plan_ring(in, &p); !s) return as_options(s);
@@ -192,7 +199,9 @@ void add_ring_plan_command(CLI::App& app, std::ostream& out) {
                                                 "layer, when the K/V transfer hides behind compute, memory per host; "
                                                 "and head-parallel (Ulysses) attention beside it, with the faster one");
   c->add_option("--seq", a->seq, "Whole-sequence lengths (tokens), comma-separated")->delimiter(',')->type_name("S,...");
-  c->add_option("--hosts", a->hosts, "Host counts P, comma-separated")->delimiter(',')->type_name("P,...");
+  CLI::Option* hosts =
+      c->add_option("--hosts", a->hosts, "Host counts P, comma-separated (default 2,8,64,512,4096, those up to the "
+                                         "sequence's tokens)")->delimiter(',')->type_name("P,...");
   c->add_option("--batch", a->batch, "Sequences (default 1)");
   c->add_option("--heads", a->heads, "Query heads (default 32)");
   c->add_option("--kv-heads", a->kv_heads, "Key/value heads (default 8)");
@@ -204,7 +213,10 @@ void add_ring_plan_command(CLI::App& app, std::ostream& out) {
   c->add_option("--rate", a->rate, "Attention GFLOP/s one host sustains (attn bench reports it; default 1000)")
       ->type_name("GFLOPS");
   c->add_flag("--measure-rate", a->measure_rate, "Measure the rate on this machine (one bf16 attention call)");
-  on_run(c, [a, &out] { return ring_plan(*a, out); });
+  on_run(c, [a, hosts, &out] {
+    a->hosts_given = hosts->count() > 0;
+    return ring_plan(*a, out);
+  });
 }
 
 }  // namespace attn::tools

@@ -162,8 +162,7 @@ Status attention_paged_cascade(const TensorView& q, const TensorView& k_pages, c
 // Merges two attention results over disjoint key sets of the same queries (split-KV, cascade and
 // distributed attention): out = (e^lse_a·out_a + e^lse_b·out_b) / (e^lse_a + e^lse_b) and
 // lse = log(e^lse_a + e^lse_b), computed stably. out_* are [B, H, S, Dv] f32, lse_* [B, H, S] f32.
-// A side with lse = -inf contributes nothing; both -inf gives out = 0, lse = -inf; an lse of +inf or NaN is refused
-// (host memory; FlashAttention's functions report a row with no keys as +inf). out/lse may be the
+// A side with lse = -inf contributes nothing; both -inf gives out = 0, lse = -inf. out/lse may be the
 // same views as out_a/lse_a (or out_b/lse_b) to merge in place. All six on one device; on CUDA the merge is
 // queued on `stream` (a cudaStream_t; null: the default stream).
 Status merge_attention(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,

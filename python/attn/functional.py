@@ -854,9 +854,9 @@ def merge_attention(out_a, lse_a, out_b, lse_b):
     distributed attention) into the result over both: returns (out, lse), as if the keys had been
     attended together. out_* [B, H, S, Dv] and lse_* [B, H, S] float32, as returned by
     scaled_dot_product_attention(..., return_lse=True) (or [H, S, Dv] and [H, S]); all four of out_a's
-    kind (NumPy arrays or dense torch tensors, CPU or CUDA). A side with lse = -inf contributes nothing; an lse of
-    +inf or NaN is a ValueError on the CPU (attn.flash_attn_*'s softmax_lse reports a row with no keys as +inf,
-    FlashAttention's convention: turn it into -inf first).
+    kind (NumPy arrays or dense torch tensors, CPU or CUDA). A side with lse = -inf contributes nothing (attn's
+    convention for a row with no keys; attn.flash_attn_*'s softmax_lse reports such a row as +inf, FlashAttention's
+    convention, which would make the merged row NaN: turn it into -inf first). NaN in gives NaN out.
     """
     kind = _array("out_a", out_a)
     args = (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b))
