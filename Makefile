@@ -85,8 +85,9 @@ bench: build
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this too), without repeating what
 # finds no memory error twice: each registry case at one instruction-set level (ATTN_TEST_LEVELS=rotate: the level
 # rotates over the cases, so every level's kernels still run), a sixth of the registry's fp64 comparisons
-# (ATTN_TEST_SAMPLE=6, by a hash of the case name: a subset of the third that ran before; the workspace-reuse checks
-# still run every case's kernel; the others report as skipped), line tables only for the stack
+# (ATTN_TEST_SAMPLE=6, by a hash of the case name: a subset of the third that ran before; the registry's
+# workspace-reuse checks are sampled alike, and the random tests run every kernel family; the others report as
+# skipped), line tables only for the stack
 # traces (-g1: the build is the phase's larger half), -O1 (the kernel units compile in 0.55x the time of -O2 under the
 # sanitizers, and the suite ran as fast: its time is the fp64 reference's, which CMakeLists.txt leaves uninstrumented
 # at -O2), only the levels this CPU runs (ATTN_ISA_LEVELS=host: the others' kernels cannot run here; `make test`

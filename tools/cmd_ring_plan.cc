@@ -78,15 +78,10 @@ Status measure_rate(const RingPlanArgs& a, double* gflops) {
 
 // plan_ring's parameter names as this command's options.
 Status as_options(const Status& status) {
-  static const std::pair<const char*, const char*> kOptions[] = {
-      {"seq", "--seq"},         {"hosts", "--hosts"},   {"batch", "--batch"},
-      {"heads", "--heads"},     {"kv_heads", "--kv-heads"}, {"head_dim", "--head-dim"},
-      {"bandwidth_gbit", "--bandwidth"}, {"latency_us", "--latency"}, {"rate_gflops", "--rate"}};
-  for (const auto& [param, option] : kOptions) {
-    const std::string prefix = std::string(param) + ": ";
-    if (status.message().rfind(prefix, 0) == 0) return Status::Invalid(option, status.message().substr(prefix.size()));
-  }
-  return status;
+  return with_option_names(status, {{"seq", "--seq"}, {"hosts", "--hosts"}, {"batch", "--batch"},
+                                    {"heads", "--heads"}, {"kv_heads", "--kv-heads"}, {"head_dim", "--head-dim"},
+                                    {"bandwidth_gbit", "--bandwidth"}, {"latency_us", "--latency"},
+                                    {"rate_gflops", "--rate"}});
 }
 
 Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
@@ -118,15 +113,19 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
     rate_note = "measured here: one bf16 attention() call, 2048 tokens";
   }
   in.rate_gflops = rate;
-  for (std::int64_t S : a.seq) {  // every pair checked before anything is printed
+  // Every pair planned (and so checked) before anything is printed: plans[i] the rows of a.seq[i].
+  std::vector<std::vector<std::pair<std::int64_t, RingPlan>>> plans;
+  for (std::int64_t S : a.seq) {
     if (!a.hosts_given && S < a.hosts.front())
       return Status::Invalid("--seq", std::to_string(S) + " tokens; expected at least " +
                                           std::to_string(a.hosts.front()) + " for the default --hosts (or give --hosts)");
+    plans.emplace_back();
     for (std::int64_t P : a.hosts) {
       if (!a.hosts_given && P > S) continue;
       in.seq = S, in.hosts = P;
       RingPlan p;
       if (Status s = plan_ring(in, &p); !s) return as_options(s);
+      plans.back().emplace_back(P, p);
     }
   }
   char line[512];
@@ -140,14 +139,10 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
   out << "      seq  hosts  tokens/host  step compute  step transfer   forward/layer  backward/layer  hidden  speedup"
          "  memory/host   ulysses fwd/layer  bwd/layer  use\n";
   std::vector<std::string> why;
-  for (std::int64_t S : a.seq) {
-    RingPlan first;
-    for (std::int64_t P : a.hosts) {
-      if (!a.hosts_given && P > S) continue;
-      in.seq = S, in.hosts = P;
-      RingPlan p;
-      if (Status s = plan_ring(in, &p); !s) return as_options(s);
-      first = p;
+  for (std::size_t i = 0; i < a.seq.size(); ++i) {
+    const std::int64_t S = a.seq[i];
+    const RingPlan& first = plans[i].back().second;  // (the summary depends on S only)
+    for (const auto& [P, p] : plans[i]) {
       std::snprintf(line, sizeof line, "%9s %6lld %12s %13s %14s %15s %15s %6.1f%% %7.1fx %12s %19s %10s  %s\n",
                     human_count(static_cast<double>(S)).c_str(), static_cast<long long>(P),
                     human_count(p.block_tokens).c_str(), human_seconds(p.step_compute_s).c_str(),

@@ -26,7 +26,8 @@ namespace attn::tools {
 
 // ---- shared helpers ---------------------------------------------------------------------------------
 
-Status with_option_names(const Status& status) {
+Status with_option_names(const Status& status,
+                         std::initializer_list<std::pair<const char*, const char*>> extra) {
   // Longer names first where one is a prefix of another ("window.align" before "window").
   static const std::pair<const char*, const char*> kOptions[] = {
       {"q", "--q"},           {"k", "--k"},           {"v", "--v"},
@@ -38,10 +39,17 @@ Status with_option_names(const Status& status) {
       {"dropout_p", "--dropout"},
       {"grad_out", "--grad-out"}, {"grad_q", "--dq"}, {"grad_k", "--dk"}, {"grad_v", "--dv"}};
   const std::string& message = status.message();
-  for (const auto& [param, option] : kOptions) {
+  const auto rename = [&](const char* param, const char* option, Status* out) {
     const std::string prefix = std::string(param) + ": ";
-    if (message.rfind(prefix, 0) == 0) return Status::Invalid(option, message.substr(prefix.size()));
-  }
+    if (message.rfind(prefix, 0) != 0) return false;
+    *out = Status::Invalid(option, message.substr(prefix.size()));
+    return true;
+  };
+  Status renamed;
+  for (const auto& [param, option] : extra)
+    if (rename(param, option, &renamed)) return renamed;
+  for (const auto& [param, option] : kOptions)
+    if (rename(param, option, &renamed)) return renamed;
   return status;
 }
 

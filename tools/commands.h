@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/attn.h"
@@ -24,7 +26,9 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err);
 
 // A library Status names its parameter first ("k: ...", "kv_lens: ..."); this rewrites that prefix
 // into the command-line option ("--k: ...", "--kv-lens: ..."). Other messages pass through unchanged.
-Status with_option_names(const Status& status);
+// `extra`: further library parameter -> option pairs, checked first (a command's own parameters).
+Status with_option_names(const Status& status,
+                         std::initializer_list<std::pair<const char*, const char*>> extra = {});
 
 // "float32", "bfloat16", "int8", ... and "[2, 3, 4]": the one dtype table and shape formatter (npy.h).
 using npy::numpy_name;

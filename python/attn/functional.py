@@ -581,7 +581,7 @@ def attention_paged_cascade(query, k_pages, v_pages, prefix_table, prefix_len, p
     is_causal: the last query of each sequence on its last key (bottom-right); every query must see the whole
     prefix (seq_lens[b] >= Sq - 1). scale, softcap, sinks, k_scale, v_scale: as attention_paged's. Windows, masks,
     ALiBi and dropout are refused (they depend on a key's position in its sequence). Returns out [B, Hq, Sq, Dv]
-    (and the float32 lse [B, Hq, Sq] with return_lse=True). No autograd; torch tensors (but 8-bit pages) go through
+    (and the float32 lse [B, Hq, Sq] with return_lse=True). No autograd; torch tensors (but 8- or 4-bit pages) go through
     torch.ops.attn.sdpa_paged_cascade, so torch.compile and torch.export trace the call."""
     c = _check_call(query, k_pages, v_pages, paged=True, attn_mask=None, is_causal=is_causal,
                     causal_alignment="bottom_right" if is_causal else None, scale=scale, window=None,

@@ -131,22 +131,6 @@ def test_sdpa_int8_kv_unbatched_and_torch_give_the_same_bits():
     assert np.array_equal(t.numpy(), a)
 
 
-def test_attention_paged_int8_matches_the_contiguous_call():
-    rng = np.random.default_rng(9)
-    hq, hkv, d, page, pages = 4, 2, 16, 4, 12
-    k8, ks = quantise(uniform(rng, (pages, hkv, page, d), amp=2.0))
-    v8, vs = quantise(uniform(rng, (pages, hkv, page, d)))
-    table = np.array([[3, 7, 1], [10, 0, 5]], np.int32)
-    lens = np.array([11, 9], np.int32)
-    q = uniform(rng, (2, hq, 1, d))
-    out = attn.attention_paged(q, k8, v8, table, lens, k_scale=ks, v_scale=vs)
-    for b in range(2):
-        rows = lambda x: np.concatenate([x[p].swapaxes(0, 1) for p in table[b]])[:lens[b]].swapaxes(0, 1)[None]
-        want = attn.scaled_dot_product_attention(q[b:b + 1], rows(k8), rows(v8), enable_gqa=True, k_scale=rows(ks),
-                                                 v_scale=rows(vs))
-        assert np.array_equal(out[b:b + 1], want)
-
-
 def test_int8_kv_errors_name_the_parameter():
     rng = np.random.default_rng(1)
     q = uniform(rng, (1, 2, 3, 8))
@@ -213,19 +197,23 @@ def test_sdpa_int4_kv_matches_fp64_on_the_dequantised_values(sq, causal, d):
     assert np.array_equal(t.numpy(), out)
 
 
-def test_attention_paged_int4_matches_the_contiguous_call():
-    rng = np.random.default_rng(41)
-    hq, hkv, d, page, pages = 4, 2, 48, 4, 12
-    k4, ks, _ = quantise4(uniform(rng, (pages, hkv, page, d), amp=2.0))
-    v4, vs, _ = quantise4(uniform(rng, (pages, hkv, page, d)))
+@pytest.mark.parametrize("bits,d", [(8, 16), (4, 48)])
+def test_attention_paged_quantised_matches_the_contiguous_call(bits, d):
+    """8-bit (int8, a scale per row) and 4-bit (packed uint8, a scale per 32 values) pages: each sequence's result
+    is the contiguous call's over its rows gathered from its pages, bit for bit."""
+    rng = np.random.default_rng(bits + d)
+    quant = quantise if bits == 8 else (lambda x: quantise4(x)[:2])
+    hq, hkv, page, pages = 4, 2, 4, 12
+    kq, ks = quant(uniform(rng, (pages, hkv, page, d), amp=2.0))
+    vq, vs = quant(uniform(rng, (pages, hkv, page, d)))
     table = np.array([[3, 7, 1], [10, 0, 5]], np.int32)
     lens = np.array([11, 9], np.int32)
     q = uniform(rng, (2, hq, 1, d))
-    out = attn.attention_paged(q, k4, v4, table, lens, k_scale=ks, v_scale=vs)
+    out = attn.attention_paged(q, kq, vq, table, lens, k_scale=ks, v_scale=vs)
     assert out.shape == (2, hq, 1, d)
     for b in range(2):
         rows = lambda x: np.concatenate([x[p].swapaxes(0, 1) for p in table[b]])[:lens[b]].swapaxes(0, 1)[None]
-        want = attn.scaled_dot_product_attention(q[b:b + 1], rows(k4), rows(v4), enable_gqa=True, k_scale=rows(ks),
+        want = attn.scaled_dot_product_attention(q[b:b + 1], rows(kq), rows(vq), enable_gqa=True, k_scale=rows(ks),
                                                  v_scale=rows(vs))
         assert np.array_equal(out[b:b + 1], want)
 

@@ -394,7 +394,11 @@ def test_kvcache_bad_input_writes_nothing(paged):
             call(args.pop("q"), k_cache, v_cache, **args)
         assert torch.equal(k_cache, k0) and torch.equal(v_cache, v0), f"{match}: the cache changed"
     call(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, **table)  # and a good call still appends
-    assert not torch.equal(k_cache, k0)
+    for b, n in enumerate(lens.tolist()):  # at slot n of sequence b, and nowhere else
+        where = (int(table["block_table"][b, n // 8]), n % 8) if paged else (b, n)
+        assert torch.equal(k_cache[where], k_new[b, 0]) and torch.equal(v_cache[where], v_new[b, 0])
+        k0[where], v0[where] = k_new[b, 0], v_new[b, 0]
+    assert torch.equal(k_cache, k0) and torch.equal(v_cache, v0)
 
 
 def test_attn_probs_without_keys():
