@@ -62,7 +62,7 @@ def llama8b(args):
     docstring)."""
     torch, transformers, attn = setup(args.threads)
     import attn.integrations.transformers as attn_hf
-    contexts = [int(c) for c in args.contexts.split(",")]
+    contexts = args.contexts
     config = transformers.LlamaConfig(vocab_size=1000, hidden_size=4096, intermediate_size=14336,
                                       num_hidden_layers=args.layers, num_attention_heads=32, num_key_value_heads=8,
                                       max_position_embeddings=max(contexts) + args.decode + 8, rope_theta=500000.0)
@@ -126,16 +126,47 @@ def llama8b(args):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
+    def count(low):
+        def parse(text):
+            try:
+                n = int(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"'{text}'; expected an integer >= {low}") from None
+            if n < low:
+                raise argparse.ArgumentTypeError(f"{n}; expected an integer >= {low}")
+            return n
+        return parse
+
+    def lengths(text):
+        try:
+            values = [int(x) for x in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}'; expected token counts >= 1, comma-separated "
+                                             "(e.g. 8192,32768)") from None
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(f"'{text}'; expected token counts >= 1, comma-separated")
+        return values
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
+                                     epilog="The workloads and the --llama8b layers are described at the top of "
+                                            "bench/hf_models.py.")
+    parser.add_argument("--threads", type=count(1), default=2, help="threads for torch and attn (default 2)")
+    parser.add_argument("--repeats", type=count(1), default=5, help="timed rounds after the warm-up (default 5)")
     parser.add_argument("--markdown", help="also write the table to this file")
-    parser.add_argument("--llama8b", action="store_true", help="Llama-3-8B-shaped layers instead (see above)")
-    parser.add_argument("--layers", type=int, default=1, help="--llama8b: decoder layers")
-    parser.add_argument("--contexts", default="8192,32768", help="--llama8b: prompt lengths, comma-separated")
-    parser.add_argument("--decode", type=int, default=64, help="--llama8b: greedy decode steps after each prefill")
+    parser.add_argument("--llama8b", action="store_true",
+                        help="Llama-3-8B-shaped layers (hidden 4096, GQA 32/8 of 128, MLP 14336, bf16) instead")
+    parser.add_argument("--layers", type=count(1), default=1, help="--llama8b: decoder layers (default 1)")
+    parser.add_argument("--contexts", type=lengths, default=[8192, 32768],
+                        help="--llama8b: prompt lengths, comma-separated (default 8192,32768)")
+    parser.add_argument("--decode", type=count(1), default=64,
+                        help="--llama8b: greedy decode steps after each prefill (default 64)")
     parser.add_argument("--no-eager", action="store_true", help="--llama8b: leave eager out")
     args = parser.parse_args()
+    if not args.llama8b:
+        given = [o for o in ("--layers", "--contexts", "--decode", "--no-eager")
+                 if any(a == o or a.startswith(o + "=") for a in sys.argv[1:])]
+        if given:
+            parser.error(f"{', '.join(given)}: apply to --llama8b only; expected --llama8b with them")
     if args.llama8b:
         return llama8b(args)
 

@@ -764,6 +764,12 @@ def main(argv):
     ap.add_argument("--self-test", action="store_true",
                     help="dry run on tiny shapes with quick ceilings; checks the JSON and the outputs")
     args = ap.parse_args(argv)
+    for option, value, low in (("--threads", args.threads, 1), ("--reps", args.reps, 0), ("--rounds", args.rounds, 1),
+                               ("--max-n", args.max_n, 0)):
+        if value < low:
+            ap.error(f"argument {option}: {value}; expected an integer >= {low}")
+    if not [x for x in args.shapes.split(",") if x.strip()]:
+        ap.error(f"argument --shapes: '{args.shapes}'; expected one or more shape ids, comma-separated")
 
     if args.install_ipex and not (IPEX_VENV / "bin" / "python").exists():
         log(f"creating {IPEX_VENV} and installing {' '.join(IPEX_PINS)} (PyPI)")
@@ -892,7 +898,7 @@ def cascade_main(args, attn, threads, md_path, info):
              "the timed runs, both in one process on the same inputs (their outputs checked to agree there). The "
              "plain decode reads the prefix once per sequence, the cascade once for the batch; the cascade's "
              "ceiling is AMX bf16 where the CPU has it, else the FMA one.\n\n")
-    text += "| dtype | plain paged ms | plain GB/s (% of read ceiling) | cascade ms | cascade GFLOP/s (% of ceiling) | cascade / plain |\n"
+    text += "| dtype | plain paged ms | plain GB/s (% of read ceiling) | cascade ms | cascade GFLOP/s (% of ceiling) | speed-up (plain ms / cascade ms) |\n"
     text += "|---|---:|---:|---:|---:|---:|\n"
     for r in rows:
         text += (f"| {r['dtype']} | {r['plain_ms']:.2f} | {r['plain_gbps']:.1f} ({100 * r['plain_gbps'] / r['read_gbps']:.0f}%) "

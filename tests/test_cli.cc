@@ -671,6 +671,11 @@ TEST_F(CliFilesTest, CliOtherCommandsCheckTheirOutputs) {
   expect_refused({"heatmap", "--png", "/dev/null"}, "--png", "is a character device");
   expect_refused({"heatmap", "--q", "/dev/zero", "--k", path("hk.npy"), "--png", path("h.png")}, "--q",
                  "is a character device; expected a regular .npy file");
+  std::vector<float> with_nan = random_floats(12, 3);
+  with_nan[5] = std::numeric_limits<float>::quiet_NaN();  // (its rows' weights would be NaN: no picture)
+  save("hnan.npy", DType::f32, {3, 4}, with_nan);
+  expect_refused({"heatmap", "--q", path("hnan.npy"), "--k", path("hk.npy"), "--png", path("h.png")}, "--q",
+                 "element 5 is nan; expected finite values");
   // generate and scaling-experiment refuse before their minutes of work.
   expect_refused({"generate", "--png", path("sub")}, "--png", "is a directory");
   expect_refused({"scaling-experiment", "--png", "/dev/null"}, "--png", "is a character device");
@@ -796,6 +801,42 @@ TEST_F(CliTest, RingPlanRefusesBadInputBeforePrinting) {
     EXPECT_NE(r.out.find(row), std::string::npos) << row << " in:\n" << r.out;
   EXPECT_EQ(r.out.find("   4096 "), std::string::npos) << r.out;
   expect_error({"ring-plan", "--seq", "1"}, "--seq: 1 tokens; expected at least 2 for the default --hosts");
+  // Ranges the table prints sensibly, int8 (whose scales the model has no bytes for), and 10^9 hosts planned at
+  // once (the hybrid's group sizes are the divisors of gcd(hosts, heads): a walk over every size did not end).
+  expect_error({"ring-plan", "--rate", "1e300"}, "--rate: 1e+300; expected GFLOP/s from 0.001 to 1e+09");
+  expect_error({"ring-plan", "--bandwidth", "1e-300"}, "--bandwidth: 1e-300;");
+  expect_error({"ring-plan", "--dtype", "int8"}, "--dtype: 'int8'; expected bf16, f16, f32 or fp8");
+  const Outcome big = cli({"ring-plan", "--seq", "1000000000", "--hosts", "1000000000", "--bandwidth", "0.4"});
+  ASSERT_EQ(big.code, 0) << big.err;
+  EXPECT_NE(big.out.find("links 0.4 Gbit/s"), std::string::npos) << big.out;
+  EXPECT_NE(big.out.find("1G tokens on 1000000000 hosts: hybrid"), std::string::npos) << big.out;
+}
+
+// Sizes past what the machine or an int64 holds: errors naming the option, never a crash or a wrong count.
+TEST_F(CliTest, HugeSizesAreErrorsNamingTheirOption) {
+  expect_error({"bench", "--heads", "4", "--q-len", "1", "--head-dim", "4611686018427387904", "--no-ceilings"},
+               "--head-dim: 4611686018427387904; expected at most 16384");
+  expect_error({"bench", "--heads", "4", "--q-len", "1", "--kv-len", "2000000000", "--head-dim", "16", "--kv-sets", "1",
+                "--no-ceilings"},
+               "--kv-len: the inputs need");
+  expect_error({"params", "--d-model", "9223372036854775807", "--heads", "1"}, "--d-model: with these heads");
+  expect_error({"params", "--d-model", "1", "--heads", "9223372036854775807", "--head-dim", "9223372036854775807"},
+               "--d-model: with these heads");
+  const Outcome kv = cli({"kv-size", "--layers", "1", "--kv-heads", "8", "--head-dim", "9223372036854775807", "--seq",
+                          "1", "--dtype", "int4"});
+  ASSERT_EQ(kv.code, 0) << kv.err;
+  EXPECT_NE(kv.out.find(" x 288230376151711744 fp32 scales"), std::string::npos) << kv.out;
+  const Outcome exact = cli({"kv-size", "--layers", "1000000000000", "--kv-heads", "1000000000000", "--head-dim",
+                             "1000000000000", "--seq", "2", "--batch", "7", "--dtype", "bf16"});
+  EXPECT_NE(exact.out.find("= 5.600000000000000e+37 bytes"), std::string::npos) << exact.out;
+}
+
+// "--option=" with nothing after '=' is refused: CLI11 took the next argument as its value (a PNG named --json).
+TEST_F(CliTest, AnEmptyValueAfterEqualsIsRefused) {
+  expect_error({"ring-plan", "--seq", "100", "--hosts", "2", "--dtype=", "--no-causal"},
+               "--dtype: empty value after '='");
+  expect_error({"kv-size", "--dtype=", "--layers", "2", "--kv-heads", "1", "--head-dim", "1", "--seq", "1"},
+               "--dtype: empty value after '='");
 }
 
 TEST_F(CliTest, CliRunScoreVariantsAndDropout) {

@@ -663,5 +663,114 @@ TEST(MergeAttention, EmptySidesAreSafe) {
   EXPECT_NE(s.message().find("out_b"), std::string::npos) << s.message();
 }
 
+// A mask for attend() as wide as the keys the caller knows: the cached length (KVCache) or the longest sequence
+// (PagedKVCache), equal to the same mask widened to the storage's width (which is taken too).
+TEST(KVCaches, AttendTakesAMaskAsWideAsTheCachedKeys) {
+  std::mt19937_64 rng(31);
+  const std::int64_t hkv = 2, hq = 4, D = 8;
+  Tensor q(DType::f32, 1, hq, 1, D), k(DType::f32, 1, hkv, 5, D), v(DType::f32, 1, hkv, 5, D);
+  q.randomize(rng), k.randomize(rng), v.randomize(rng);
+  KVCache cache;
+  ASSERT_TRUE(KVCache::create(hkv, D, D, 100, &cache).ok());
+  ASSERT_TRUE(cache.append(k.view, v.view).ok());
+  std::vector<float> narrow = {0.5f, -1.0f, -INFINITY, 2.0f, 0.0f}, wide(100, kNaN);  // (NaN past the length:
+  std::copy(narrow.begin(), narrow.end(), wide.begin());  // the wide mask is checked there, so 0 instead)
+  std::fill(wide.begin() + 5, wide.end(), 0.0f);
+  Tensor out_narrow(DType::f32, 1, hq, 1, D), out_wide(DType::f32, 1, hq, 1, D);
+  Params p = decode_params();
+  p.mask = TensorView::contiguous(narrow.data(), DType::f32, {1, 1, 1, 5});
+  const Status a = cache.attend(q.view, out_narrow.view, p);
+  ASSERT_TRUE(a.ok()) << a.message();
+  p.mask = TensorView::contiguous(wide.data(), DType::f32, {1, 1, 1, 100});
+  ASSERT_TRUE(cache.attend(q.view, out_wide.view, p).ok());
+  for (std::int64_t h = 0; h < hq; ++h)
+    for (std::int64_t d = 0; d < D; ++d) EXPECT_EQ(out_narrow.get(0, h, 0, d), out_wide.get(0, h, 0, d));
+  // A width that is neither is refused, naming the mask.
+  p.mask = TensorView::contiguous(narrow.data(), DType::f32, {1, 1, 1, 4});
+  EXPECT_EQ(cache.attend(q.view, out_wide.view, p).param(), "mask");
+
+  // Paged: sequences of 5 and 20 keys in pages of 16 (the table is 2 pages wide); a mask of 20 columns, per batch row.
+  PagedKVCache pool;
+  ASSERT_TRUE(PagedKVCache::create(hkv, D, D, 16, 8, &pool).ok());
+  const std::int64_t a_id = pool.add_sequence(), b_id = pool.add_sequence();
+  Tensor k2(DType::f32, 1, hkv, 20, D), v2(DType::f32, 1, hkv, 20, D), q2(DType::f32, 2, hq, 1, D);
+  k2.randomize(rng), v2.randomize(rng), q2.randomize(rng);
+  ASSERT_TRUE(pool.append(a_id, k.view, v.view).ok());
+  ASSERT_TRUE(pool.append(b_id, k2.view, v2.view).ok());
+  std::vector<float> m20(2 * 20), m32(2 * 32, 0.0f);
+  for (std::size_t i = 0; i < m20.size(); ++i) m20[i] = static_cast<float>(std::uniform_real_distribution<>(-2, 2)(rng));
+  for (int b = 0; b < 2; ++b) std::copy(m20.begin() + b * 20, m20.begin() + b * 20 + 20, m32.begin() + b * 32);
+  Tensor o20(DType::f32, 2, hq, 1, D), o32(DType::f32, 2, hq, 1, D);
+  Params pp = decode_params();
+  pp.mask = TensorView::contiguous(m20.data(), DType::f32, {2, 1, 1, 20});
+  const Status c = pool.attend({a_id, b_id}, q2.view, o20.view, pp);
+  ASSERT_TRUE(c.ok()) << c.message();
+  pp.mask = TensorView::contiguous(m32.data(), DType::f32, {2, 1, 1, 32});
+  ASSERT_TRUE(pool.attend({a_id, b_id}, q2.view, o32.view, pp).ok());
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t h = 0; h < hq; ++h)
+      for (std::int64_t d = 0; d < D; ++d) EXPECT_EQ(o20.get(b, h, 0, d), o32.get(b, h, 0, d));
+}
+
+// Values a cache would not hold as the finite values they are are refused before anything is stored: an f16 cache
+// and 70000 (f16's largest finite value is 65504), an i8 cache and a rotary table with NaN in it (the turned row
+// is checked, not the row given), and a finite row whose turn overflows.
+TEST(KVCaches, RefuseValuesTheStorageWouldNotHoldFinite) {
+  KVCache f16;
+  ASSERT_TRUE(KVCache::create(1, 4, 4, 8, DType::f16, &f16).ok());
+  float k[4] = {70000, 1, 2, 3}, v[4] = {1, 2, 3, 4};
+  const TensorView kv = TensorView::contiguous(k, DType::f32, {1, 1, 1, 4});
+  const TensorView vv = TensorView::contiguous(v, DType::f32, {1, 1, 1, 4});
+  Status s = f16.append(kv, vv);
+  EXPECT_EQ(s.param(), "k") << s.message();
+  EXPECT_NE(s.message().find("value [0, 0, 0, 0]"), std::string::npos) << s.message();
+  EXPECT_EQ(f16.length(), 0);
+  k[0] = 0.5f;
+  for (DType storage : {DType::i8, DType::i4, DType::f32}) {
+    SCOPED_TRACE(dtype_name(storage));
+    KVCache c;
+    ASSERT_TRUE(KVCache::create(1, 4, 4, 8, storage, &c).ok());
+    float cs[2] = {kNaN, 1}, sn[2] = {0, 0};
+    const Rotary nan_table{TensorView::contiguous(cs, DType::f32, {1, 2}), TensorView::contiguous(sn, DType::f32, {1, 2}), false};
+    s = c.append(kv, vv, nan_table);
+    EXPECT_EQ(s.param(), "k") << s.message();
+    EXPECT_EQ(c.length(), 0);
+    float big[4] = {3e38f, 3e38f, 1, 1}, c45[2] = {0.70710678f, 1}, s45[2] = {0.70710678f, 0};
+    const Rotary turn{TensorView::contiguous(c45, DType::f32, {1, 2}), TensorView::contiguous(s45, DType::f32, {1, 2}),
+                      /*interleaved=*/true};  // (dims 0 and 1 turned by 45 degrees: 3e38·√2 overflows)
+    s = c.append(TensorView::contiguous(big, DType::f32, {1, 1, 1, 4}), vv, turn);
+    EXPECT_EQ(s.param(), "k") << s.message();
+    EXPECT_EQ(c.length(), 0);
+    EXPECT_TRUE(c.append(kv, vv, turn).ok());  // (a finite turn of finite values)
+  }
+}
+
+// A cache that was never created answers "cache: not created" (a PagedKVCache divided by its page size 0), and a
+// token count past kMaxExtent is refused before any page arithmetic (it overflowed the page count).
+TEST(KVCaches, UncreatedCachesAndHugeTokenCountsAreErrors) {
+  PagedKVCache none;
+  const std::int64_t id = none.add_sequence();
+  EXPECT_EQ(none.remove_sequence(id).param(), "cache");
+  EXPECT_EQ(none.truncate(id, 0).param(), "cache");
+  float row[4] = {1, 2, 3, 4};
+  TensorView k = TensorView::contiguous(row, DType::f32, {1, 1, 1, 4});
+  EXPECT_EQ(none.append(id, k, k).param(), "cache");
+  KVCache kv_none;
+  EXPECT_EQ(kv_none.append(k, k).param(), "cache");
+
+  PagedKVCache pool;
+  ASSERT_TRUE(PagedKVCache::create(1, 4, 4, 16, 4, &pool).ok());
+  const std::int64_t seq = pool.add_sequence();
+  k.shape[2] = std::numeric_limits<std::int64_t>::max() - 3;  // a broadcast view of that many tokens
+  k.strides = {0, 0, 0, 1};
+  const Status s = pool.append(seq, k, k);
+  EXPECT_EQ(s.param(), "k") << s.message();
+  EXPECT_NE(s.message().find("kMaxExtent"), std::string::npos) << s.message();
+  std::int64_t len = -1;
+  ASSERT_TRUE(pool.length(seq, &len).ok());
+  EXPECT_EQ(len, 0);
+  EXPECT_EQ(pool.free_pages(), 4);
+}
+
 }  // namespace
 }  // namespace attn::test

@@ -253,7 +253,18 @@ TEST(Mha, BadInputIsAClearError) {
   ASSERT_TRUE(KVCache::create(2, 8, 8, 3, &cache).ok());
   s = m.forward_cached(TensorView::contiguous(x.data(), DType::f32, {1, 4, 32}), cache, TensorView::contiguous(out.data(), DType::f32, {1, 4, 32}));
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_EQ(s.param(), "cache") << s.message();  // (the cache's room, not the step's internal k)
   EXPECT_EQ(cache.length(), 0);
+  // A NaN in x reaches an i8 cache as its projected keys: named x, with the batch row.
+  KVCache i8;
+  ASSERT_TRUE(KVCache::create(2, 8, 8, 10, DType::i8, &i8).ok());
+  std::vector<float> x_nan(x.begin(), x.begin() + 32);
+  x_nan[3] = std::numeric_limits<float>::quiet_NaN();
+  s = m.forward_cached(TensorView::contiguous(x_nan.data(), DType::f32, {1, 1, 32}), i8,
+                       TensorView::contiguous(out.data(), DType::f32, {1, 1, 32}));
+  EXPECT_EQ(s.param(), "x") << s.message();
+  EXPECT_NE(s.message().find("projected keys of batch row 0"), std::string::npos) << s.message();
+  EXPECT_EQ(i8.length(), 0);
   // A paged step that does not fit: nothing appended to any sequence.
   PagedKVCache paged;
   ASSERT_TRUE(PagedKVCache::create(2, 8, 8, 2, 2, &paged).ok());

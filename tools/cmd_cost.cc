@@ -13,9 +13,14 @@
 namespace attn::tools {
 namespace {
 
-// "1.23 G" style: value scaled by 1e3 steps, 4 significant digits.
+// "1.23 G" style: value scaled by 1e3 steps, 4 significant digits; from 1000 E on, "1.235e+21 " (no prefix).
 std::string si(double x) {
   const char* units[] = {"", " k", " M", " G", " T", " P", " E"};
+  if (x >= 1e21) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3e ", x);
+    return buf;
+  }
   int u = 0;
   while (x >= 1000 && u < 6) x /= 1000, ++u;
   char buf[32];
@@ -30,7 +35,7 @@ std::string fmt(const char* f, double x) {
 }
 
 std::string pad(std::string s, std::size_t width, bool right = false) {
-  if (s.size() >= width) return s;
+  if (s.size() >= width) return right ? " " + s : s + " ";  // (a wider value still keeps its columns apart)
   return right ? std::string(width - s.size(), ' ') + s : s + std::string(width - s.size(), ' ');
 }
 
@@ -119,12 +124,16 @@ Status kv_size(const KvArgs& a, std::ostream& out) {
         << " fp32 scales (one per token and KV head)";
   if (shape.dtype == KvDType::int4)
     out << "\n  + 2 (K, V) x " << a.layers << " x " << a.kv_heads << " x " << a.seq << " x " << a.batch << " x "
-        << (a.head_dim + kI4Block - 1) / kI4Block << " fp32 scales (one per " << kI4Block
+        << a.head_dim / kI4Block + (a.head_dim % kI4Block != 0) << " fp32 scales (one per " << kI4Block
         << " values of a row)";
+  if (shape.dtype == KvDType::int4 && a.head_dim % 2)
+    out << "\n  (a row of " << a.head_dim << " 4-bit values takes " << a.head_dim / 2 + 1 << " whole bytes)";
   out << "\n";
   // (exact up to 2^53, a double's integers; beyond, the bytes are printed as what they are: 16 digits)
-  out << "  = " << (bytes < 0x1p53 ? fmt("%.0f", bytes) : fmt("%.15e", bytes)) << " bytes = "
-      << fmt("%.2f", bytes / 1e9) << " GB = " << fmt("%.2f", bytes / (1024.0 * 1024 * 1024)) << " GiB\n";
+  const bool exact = bytes < 0x1p53;
+  out << "  = " << (exact ? fmt("%.0f", bytes) : fmt("%.15e", bytes)) << " bytes = "
+      << fmt(exact ? "%.2f" : "%.3e", bytes / 1e9) << " GB = "
+      << fmt(exact ? "%.2f" : "%.3e", bytes / (1024.0 * 1024 * 1024)) << " GiB\n";
   return Status::Ok();
 }
 

@@ -2,6 +2,7 @@
 // head. The weights come from attn::attention itself: with V = the identity matrix, O = P.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -68,6 +69,10 @@ Status load(const std::string& path, const char* option, std::int64_t* heads, st
     return Status::Invalid(option, "shape " + shape_text(a.shape) + "; expected at most 64 heads of 1 to 256 tokens (a picture)");
   *heads = shape[0], *seq = shape[1], *dim = shape[2];
   data->assign(a.as<float>(), a.as<float>() + a.numel());
+  // (a NaN or infinite entry makes its rows' weights NaN: no picture of attention weights)
+  if (const auto bad = std::find_if(data->begin(), data->end(), [](float x) { return !std::isfinite(x); }); bad != data->end())
+    return Status::Invalid(option, "element " + std::to_string(bad - data->begin()) + " is " + std::to_string(*bad) +
+                                       "; expected finite values");
   return Status::Ok();
 }
 

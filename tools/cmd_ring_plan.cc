@@ -33,7 +33,8 @@ struct RingPlanArgs {
 
 std::string human_seconds(double s) {
   char b[32];
-  if (s >= 100) std::snprintf(b, sizeof b, "%.0f s", s);
+  if (s >= 1e6) std::snprintf(b, sizeof b, "%.3g s", s);
+  else if (s >= 100) std::snprintf(b, sizeof b, "%.0f s", s);
   else if (s >= 1) std::snprintf(b, sizeof b, "%.2f s", s);
   else if (s >= 1e-3) std::snprintf(b, sizeof b, "%.2f ms", s * 1e3);
   else if (s >= 1e-6) std::snprintf(b, sizeof b, "%.1f us", s * 1e6);
@@ -49,7 +50,9 @@ std::string human_bytes(double x) {
 }
 std::string human_count(double x) {
   char b[32];
-  if (x >= 1e6) std::snprintf(b, sizeof b, "%.3gM", x / 1e6);
+  if (x >= 1e12) std::snprintf(b, sizeof b, "%.3g", x);
+  else if (x >= 1e9) std::snprintf(b, sizeof b, "%.3gG", x / 1e9);
+  else if (x >= 1e6) std::snprintf(b, sizeof b, "%.3gM", x / 1e6);
   else if (x >= 1e3) std::snprintf(b, sizeof b, "%.3gk", x / 1e3);
   else std::snprintf(b, sizeof b, "%.3g", x);
   return b;
@@ -90,16 +93,25 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
   in.causal = !a.no_causal;
   if (a.dtype == "bf16" || a.dtype == "f16") in.bytes_per_element = 2;
   else if (a.dtype == "f32") in.bytes_per_element = 4;
-  else if (a.dtype == "fp8" || a.dtype == "int8") in.bytes_per_element = 1;
-  else return Status::Invalid("--dtype", "'" + a.dtype + "'; expected bf16, f16, f32, fp8 or int8");
+  else if (a.dtype == "fp8") in.bytes_per_element = 1;
+  else if (a.dtype == "int8" || a.dtype == "i8")  // (its rows' fp32 scales are no whole bytes per element)
+    return Status::Invalid("--dtype", "'" + a.dtype + "'; expected bf16, f16, f32 or fp8 (attn's ring attention "
+                                      "sends K/V in the inputs' dtype and refuses 8-bit K/V)");
+  else return Status::Invalid("--dtype", "'" + a.dtype + "'; expected bf16, f16, f32 or fp8");
   in.bandwidth_gbit = a.bandwidth, in.latency_us = a.latency;
   if (a.rate && a.measure_rate)
     return Status::Invalid("--rate", "given with --measure-rate; expected one of them (or neither: 1000 GFLOP/s)");
-  if (a.rate && !(std::isfinite(*a.rate) && *a.rate >= 1e-3)) {
-    char given[32];
-    std::snprintf(given, sizeof given, "%g", *a.rate);
-    return Status::Invalid("--rate", std::string(given) + "; expected a finite GFLOP/s >= 0.001");
-  }
+  // Ranges the table prints sensibly (a link of 1e-300 Gbit/s or a rate of 1e300 GFLOP/s gave 300-digit times).
+  const auto in_range = [](const char* option, double x, double lo, double hi, const char* what) {
+    if (x >= lo && x <= hi) return Status::Ok();
+    char text[160];
+    std::snprintf(text, sizeof text, "%g; expected %s from %g to %g", x, what, lo, hi);
+    return Status::Invalid(option, text);
+  };
+  if (a.rate)
+    if (Status s = in_range("--rate", *a.rate, 1e-3, 1e9, "GFLOP/s"); !s) return s;
+  if (Status s = in_range("--bandwidth", a.bandwidth, 1e-3, 1e9, "Gbit/s"); !s) return s;
+  if (Status s = in_range("--latency", a.latency, 0, 1e9, "microseconds"); !s) return s;
   for (const auto& [name, list] : {std::pair{"--seq", &a.seq}, {"--hosts", &a.hosts}}) {
     if (list->empty()) return Status::Invalid(name, "empty; expected one or more counts");
     for (std::int64_t n : *list)  // (past 2^53 a count is no longer exact as the model's doubles)
@@ -130,8 +142,8 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
   }
   char line[512];
   std::snprintf(line, sizeof line,
-                "ring attention plan: B=%lld Hq=%lld Hkv=%lld D=%lld, %s K/V, %s; links %.0f Gbit/s, %.1f us; "
-                "%.0f GFLOP/s per host (%s)\n",
+                "ring attention plan: B=%lld Hq=%lld Hkv=%lld D=%lld, %s K/V, %s; links %.4g Gbit/s, %.4g us; "
+                "%.4g GFLOP/s per host (%s)\n",
                 static_cast<long long>(a.batch), static_cast<long long>(a.heads), static_cast<long long>(a.kv_heads),
                 static_cast<long long>(a.head_dim), a.dtype.c_str(), in.causal ? "causal (zigzag)" : "full", a.bandwidth,
                 a.latency, rate, rate_note.c_str());
@@ -201,7 +213,7 @@ void add_ring_plan_command(CLI::App& app, std::ostream& out) {
   c->add_option("--heads", a->heads, "Query heads (default 32)");
   c->add_option("--kv-heads", a->kv_heads, "Key/value heads (default 8)");
   c->add_option("--head-dim", a->head_dim, "Head dim (default 128)");
-  c->add_option("--dtype", a->dtype, "K/V dtype as it travels: bf16 (default), f16, f32, fp8, int8");
+  c->add_option("--dtype", a->dtype, "K/V dtype as it travels: bf16 (default), f16, f32, fp8");
   c->add_flag("--no-causal", a->no_causal, "Full attention (default: causal, zigzag-balanced)");
   c->add_option("--bandwidth", a->bandwidth, "Link bandwidth per direction, Gbit/s (default 100)")->type_name("GBIT");
   c->add_option("--latency", a->latency, "Per-message latency, microseconds (default 5)")->type_name("US");

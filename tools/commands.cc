@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "demo.h"
+#include "subcommand.h"
 #include "explain.h"
 #include "files.h"
 
@@ -551,6 +552,17 @@ std::string parse_error_message(CLI::App& app, int argc, char** argv, const CLI:
   if (dynamic_cast<const CLI::ExtrasError*>(&e)) {  // (its get_name() is the app's name)  // "The following argument(s) was/were not expected: X Y"
     std::string extra = after("The following argument was not expected: ");
     if (extra.empty()) extra = after("The following arguments were not expected: ");
+    // (CLI11 lists them last first: name the one that comes first on the command line)
+    std::vector<std::string> words;
+    for (std::size_t at = 0, end; at < extra.size(); at = end + 1) {
+      end = std::min(extra.find(' ', at), extra.size());
+      words.push_back(extra.substr(at, end - at));
+    }
+    for (int i = 1; i < argc && words.size() > 1; ++i)
+      if (std::find(words.begin(), words.end(), argv[i]) != words.end()) {
+        extra = argv[i];
+        break;
+      }
     if (!extra.empty())
       return extra + ": " + (extra[0] == '-' ? "unknown option" : "unexpected argument") +
              "; expected a command and its options (see attn --help and attn COMMAND --help)";
@@ -626,8 +638,18 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
   app.footer("Run 'attn COMMAND --help' for the options of a command.");  // after: subcommands copy it
   strict_numbers(app);
 
+  // "--name=" is refused: CLI11 reads it as the option with no value and takes the next argument as its value
+  // ("--png= --json" wrote a PNG named --json).
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) {  // (CLI11 takes them last first)
+    const std::string arg = argv[i];
+    if (arg.size() > 3 && arg.rfind("--", 0) == 0 && arg.find('=') == arg.size() - 1)
+      return fail(err, arg.substr(0, arg.size() - 1) + ": empty value after '='; expected a value (or the option "
+                                                        "left out)");
+    args.push_back(arg);
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::CallForHelp&) {
     out << app.help();  // the help of the subcommand named on the command line, if any
     return 0;
@@ -646,11 +668,11 @@ int main(int argc, char** argv, std::ostream& out, std::ostream& err) {
     else if (!app.get_subcommands().empty()) {}  // ran in its callback during parse (tools/subcommand.h)
     else {
       out << app.help();
-      return fail(err, "no command given; expected run, explain or demo");
+      return fail(err, "no command given; expected one of the commands above (attn COMMAND --help for its options)");
     }
     if (!status) return fail(err, status.message());
   } catch (const std::exception& e) {  // e.g. out of memory: still one line, still exit 2
-    return fail(err, e.what());
+    return fail(err, exception_message(e));
   }
   return 0;
 }

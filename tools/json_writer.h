@@ -41,7 +41,9 @@ class JsonObject {
   static std::string number(double x) {
     if (!std::isfinite(x)) return "null";
     char buf[40];
-    std::snprintf(buf, sizeof buf, "%.6g", x);
+    // Whole numbers below 2^53 (counts: flops, bytes, tokens) exactly; others to 9 significant digits.
+    if (std::fabs(x) < 0x1p53 && x == std::floor(x)) std::snprintf(buf, sizeof buf, "%.0f", x);
+    else std::snprintf(buf, sizeof buf, "%.9g", x);
     return buf;
   }
 

@@ -9,11 +9,23 @@
 
 #include <exception>
 #include <functional>
+#include <new>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "attn/status.h"
 
 namespace attn::tools {
+
+// An exception's line: running out of memory says so in the program's words, not std::bad_alloc's.
+inline std::string exception_message(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e))
+    return "the sizes given need more memory than this machine can allocate; expected smaller sizes";
+  if (dynamic_cast<const std::length_error*>(&e))  // (a std::vector asked for more than its max_size())
+    return "the sizes given need more memory than a process can address; expected smaller sizes";
+  return e.what();
+}
 
 inline void on_run(CLI::App* sub, std::function<Status()> run) {
   sub->callback([run = std::move(run)] {
@@ -23,7 +35,7 @@ inline void on_run(CLI::App* sub, std::function<Status()> run) {
     } catch (const CLI::Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw CLI::RuntimeError(e.what(), 2);
+      throw CLI::RuntimeError(exception_message(e), 2);
     }
     if (!s) throw CLI::RuntimeError(s.message(), 2);
   });

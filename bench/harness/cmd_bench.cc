@@ -3,7 +3,8 @@
 // the same process (bench/harness/ceilings.h) and the resident memory before, with and while running.
 //
 // Counting: flops = 2·(Dk + Dv)·Hq·(allowed (query, key) pairs), exact for the causal mask and ragged key
-// lengths (flops_nominal is docs/DESIGN.md's 2·B·Hq·Sq·Skv·(Dk + Dv), halved for causal when Sq = Skv);
+// lengths (flops_nominal is docs/DESIGN.md's 2·B·Hq·Sq·Skv·(Dk + Dv) with B·Skv the keys of all sequences, halved for
+// causal when Sq = Skv);
 // bytes = Q read + O written at their dtype + the K and V rows the keys use, read once, at the KV dtype (a
 // latent shape's V is a view into K's rows: its K rows alone).
 //
@@ -365,6 +366,16 @@ Status shapes_of(const BenchArgs& a, std::vector<Shape>* shapes) {
   if (Status st = positive(s.Skv, "--kv-len"); !st) return st;
   if (Status st = positive(s.D, "--head-dim"); !st) return st;
   if (Status st = positive(s.Dv, "--value-dim"); !st) return st;
+  // The library's limits (attn::kMaxHeadDim, kMaxExtent), named by the option here, not by the tensor they reach.
+  for (const auto& [value, option] : {std::pair{s.D, "--head-dim"}, std::pair{s.Dv, "--value-dim"}})
+    if (value > kMaxHeadDim)
+      return Status::Invalid(option, std::to_string(value) + "; expected at most " + std::to_string(kMaxHeadDim) +
+                                         " (attn::kMaxHeadDim)");
+  for (const auto& [value, option] : {std::pair{s.B, "--batch"}, std::pair{s.Hq, "--heads"}, std::pair{s.Sq, "--q-len"},
+                                      std::pair{s.Skv, "--kv-len"}})
+    if (value > kMaxExtent)
+      return Status::Invalid(option, std::to_string(value) + "; expected at most " + std::to_string(kMaxExtent) +
+                                         " (attn::kMaxExtent)");
   if (s.latent && s.Dv > s.D)
     return Status::Invalid("--value-dim", std::to_string(s.Dv) + " with --latent; expected at most --head-dim (" +
                                               std::to_string(s.D) + "): V is the first columns of K's rows");
@@ -402,6 +413,13 @@ std::int64_t checked_mul(std::initializer_list<std::int64_t> factors) {
   std::int64_t r = 1;
   for (std::int64_t f : factors)
     if (__builtin_mul_overflow(r, f, &r)) return std::numeric_limits<std::int64_t>::max();
+  return r;
+}
+
+std::int64_t checked_add(std::initializer_list<std::int64_t> terms) {
+  std::int64_t r = 0;
+  for (std::int64_t t : terms)
+    if (__builtin_add_overflow(r, t, &r)) return std::numeric_limits<std::int64_t>::max();
   return r;
 }
 
@@ -595,17 +613,38 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     return Status::Invalid("--kv-dtype", std::string(setup.kv_dtype == DType::i8 ? "int8" : "int4") +
                                              " with --backward; expected f32, bf16 or f16 (quantised K/V have no "
                                              "backward)");
-  const int sets = a.backward ? 1 : choose_kv_sets(s, set_bytes, a.kv_sets, q_bytes + o_bytes);
-  const std::int64_t need = (a.backward ? 2 : 1) * q_bytes + (a.backward ? 3 : 1) * o_bytes +
-                            set_bytes * sets * (a.backward ? 2 : 1);
-  if (const std::int64_t avail = available_memory_bytes(); avail > 0 && need > avail - avail / 8)
-    return Status::Invalid(a.kv_sets > 0      ? "--kv-sets"
-                           : a.shapes.empty() ? "--kv-len"
-                                              : "--shape",
-                           "the inputs need " + bytes_text(static_cast<double>(need)) + " but only " +
-                               bytes_text(static_cast<double>(avail)) +
-                               " of memory is available; expected a smaller "
-                               "shape or fewer --kv-sets");
+  const int sets = a.backward ? 1 : choose_kv_sets(s, set_bytes, a.kv_sets, checked_add({q_bytes, o_bytes}));
+  const std::int64_t qo_bytes = checked_add({checked_mul({a.backward ? 2 : 1, q_bytes}),
+                                             checked_mul({a.backward ? 3 : 1, o_bytes})});
+  const std::int64_t kv_bytes = checked_mul({set_bytes, sets, a.backward ? 2 : 1});
+  const std::int64_t need = checked_add({qo_bytes, kv_bytes});
+  // (sizes past 2^63 bytes saturate at INT64_MAX: refused like any other size the memory cannot hold)
+  constexpr std::int64_t kHuge = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t avail = available_memory_bytes();
+  const auto fits = [&](std::int64_t bytes) { return bytes != kHuge && (avail <= 0 || bytes <= avail - avail / 8); };
+  if (!fits(need)) {
+    // The option to blame: the shape id; --kv-sets when one set would fit; else the largest size behind the larger
+    // of Q/O and K/V.
+    const char* option = !a.shapes.empty()                              ? "--shape"
+                         : a.kv_sets > 1 && fits(checked_add({qo_bytes, set_bytes})) ? "--kv-sets"
+                                                                        : nullptr;
+    if (!option) {
+      const std::pair<const char*, std::int64_t> qo[] = {{"--batch", s.B}, {"--heads", s.Hq}, {"--q-len", s.Sq},
+                                                          {"--head-dim", s.D}, {"--value-dim", s.Dv}};
+      const std::pair<const char*, std::int64_t> kv[] = {{"--batch", s.B}, {"--kv-heads", s.Hkv}, {"--kv-len", s.Skv},
+                                                          {"--head-dim", s.D}, {"--value-dim", s.Dv}};
+      const auto& sizes = qo_bytes > kv_bytes ? qo : kv;
+      option = std::max_element(std::begin(sizes), std::end(sizes),
+                                [](const auto& x, const auto& y) { return x.second < y.second; })->first;
+    }
+    return Status::Invalid(option, "the inputs need " +
+                                       (need == kHuge ? std::string("more than 2^63 bytes")
+                                                      : bytes_text(static_cast<double>(need))) +
+                                       (avail > 0 ? " but only " + bytes_text(static_cast<double>(avail)) +
+                                                        " of memory is available"
+                                                  : std::string()) +
+                                       "; expected a smaller shape or fewer --kv-sets");
+  }
 
   Result r;
   r.rss_before = proc_status_bytes("VmRSS");

@@ -31,6 +31,31 @@ __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_
            "flash_attn_with_kvcache", "get_mla_metadata", "flash_mla_with_kvcache"]
 
 
+def _flash_names(**names):
+    """Errors raised inside a FlashAttention-API function name its own parameters: the head of the message (attn's
+    name: query, key, value, scale, k_pages, ...) renamed by `names` (plus query -> q, key -> k, value -> v and
+    scale -> softmax_scale unless given), and shapes in it marked as attn's [batch, nheads, seqlen, headdim]
+    order, the transpose of the caller's."""
+    table = dict(query="q", key="k", value="v", scale="softmax_scale")
+    table.update(names)
+
+    def wrap(fn):
+        import functools
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except (ValueError, TypeError) as e:
+                head, sep, rest = str(e).partition(": ")
+                if not sep or head not in table:
+                    raise
+                note = " (shapes in attn's [batch, nheads, seqlen, headdim] order)" if " is [" in rest else ""
+                raise type(e)(f"{table[head]}: {rest}{note}") from None
+        return call
+    return wrap
+
+
 def _tensor(name, x, rank, layout):
     torch = _torch()
     if not isinstance(x, torch.Tensor):
@@ -67,6 +92,7 @@ def _attend(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, ali
     return out.transpose(1, 2).contiguous(), lse
 
 
+@_flash_names()
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q [batch, seqlen_q, nheads, headdim], k and v [batch, seqlen_k, nheads_k, headdim] (nheads % nheads_k == 0):
@@ -114,6 +140,7 @@ def _attn_probs(q, k, dropout_p, softmax_scale, causal, window_size, softcap, al
     return probs.transpose(1, 2).contiguous()
 
 
+@_flash_names(query="qkv", key="qkv", value="qkv", q="qkv", k="qkv", v="qkv")
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                               alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """qkv [batch, seqlen, 3, nheads, headdim]."""
@@ -123,6 +150,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                            return_attn_probs)
 
 
+@_flash_names(key="kv", value="kv", k="kv", v="kv")
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                              alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q [batch, seqlen_q, nheads, headdim], kv [batch, seqlen_k, 2, nheads_k, headdim]."""
@@ -145,6 +173,7 @@ def _cu_seqlens(name, cu, max_seqlen, total):
     return starts
 
 
+@_flash_names(k_pages="k", v_pages="v", page_table="block_table")
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
@@ -267,6 +296,8 @@ def _index_list(name, t, batch, what):
     return [int(x) for x in t.tolist()]
 
 
+@_flash_names(key="k_cache", value="v_cache", k_pages="k_cache", v_pages="v_cache",
+               page_table="block_table", seq_lens="cache_seqlens", kv_lens="cache_seqlens")
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -478,6 +509,8 @@ def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k, *args, **
     return None, None
 
 
+@_flash_names(key="k_cache", value="k_cache", k_pages="k_cache", v_pages="k_cache",
+               page_table="block_table", seq_lens="cache_seqlens")
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata=None,
                            num_splits=None, softmax_scale=None, causal=False):
     """FlashMLA's flash_mla_with_kvcache on attn: decode (and speculative multi-token decode) of multi-head latent

@@ -556,15 +556,25 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
                     causal_alignment=causal_alignment, scale=scale, window=window, return_lse=return_lse,
                     softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
                     lens=seq_lens, page_table=page_table)
-    if c.kind == "torch" and not c.quant_kv and not _ops().direct(query, k_pages, v_pages):
-        # torch.ops.attn.sdpa_paged, traceable by torch.compile and torch.export
-        ops = _ops()
-        out, lse = _call(ops.sdpa_paged, query, k_pages, v_pages, *c.op_args(("page_table", "seq_lens")),
-                         *c.op_args(ops.PAGED_OPTIONS), names=_PAGED_NAMES)
-    else:
-        out, lse = _forward_paged(c.kind, query, k_pages, v_pages, c.page_table, c.seq_lens, c.options(),
-                                  c.return_lse)
+    with _no_autograd(c.kind):  # (no backward: the result does not require grad, whatever its inputs do)
+        if c.kind == "torch" and not c.quant_kv and not _ops().direct(query, k_pages, v_pages):
+            # torch.ops.attn.sdpa_paged, traceable by torch.compile and torch.export
+            ops = _ops()
+            out, lse = _call(ops.sdpa_paged, query, k_pages, v_pages, *c.op_args(("page_table", "seq_lens")),
+                             *c.op_args(ops.PAGED_OPTIONS), names=_PAGED_NAMES)
+        else:
+            out, lse = _forward_paged(c.kind, query, k_pages, v_pages, c.page_table, c.seq_lens, c.options(),
+                                      c.return_lse)
     return (out, lse) if c.return_lse else out
+
+
+def _no_autograd(kind):
+    """torch.no_grad() for torch calls of the functions without a backward (paged, cascade), else nothing."""
+    if kind == "torch":
+        import torch
+        return torch.no_grad()
+    import contextlib
+    return contextlib.nullcontext()
 
 
 def attention_paged_cascade(query, k_pages, v_pages, prefix_table, prefix_len, page_table, seq_lens, *,
@@ -581,7 +591,7 @@ def attention_paged_cascade(query, k_pages, v_pages, prefix_table, prefix_len, p
     is_causal: the last query of each sequence on its last key (bottom-right); every query must see the whole
     prefix (seq_lens[b] >= Sq - 1). scale, softcap, sinks, k_scale, v_scale: as attention_paged's. Windows, masks,
     ALiBi and dropout are refused (they depend on a key's position in its sequence). Returns out [B, Hq, Sq, Dv]
-    (and the float32 lse [B, Hq, Sq] with return_lse=True). No autograd; torch tensors (but 8- or 4-bit pages) go through
+    (and the float32 lse [B, Hq, Sq] with return_lse=True). No autograd: the result does not require grad; torch tensors (but 8- or 4-bit pages) go through
     torch.ops.attn.sdpa_paged_cascade, so torch.compile and torch.export trace the call."""
     c = _check_call(query, k_pages, v_pages, paged=True, attn_mask=None, is_causal=is_causal,
                     causal_alignment="bottom_right" if is_causal else None, scale=scale, window=None,
@@ -592,13 +602,15 @@ def attention_paged_cascade(query, k_pages, v_pages, prefix_table, prefix_len, p
     table = _on_device(c.kind, query, table)
     if isinstance(prefix_len, (bool, np.bool_)) or not isinstance(prefix_len, (int, np.integer)):
         raise TypeError(f"prefix_len: got {type(prefix_len).__name__}; expected an int >= 0")
-    if c.kind == "torch" and not c.quant_kv and not _ops().direct(query, k_pages, v_pages):
-        ops = _ops()  # torch.ops.attn.sdpa_paged_cascade, traceable by torch.compile and torch.export
-        out, lse = _call(ops.sdpa_paged_cascade, query, k_pages, v_pages, _as_tensor(table), int(prefix_len),
-                         *c.op_args(("page_table", "seq_lens")), *c.op_args(ops.PAGED_OPTIONS), names=_PAGED_NAMES)
-    else:
-        out, lse = _forward_paged_cascade(c.kind, query, k_pages, v_pages, table, int(prefix_len), c.page_table,
-                                          c.seq_lens, c.options(), c.return_lse)
+    with _no_autograd(c.kind):  # (no backward: the result does not require grad)
+        if c.kind == "torch" and not c.quant_kv and not _ops().direct(query, k_pages, v_pages):
+            ops = _ops()  # torch.ops.attn.sdpa_paged_cascade, traceable by torch.compile and torch.export
+            out, lse = _call(ops.sdpa_paged_cascade, query, k_pages, v_pages, _as_tensor(table), int(prefix_len),
+                             *c.op_args(("page_table", "seq_lens")), *c.op_args(ops.PAGED_OPTIONS),
+                             names=_PAGED_NAMES)
+        else:
+            out, lse = _forward_paged_cascade(c.kind, query, k_pages, v_pages, table, int(prefix_len), c.page_table,
+                                              c.seq_lens, c.options(), c.return_lse)
     return (out, lse) if c.return_lse else out
 
 

@@ -45,6 +45,7 @@ def info():
     all, 'cpuid': the CPUID flags attn reads, 'l1d_bytes', 'l2_bytes', 'l3_bytes', 0 = unknown); what the OS enables ('osxsave', 'xcr0', 'os_avx',
     'os_avx512', 'os_amx', and Linux's AMX permission: 'amx_kernel_supports', 'amx_permitted_before_request',
     'amx_request_ok', None when not asked); the kernel levels ('isa_levels', lowest first, 'supported_isa',
-    'best_isa', 'active_isa': the one calls use now) and 'threads', the thread count of a call. The keys are those
-    of the command-line tool's `attn info --json`."""
+    'best_isa', 'active_isa': the one calls use now) and 'threads', the thread count of a call. The command-line
+    tool's `attn info --json` has most of the same keys (and 'ATTN_ISA', 'omp_max_threads', 'online_cpus'; 'xcr0'
+    there is a hex string, here an int)."""
     return _attn.info()

@@ -85,12 +85,24 @@ Status attention_cost(const AttentionShape& in, AttentionCost* cost) {
 Status parameter_count(const ParamShape& in, std::int64_t* count) {
   ParamShape s = in;
   if (Status st = resolve_heads(s.d_model, s.heads, &s.kv_heads, &s.head_dim, &s.v_head_dim); !st) return st;
-  // In 128 bits, then checked: the count must fit the int64 it is returned in.
-  const __int128 d = s.d_model, hq = s.heads, hkv = s.kv_heads, dk = s.head_dim, dv = s.v_head_dim;
-  const __int128 qkv_width = hq * dk + hkv * dk + hkv * dv;
-  __int128 n = d * qkv_width + hq * dv * d;
-  if (s.bias) n += qkv_width + d;
-  if (n > std::numeric_limits<std::int64_t>::max())
+  // Every product and sum checked: the count must fit the int64 it is returned in (a product of two int64 can
+  // pass even 128 bits: d_model = 2^63 - 1 with one head gave 4).
+  bool overflow = false;
+  const auto mul = [&](std::int64_t a, std::int64_t b) {
+    std::int64_t r = 0;
+    overflow |= __builtin_mul_overflow(a, b, &r);
+    return r;
+  };
+  const auto add = [&](std::int64_t a, std::int64_t b) {
+    std::int64_t r = 0;
+    overflow |= __builtin_add_overflow(a, b, &r);
+    return r;
+  };
+  const std::int64_t d = s.d_model, hq = s.heads, hkv = s.kv_heads, dk = s.head_dim, dv = s.v_head_dim;
+  const std::int64_t qkv_width = add(add(mul(hq, dk), mul(hkv, dk)), mul(hkv, dv));
+  std::int64_t n = add(mul(d, qkv_width), mul(mul(hq, dv), d));
+  if (s.bias) n = add(n, add(qkv_width, d));
+  if (overflow)
     return Status::Invalid("d_model", "with these heads and head dims the layer has more than 2^63 - 1 parameters; "
                                       "expected a count that fits in 64 bits");
   *count = static_cast<std::int64_t>(n);
@@ -119,8 +131,11 @@ Status kv_cache_bytes(const KvCacheShape& s, double* bytes) {
   const double row_bytes = s.dtype == KvDType::int4 ? std::ceil(d / 2) + 4 * std::ceil(d / kI4Block)  // + block scales
                                                     : d * kv_dtype_bytes(s.dtype) +
                                                           (s.dtype == KvDType::int8 ? 4.0 : 0.0);  // + the row's scale
-  *bytes = 2.0 * static_cast<double>(s.layers) * static_cast<double>(s.kv_heads) * static_cast<double>(s.seq) *
-           static_cast<double>(s.batch) * row_bytes;
+  // (in long double, rounded to double once: a chain of double products was an ulp off past 2^53, e.g. 5.6e37 bytes
+  // printed as 5.600000000000001e+37)
+  *bytes = static_cast<double>(2.0L * static_cast<long double>(s.layers) * static_cast<long double>(s.kv_heads) *
+                               static_cast<long double>(s.seq) * static_cast<long double>(s.batch) *
+                               static_cast<long double>(row_bytes));
   return Status::Ok();
 }
 

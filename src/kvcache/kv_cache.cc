@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -23,9 +24,9 @@ Status positive(const char* name, std::int64_t value) {
   return Status::Ok();
 }
 
-// Checks that `t` is an f32, bf16 or f16 [1, heads, T, dim] view (T >= 0) and returns T; an i8 or i4 cache
-// (`quantised`) also needs every value finite.
-Status check_tokens(const char* name, const TensorView& t, std::int64_t heads, std::int64_t dim, bool quantised,
+// Checks that `t` is an f32, bf16 or f16 [1, heads, T, dim] view (0 <= T <= kMaxExtent) and returns T (its values:
+// check_values, once the append is known to fit).
+Status check_tokens(const char* name, const TensorView& t, std::int64_t heads, std::int64_t dim,
                     std::int64_t* tokens) {
   if (t.rank != 4) return Status::Invalid(name, "rank " + str(t.rank) + "; expected rank 4 [1, Hkv, T, D]");
   if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16)
@@ -34,25 +35,64 @@ Status check_tokens(const char* name, const TensorView& t, std::int64_t heads, s
   if (t.shape[1] != heads) return Status::Invalid(name, "heads " + str(t.shape[1]) + "; expected Hkv = " + str(heads));
   if (t.shape[3] != dim) return Status::Invalid(name, "head dim " + str(t.shape[3]) + "; expected " + str(dim));
   if (t.shape[2] < 0) return Status::Invalid(name, "token count " + str(t.shape[2]) + "; expected >= 0");
+  if (t.shape[2] > kMaxExtent)
+    return Status::Invalid(name, "token count " + str(t.shape[2]) + "; expected at most " + str(kMaxExtent) +
+                                     " (attn::kMaxExtent)");
   if (t.shape[2] > 0 && !t.data) return Status::Invalid(name, "data is null; expected a buffer");
-  if (quantised)
-    for (std::int64_t h = 0; h < heads; ++h)
-      for (std::int64_t j = 0; j < t.shape[2]; ++j)
-        for (std::int64_t d = 0; d < dim; ++d)
-          if (!std::isfinite(core::float_at(t, h * t.strides[1] + j * t.strides[2] + d * t.strides[3])))
-            return Status::Invalid(name, "value [0, " + str(h) + ", " + str(j) + ", " + str(d) +
-                                             "] is not finite; expected finite values (an i8 or i4 cache has no scale "
-                                             "for inf or NaN)");
   *tokens = t.shape[2];
   return Status::Ok();
 }
 
-Status check_pair(const TensorView& k, const TensorView& v, std::int64_t hkv, std::int64_t dk, std::int64_t dv,
-                  DType storage, std::int64_t* tokens) {
-  std::int64_t tk = 0, tv = 0;
+// Row t of head h of src [1, H, T, dim] as fp32 into x, turned at `position` when `rotary` is given.
+void load_row(const TensorView& src, std::int64_t h, std::int64_t t, float* x, const Rotary* rotary,
+              std::int64_t position) {
+  for (std::int64_t d = 0; d < src.shape[3]; ++d)
+    x[d] = core::float_at(src, h * src.strides[1] + t * src.strides[2] + d * src.strides[3]);
+  if (rotary) kvcache::rotate_row(x, *rotary, position);
+}
+
+// Whether the values an append would store are fine, checked before anything is written: an i8 or i4 cache
+// refuses a value that is not finite (it has no scale for inf or NaN), and every cache a finite input that its
+// storage would hold as inf or NaN (an f16 value past 65504, a rotary turn that overflows or a NaN in its tables).
+// The rows checked are the ones stored: the keys after their turn.
+Status check_values(const char* name, const TensorView& src, DType storage, const Rotary* rotary,
+                    std::int64_t position0) {
   const bool quantised = storage == DType::i8 || storage == DType::i4;
-  if (Status s = check_tokens("k", k, hkv, dk, quantised, &tk); !s) return s;
-  if (Status s = check_tokens("v", v, hkv, dv, quantised, &tv); !s) return s;
+  if (!quantised && !rotary && (storage == DType::f32 || src.dtype == storage)) return Status::Ok();  // (exact)
+  const std::int64_t dim = src.shape[3];
+  std::vector<float> x(static_cast<std::size_t>(dim));
+  for (std::int64_t h = 0; h < src.shape[1]; ++h)
+    for (std::int64_t t = 0; t < src.shape[2]; ++t) {
+      load_row(src, h, t, x.data(), rotary, position0 + t);
+      bool row_finite = true;  // (a row with inf or NaN in it may pass them on to its partners in the turn)
+      for (std::int64_t d = 0; d < dim; ++d)
+        row_finite = row_finite && std::isfinite(core::float_at(src, h * src.strides[1] + t * src.strides[2] + d * src.strides[3]));
+      for (std::int64_t d = 0; d < dim; ++d) {
+        const float in = core::float_at(src, h * src.strides[1] + t * src.strides[2] + d * src.strides[3]);
+        const float stored = storage == DType::bf16 ? core::to_float(core::from_float<core::bf16>(x[d]))
+                             : storage == DType::f16 ? core::to_float(core::from_float<core::f16>(x[d]))
+                                                     : x[d];
+        const std::string at = "value [0, " + str(h) + ", " + str(t) + ", " + str(d) + "]";
+        if (quantised && !std::isfinite(stored))
+          return Status::Invalid(name, at + (std::isfinite(in) ? " becomes " + std::to_string(stored) +
+                                                                     " after the rotary turn"
+                                                               : " is not finite") +
+                                           "; expected finite values (an i8 or i4 cache has no scale for inf or NaN)");
+        if (!quantised && row_finite && !std::isfinite(stored))
+          return Status::Invalid(name, at + " = " + std::to_string(in) + " would be stored as " +
+                                           std::to_string(stored) + (rotary ? " (after the rotary turn)" : "") +
+                                           "; expected values the cache's " + dtype_name(storage) +
+                                           " holds as finite");
+      }
+    }
+  return Status::Ok();
+}
+
+Status check_pair(const TensorView& k, const TensorView& v, std::int64_t hkv, std::int64_t dk, std::int64_t dv,
+                  std::int64_t* tokens) {
+  std::int64_t tk = 0, tv = 0;
+  if (Status s = check_tokens("k", k, hkv, dk, &tk); !s) return s;
+  if (Status s = check_tokens("v", v, hkv, dv, &tv); !s) return s;
   if (tk != tv) return Status::Invalid("v", "token count " + str(tv) + "; expected " + str(tk) + " (as k)");
   *tokens = tk;
   return Status::Ok();
@@ -165,6 +205,42 @@ Params with_scales(const Params& params, const TensorView& k_scale, const Tensor
   return p;
 }
 
+// The caller's mask sized to the keys it knows (`keys`: the cached length, or the longest sequence of the batch),
+// as the `width` of keys the call reads (the capacity, or the page table's pages x page size): copied into `buf`
+// with zeros past `keys` (keys no query sees: past every sequence's length). Other masks stay as they are.
+Params widen_mask(const Params& params, std::int64_t keys, std::int64_t width, std::vector<unsigned char>* buf) {
+  if (!params.mask) return params;
+  const TensorView& m = *params.mask;
+  if (m.rank < 1 || m.rank > 4 || m.shape[m.rank - 1] != keys || keys == width || keys == 1 || !m.data ||
+      m.device.is_cuda())
+    return params;  // (anything else is the attention's to accept or refuse)
+  std::int64_t rows = 1;
+  for (int d = 0; d + 1 < m.rank; ++d) {
+    if (m.shape[d] < 0 || m.shape[d] > kMaxExtent) return params;
+    rows *= m.shape[d];
+  }
+  if (rows > (std::int64_t{1} << 24) / std::max<std::int64_t>(width, 1)) return params;  // (no huge copies)
+  const std::size_t size = dtype_size(m.dtype);
+  buf->assign(static_cast<std::size_t>(rows * width) * size, 0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::int64_t at = 0, rest = r;  // the element offset of row r (its index over the leading dims)
+    for (int d = m.rank - 2; d >= 0; --d) at += (rest % m.shape[d]) * m.strides[d], rest /= m.shape[d];
+    for (std::int64_t j = 0; j < keys; ++j)
+      std::memcpy(buf->data() + static_cast<std::size_t>(r * width + j) * size,
+                  static_cast<const unsigned char*>(m.data) + static_cast<std::ptrdiff_t>(at + j * m.strides[m.rank - 1]) *
+                                                                  static_cast<std::ptrdiff_t>(size),
+                  size);
+  }
+  Params p = params;
+  TensorView w = m;
+  w.data = buf->data();
+  w.shape[m.rank - 1] = width;
+  std::int64_t stride = 1;
+  for (int d = m.rank - 1; d >= 0; --d) w.strides[d] = stride, stride *= w.shape[d];
+  p.mask = w;
+  return p;
+}
+
 // A view of cache storage (`rank` dims of `shape` at `strides`).
 TensorView storage_view(const void* data, DType dtype, std::array<std::int64_t, 4> shape,
                         std::array<std::int64_t, 4> strides, int rank) {
@@ -241,9 +317,7 @@ void store_rows(const TensorView& src, std::int64_t h, std::int64_t t0, std::int
   std::vector<float> x(static_cast<std::size_t>(dim));
   std::vector<int> q(static_cast<std::size_t>(dim));
   for (std::int64_t t = 0; t < count; ++t) {
-    for (std::int64_t d = 0; d < dim; ++d)
-      x[d] = core::float_at(src, h * src.strides[1] + (t0 + t) * src.strides[2] + d * src.strides[3]);
-    if (rotary) kvcache::rotate_row(x.data(), *rotary, position0 + t);
+    load_row(src, h, t0 + t, x.data(), rotary, position0 + t);
     const std::int64_t row = row0 + t;
     unsigned char* out = dst.data() + row * f.row_bytes();
     float* scales = scale.data() + row * f.scales();
@@ -311,13 +385,16 @@ Status KVCache::append(const TensorView& k, const TensorView& v, const Rotary& r
 }
 
 Status KVCache::append_impl(const TensorView& k, const TensorView& v, const Rotary* rotary) {
+  if (capacity_ == 0) return Status::Invalid("cache", "not created; expected KVCache::create first");
   std::int64_t t = 0;
-  if (Status s = check_pair(k, v, hkv_, dk_, dv_, dtype_, &t); !s) return s;
+  if (Status s = check_pair(k, v, hkv_, dk_, dv_, &t); !s) return s;
   if (t > capacity_ - length_)
     return Status::Invalid("k", "appending " + str(t) + " tokens to a cache holding " + str(length_) + " of " +
                                     str(capacity_) + "; expected at most " + str(capacity_ - length_));
   if (rotary)
     if (Status s = kvcache::check_rotary(*rotary, dk_, length_, t); !s) return s;
+  if (Status s = check_values("k", k, dtype_, rotary, length_); !s) return s;
+  if (Status s = check_values("v", v, dtype_, nullptr, 0); !s) return s;
   for (std::int64_t h = 0; h < hkv_; ++h) {
     store_rows(k, h, 0, t, dtype_, k_, k_scale_, h * capacity_ + length_, rotary, length_);
     store_rows(v, h, 0, t, dtype_, v_, v_scale_, h * capacity_ + length_);
@@ -347,9 +424,10 @@ Status KVCache::attend(const TensorView& q, const TensorView& out, const Params&
   k.shape[2] = v.shape[2] = ks.shape[2] = vs.shape[2] = capacity_;
   std::int32_t table[1] = {0};
   std::int64_t lens[1] = {length_};
+  std::vector<unsigned char> mask;  // (a mask as wide as the cached keys, widened to the capacity)
   return as_cache_error(attention_paged(q, k, v, TensorView::contiguous(table, DType::i32, {1, 1}),
                                         TensorView::contiguous(lens, DType::i64, {1}), out,
-                                        with_scales(params, ks, vs), lse));
+                                        with_scales(widen_mask(params, length_, capacity_, &mask), ks, vs), lse));
 }
 
 // ---- PagedKVCache -----------------------------------------------------------------------------------
@@ -401,6 +479,7 @@ std::int64_t PagedKVCache::add_sequence() {
 }
 
 Status PagedKVCache::find(std::int64_t id, const Sequence** seq) const {
+  if (num_pages_ == 0) return Status::Invalid("cache", "not created; expected PagedKVCache::create first");
   const auto it = seqs_.find(id);
   if (it == seqs_.end())
     return Status::Invalid("sequence", "id " + str(id) + " does not exist; expected an id from add_sequence() "
@@ -458,14 +537,17 @@ Status PagedKVCache::append_impl(std::int64_t id, const TensorView& k, const Ten
   const Sequence* found = nullptr;
   if (Status s = find(id, &found); !s) return s;
   std::int64_t t = 0;
-  if (Status s = check_pair(k, v, hkv_, dk_, dv_, dtype_, &t); !s) return s;
-  if (rotary)
-    if (Status s = kvcache::check_rotary(*rotary, dk_, found->length, t); !s) return s;
+  if (Status s = check_pair(k, v, hkv_, dk_, dv_, &t); !s) return s;
   Sequence& seq = seqs_[id];
+  // (t <= kMaxExtent and a sequence holds at most the pool's 2^31 x 2^31 slots: no overflow)
   const std::int64_t need = (seq.length + t + page_size_ - 1) / page_size_ - static_cast<std::int64_t>(seq.pages.size());
   if (need > free_pages())
     return Status::Invalid("k", "appending " + str(t) + " tokens to sequence " + str(id) + " needs " + str(need) +
                                     " more pages; expected at most the " + str(free_pages()) + " free pages of the pool");
+  if (rotary)
+    if (Status s = kvcache::check_rotary(*rotary, dk_, found->length, t); !s) return s;
+  if (Status s = check_values("k", k, dtype_, rotary, seq.length); !s) return s;
+  if (Status s = check_values("v", v, dtype_, nullptr, 0); !s) return s;
   for (std::int64_t n = 0; n < need; ++n) {
     const std::int32_t p = free_.back();
     free_.pop_back();
@@ -536,8 +618,12 @@ Status PagedKVCache::attend(const std::vector<std::int64_t>& ids, const TensorVi
   if (Status s = check_decode(q, out, lse, params, batch, "one row per sequence id", hkv_, dk_, dv_); !s) return s;
   const TensorView table_view = TensorView::contiguous(table.data(), DType::i32, {batch, width});
   const TensorView lens_view = TensorView::contiguous(lens.data(), DType::i32, {batch});
+  std::vector<unsigned char> mask;  // (a mask as wide as the longest sequence, widened to the table's keys)
+  const std::int64_t longest = *std::max_element(lens.begin(), lens.end());
   return as_cache_error(attention_paged(q, k_pages(), v_pages(), table_view, lens_view, out,
-                                        with_scales(params, k_scale_pages(), v_scale_pages()), lse));
+                                        with_scales(widen_mask(params, longest, width * page_size_, &mask),
+                                                    k_scale_pages(), v_scale_pages()),
+                                        lse));
 }
 
 }  // namespace attn

@@ -59,6 +59,17 @@ std::int64_t pitch(const TensorView& x, std::int64_t width) { return x.strides[1
 const float* or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
 
+
+// An error of the cache's append inside a forward step, in the caller's terms: the keys and values appended are
+// the step's projections of x, not arguments the caller passed ("k: appending 3 tokens ..." is the cache's room;
+// "k: value [0, h, t, d] is not finite" is x's projected keys, of batch row `row`).
+Status as_append_error(const Status& s, std::int64_t row) {
+  if (s.ok() || (s.param() != "k" && s.param() != "v")) return s;
+  const std::string body = s.message().substr(std::min(s.message().size(), s.param().size() + 2));
+  if (body.rfind("appending", 0) == 0) return Status::Invalid("cache", body);
+  return Status::Invalid("x", "its projected " + std::string(s.param() == "k" ? "keys" : "values") + " of batch row " +
+                                  str(row) + " [1, Hkv, T, D]: " + body);
+}
 }  // namespace
 
 Status MultiHeadAttention::create(const MhaConfig& config, MultiHeadAttention* mha) {
@@ -350,7 +361,7 @@ Status MultiHeadAttention::forward_cached_impl(const TensorView& x, KVCache& cac
   if (rotary)
     if (Status s = apply_rotary(TensorView::bshd(q.data(), DType::f32, 1, T, c.heads, c.head_dim), *rotary, before); !s)
       return s;
-  if (Status s = rotary ? cache.append(kv_k, kv_v, *rotary) : cache.append(kv_k, kv_v); !s) return s;
+  if (Status s = rotary ? cache.append(kv_k, kv_v, *rotary) : cache.append(kv_k, kv_v); !s) return as_append_error(s, 0);
   std::vector<float> y(sz(T * wo), 0.0f);
   if (Status s = cache.attend(TensorView::bshd(q.data(), DType::f32, 1, T, c.heads, c.head_dim),
                               TensorView::bshd(y.data(), DType::f32, 1, T, c.heads, c.v_head_dim), params);
@@ -402,7 +413,7 @@ Status MultiHeadAttention::forward_paged(const TensorView& x, PagedKVCache& cach
                                   TensorView::bshd(v.data() + b * T * wv, DType::f32, 1, T, c.kv_heads, c.v_head_dim));
     if (!s) {
       roll_back(b);
-      return s;
+      return as_append_error(s, b);
     }
   }
   std::vector<float> y(sz(B * T * wo), 0.0f);

@@ -28,6 +28,7 @@ file(WRITE "${WORK_DIR}/readme_example.cc" "${code}")
 
 execute_process(COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/package" -B "${WORK_DIR}/build"
                         "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix" "-DEXAMPLE_SOURCE=${WORK_DIR}/readme_example.cc"
+                        "-DEXPECT_DIST=${EXPECT_DIST}"
                         "-DCMAKE_CXX_FLAGS=${EXTRA_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${EXTRA_FLAGS}"
                 RESULT_VARIABLE rc OUTPUT_VARIABLE log ERROR_VARIABLE log)
 if(NOT rc EQUAL 0)

@@ -13,8 +13,9 @@ registered under the same name), so every masking rule a model has (padding, sli
 sequences) reaches attn unchanged; when transformers skips the mask (pure causal, no padding), attn applies
 causal itself, aligned bottom-right so that it is right with a KV cache too.
 
-An 8-bit KV cache for generate: pass `past_key_values=attn.integrations.transformers.Int8KVCache()` (with
-attn_implementation="attn"). It stores K and V as int8 with one float32 scale per (batch, head, token), max|x| / 127,
+An 8-bit KV cache for generate: pass `cache=attn.integrations.transformers.Int8KVCache()` (`past_key_values=` in
+transformers versions without generate's `cache` argument; 5.24 still takes it, with a FutureWarning), with
+attn_implementation="attn" (other implementations cannot read int8 rows). It stores K and V as int8 with one float32 scale per (batch, head, token), max|x| / 127,
 as attn.KVCache(dtype="int8") does, and hands attn the int8 rows and their scales, which its kernels widen in
 registers: decode reads half the bytes of a bf16 cache. The prompt's own attention (the first update) runs on the
 unquantised states.
