@@ -224,6 +224,7 @@ double max_logit_gap(const std::vector<std::vector<float>>& a, const std::vector
 Status generate(const GenerateArgs& a, std::ostream& out) {
   const std::pair<const char*, std::int64_t> positive[] = {{"--tokens", a.tokens}, {"--d-model", a.d_model},
                                                            {"--layers", a.layers}, {"--heads", a.heads},
+                                                           {"--kv-heads", a.kv_heads},  // (0 was MHA, silently)
                                                            {"--vocab", a.vocab},   {"--prompt", a.prompt},
                                                            {"--page-size", a.page_size}};
   for (const auto& [name, v] : positive)
@@ -245,7 +246,9 @@ Status generate(const GenerateArgs& a, std::ostream& out) {
   Model m;
   if (Status s = build(a, &m); !s) {
     if (s.message().rfind("kv_heads", 0) == 0) return Status::Invalid("--kv-heads", s.message().substr(10));
-    if (s.message().rfind("head_dim", 0) == 0) return Status::Invalid("--heads", s.message().substr(10));
+    if (s.message().rfind("head_dim", 0) == 0)  // (generate has no head-dim option: d_model / heads is it)
+      return Status::Invalid("--heads", std::to_string(a.heads) + " does not divide --d-model " +
+                                            std::to_string(a.d_model) + "; expected a divisor (head dim = d_model / heads)");
     return s;
   }
   const MhaConfig& cfg = m.layers[0].attn.config();

@@ -258,9 +258,19 @@ Status experiment(const ExperimentArgs& a, std::ostream& out) {
       for (int arm = 0; arm < 2; ++arm) {
         const Run& r = runs[arm][sz(s)];
         const std::string reached = r.reached < 0 ? "not" : std::to_string(r.reached + 1);
-        std::snprintf(line, sizeof line, "%-5d %-11s %10s %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %10.3g\n", s + 1,
-                      names[arm], reached.c_str(), r.eval_accuracy, r.eval_loss, entropy_at(r, 0), entropy_at(r, 10),
-                      entropy_at(r, 50), r.entropy.back(), r.grad_qk0);
+        // A step the run did not reach prints "-", a value training drove to inf or NaN "diverged".
+        const auto cell = [&](double x, int t, const char* format) {
+          char text[32];
+          if (t >= a.steps) return std::string("-");
+          if (!std::isfinite(x)) return std::string("diverged");
+          std::snprintf(text, sizeof text, format, x);
+          return std::string(text);
+        };
+        std::snprintf(line, sizeof line, "%-5d %-11s %10s %10s %10s %10s %10s %10s %10s %10s\n", s + 1, names[arm],
+                      reached.c_str(), cell(r.eval_accuracy, 0, "%.3f").c_str(), cell(r.eval_loss, 0, "%.3f").c_str(),
+                      cell(entropy_at(r, 0), 0, "%.3f").c_str(), cell(entropy_at(r, 10), 10, "%.3f").c_str(),
+                      cell(entropy_at(r, 50), 50, "%.3f").c_str(), cell(r.entropy.back(), 0, "%.3f").c_str(),
+                      cell(r.grad_qk0, 0, "%.3g").c_str());
         out << line;
       }
     out << "\nsteps to threshold, unscaled / scaled, per seed:";

@@ -59,6 +59,8 @@ Status cascade_bench(const CascadeArgs& a, std::ostream& out) {
   if (a.heads % a.kv_heads != 0)
     return Status::Invalid("--heads", std::to_string(a.heads) + "; expected a multiple of --kv-heads");
   if (a.reps < 1) return Status::Invalid("--reps", std::to_string(a.reps) + "; expected >= 1");
+  if (a.threads < 0 || a.threads > 4096)
+    return Status::Invalid("--threads", std::to_string(a.threads) + "; expected 0 (default) or 1 to 4096");
   const std::int64_t B = a.batch, Hq = a.heads, Hkv = a.kv_heads, D = a.head_dim, page = a.page;
   const std::int64_t prefix_pages = a.prefix / page, own_pages = (a.own + page - 1) / page;
   const std::int64_t pages = prefix_pages + B * own_pages, width = prefix_pages + own_pages;

@@ -75,3 +75,18 @@ def test_cascade_refuses_what_depends_on_positions_and_names_it():
     q2 = np.concatenate([q, q], axis=2)  # Sq = 2: with causal, sequence 1 (no own keys) cannot see the prefix
     with raises(ValueError, "seq_lens: [1] = 0 with causal bottom_right and Sq = 2; expected >= Sq - 1"):
         attn.attention_paged_cascade(q2, kp, vp, prefix_table, prefix_len, table, own, is_causal=True)
+
+
+def test_paged_results_do_not_require_grad():
+    # no backward for attention_paged and its cascade form: their results do not require grad, whatever the inputs
+    # (a torch op without an autograd formula gave outputs that did, and a backward that failed inside torch)
+    torch = pytest.importorskip("torch")
+    q = torch.randn(2, 4, 1, 16, requires_grad=True)
+    kp = torch.randn(6, 2, 4, 16, requires_grad=True)
+    vp = torch.randn(6, 2, 4, 16)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    lens = torch.tensor([10, 7], dtype=torch.int32)
+    assert not attn.attention_paged(q, kp, vp, table, lens).requires_grad
+    out, lse = attn.attention_paged_cascade(q, kp, vp, torch.tensor([0], dtype=torch.int32), 2, table, lens,
+                                            return_lse=True)
+    assert not out.requires_grad and not lse.requires_grad

@@ -383,7 +383,7 @@ def test_kvcache_bad_input_writes_nothing(paged):
         (ValueError, "^softcap: ", dict(k=k_new, v=v_new, softcap=-1.0)),
     ]
     if not paged:  # (attention_paged takes a bf16 q over an fp32 cache)
-        bad.append((TypeError, "^key: ", dict(q=q.bfloat16(), k=k_new, v=v_new)))
+        bad.append((TypeError, "^k_cache: ", dict(q=q.bfloat16(), k=k_new, v=v_new)))
     if paged:
         for page in (-1, 6):  # sequence 1 appends at key 9: its page 1
             bad.append((ValueError, "^block_table: ", dict(k=k_new, v=v_new, block_table=torch.tensor(
@@ -407,3 +407,18 @@ def test_attn_probs_without_keys():
     out, lse, probs = attn.flash_attn_func(q, k, k, return_attn_probs=True)
     assert torch.equal(out, torch.zeros_like(q)) and torch.isinf(lse).all() and (lse > 0).all()
     assert probs.shape == (1, 2, 3, 0)
+
+
+def test_errors_name_the_flash_parameters():
+    # attn's own names (query, key, scale, k_pages) become the FlashAttention function's, and shapes in a message
+    # are marked as attn's [batch, nheads, seqlen, headdim] order
+    q, k, v = (torch.randn(2, 10, 4, 16) for _ in range(3))
+    with pytest.raises(ValueError, match=r"^k: head dim 8; .*\[batch, nheads, seqlen, headdim\] order\)$"):
+        attn.flash.flash_attn_func(q, k[..., :8], v)
+    with pytest.raises(ValueError, match=r"^softmax_scale: "):
+        attn.flash.flash_attn_func(q, k, v, softmax_scale=-1.0)
+    with pytest.raises(ValueError, match=r"^k_cache: head dim 16"):
+        attn.flash.flash_attn_with_kvcache(q[:, :1, :, :8], torch.randn(2, 20, 4, 16), torch.randn(2, 20, 4, 16),
+                                           cache_seqlens=5)
+    with pytest.raises(TypeError, match=r"^qkv: "):
+        attn.flash.flash_attn_qkvpacked_func(torch.randn(2, 10, 3, 4, 16, dtype=torch.float64))
