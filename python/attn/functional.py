@@ -216,7 +216,8 @@ def _empty(kind, like, shape, dtype=None):
 
 def _as_float32(kind, x):
     if kind == "numpy":
-        return x.astype(np.float32)
+        with np.errstate(over="ignore"):  # (values past float32's range: the callers that care check them)
+            return x.astype(np.float32)
     return x.to(_torch().float32)
 
 
@@ -257,12 +258,35 @@ def _mask(attn_mask, kind, like, max_rank):
         mask = attn_mask
     elif mdtype in ("float16", "bfloat16", "float64"):
         mask = _as_float32(kind, attn_mask)
+        if mdtype == "float64":  # a finite value past float32's range would become ±inf: refused, not changed
+            _finite_in_float32(kind, attn_mask, mask)
     else:
         raise TypeError(f"attn_mask: dtype {mdtype}; expected bool (True = keep) or a float dtype (added)")
     if mask.ndim < 1 or mask.ndim > max_rank:
         raise ValueError(f"attn_mask: rank {mask.ndim} (shape {list(mask.shape)}); "
                          f"expected 1 to {max_rank} (the rank of {like} at most)")
     return mask
+
+
+def _finite_in_float32(kind, wide, mask):
+    """Raises if a finite value of the float64 mask `wide` became ±inf in its float32 copy `mask` (1e300 read as
+    +inf was refused as a value the caller never passed; -1e300 became -inf, hiding keys a finite bias keeps)."""
+    if kind == "torch":
+        import torch
+        if torch.compiler.is_compiling():  # (a data-dependent check: eager calls make it)
+            return
+        bad = torch.isinf(mask) & torch.isfinite(wide)
+        if bool(bad.any()):
+            index = tuple(int(i) for i in torch.nonzero(bad)[0].tolist())
+            raise ValueError(f"attn_mask: element {list(index)} is {float(wide[index])!r}, past float32's range; "
+                             "expected finite values within ±3.4e38 (or ±inf)")
+        return
+    with np.errstate(invalid="ignore"):
+        bad = np.isinf(mask) & np.isfinite(wide)
+    if bad.any():
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"attn_mask: element {list(index)} is {float(wide[index])!r}, past float32's range; "
+                         "expected finite values within ±3.4e38 (or ±inf)")
 
 
 # The integer dtypes index-like arguments are converted to, with their ranges.

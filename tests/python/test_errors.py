@@ -31,6 +31,11 @@ def raises(exc, message):
     (lambda: sdpa(Q.astype(np.int32), K, V), TypeError, "query: dtype int32"),
     (lambda: sdpa(Q, K.astype(np.float16), V), TypeError, "key: dtype float16; expected the dtype of query (float32)"),
     (lambda: sdpa(Q, K, V.astype(np.float16)), TypeError, "value: dtype float16"),
+    # a float64 mask value past float32's range: refused, not turned into ±inf
+    (lambda: sdpa(Q, K, V, attn_mask=np.full((7, 113), 1e300)), ValueError,
+     "attn_mask: element [0, 0] is 1e+300, past float32's range"),
+    (lambda: sdpa(Q, K, V, attn_mask=np.full((7, 113), -1e300)), ValueError,
+     "attn_mask: element [0, 0] is -1e+300, past float32's range"),
     # ranks and shapes
     (lambda: sdpa(Q[0, 0], K[0, 0], V[0, 0]), ValueError, "query: rank 2 (shape [7, 8]); expected 4"),
     (lambda: sdpa(Q, K[0], V), ValueError, "key: rank 3"),
