@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "demo.h"
-#include "subcommand.h"
 #include "explain.h"
 #include "files.h"
+#include "subcommand.h"
 
 namespace attn::tools {
 

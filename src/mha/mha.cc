@@ -59,7 +59,6 @@ std::int64_t pitch(const TensorView& x, std::int64_t width) { return x.strides[1
 const float* or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
 
-
 // An error of the cache's append inside a forward step, in the caller's terms: the keys and values appended are
 // the step's projections of x, not arguments the caller passed ("k: appending 3 tokens ..." is the cache's room;
 // "k: value [0, h, t, d] is not finite" is x's projected keys, of batch row `row`).
