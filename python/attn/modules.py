@@ -10,6 +10,8 @@ parameter's name; the C++ library validates what Python does not and reports it 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from . import _attn
@@ -182,8 +184,9 @@ class MultiHeadAttention:
             raise TypeError(f"cache: got {type(cache).__module__}.{type(cache).__qualname__}; expected an attn.KVCache")
         cos, sin, interleaved = _rotary(rotary_cos, rotary_sin, rotary_interleaved, kind, "x")
         out = _empty(kind, x, (x.shape[0], x.shape[1], self.d_model))
-        _call(self._m.forward_cached, _for_binding(x), cache._c, _for_binding(out), cos, sin, interleaved,
-              names=_MHA_NAMES)
+        with cache._lock:
+            _call(self._m.forward_cached, _for_binding(x), cache._c, _for_binding(out), cos, sin, interleaved,
+                  names=_MHA_NAMES)
         return out
 
 
@@ -211,9 +214,11 @@ class KVCache:
         self._c = _call(_attn.KVCache, _int("kv_heads", kv_heads), head_dim, v_head_dim, _int("capacity", capacity),
                         _cache_dtype(dtype), names=_CACHE_NAMES)
         self.v_head_dim = v_head_dim or head_dim
+        self._lock = threading.Lock()  # (see PagedKVCache)
 
     def __len__(self):
-        return self._c.length
+        with self._lock:
+            return self._c.length
 
     @property
     def dtype(self):
@@ -232,7 +237,8 @@ class KVCache:
         kind = _f32_array("k", k, 4, "[1, Hkv, T, Dk]")
         _f32_array("v", v, 4, "[1, Hkv, T, Dv]", kind, "k")
         cos, sin, interleaved = _rotary(rotary_cos, rotary_sin, rotary_interleaved, kind, "k")
-        _call(self._c.append, _for_binding(k), _for_binding(v), cos, sin, interleaved, names=_CACHE_NAMES)
+        with self._lock:
+            _call(self._c.append, _for_binding(k), _for_binding(v), cos, sin, interleaved, names=_CACHE_NAMES)
 
     def attend(self, q, return_lse=False):
         """q [1, Hq, T, Dk] float32 -> out [1, Hq, T, Dv] (and the float32 lse [1, Hq, T] with return_lse)."""
@@ -241,15 +247,19 @@ class KVCache:
         b, hq, t, _ = q.shape
         out = _empty(kind, q, (b, hq, t, self.v_head_dim))
         lse = _empty(kind, q, (b, hq, t), "float32") if return_lse else None
-        _call(self._c.attend, _for_binding(q), _for_binding(out), lse, names=_CACHE_NAMES)
+        with self._lock:
+            _call(self._c.attend, _for_binding(q), _for_binding(out), lse, names=_CACHE_NAMES)
         return (out, lse) if return_lse else out
 
     def truncate(self, length):
         """Keeps the first `length` tokens (0 <= length <= len(self))."""
-        _call(self._c.truncate, _int("length", length), names=_CACHE_NAMES)
+        length = _int("length", length)
+        with self._lock:
+            _call(self._c.truncate, length, names=_CACHE_NAMES)
 
     def clear(self):
-        self._c.clear()
+        with self._lock:
+            self._c.clear()
 
 
 class PagedKVCache:
@@ -264,10 +274,14 @@ class PagedKVCache:
                         _int("page_size", page_size), _int("num_pages", num_pages), _cache_dtype(dtype),
                         names=_CACHE_NAMES)
         self.v_head_dim = v_head_dim or head_dim
+        # One call at a time: attend and append run without the GIL, and a sequence added or removed meanwhile by
+        # another thread changed the table they read (spurious "id does not exist" errors; a data race in C++).
+        self._lock = threading.Lock()
 
     @property
     def free_pages(self):
-        return self._c.free_pages
+        with self._lock:
+            return self._c.free_pages
 
     @property
     def dtype(self):
@@ -275,13 +289,18 @@ class PagedKVCache:
         return self._c.dtype
 
     def add_sequence(self):
-        return self._c.add_sequence()
+        with self._lock:
+            return self._c.add_sequence()
 
     def remove_sequence(self, seq_id):
-        _call(self._c.remove_sequence, _int("seq_id", seq_id), names=_PAGED_CACHE_NAMES)
+        seq_id = _int("seq_id", seq_id)
+        with self._lock:
+            _call(self._c.remove_sequence, seq_id, names=_PAGED_CACHE_NAMES)
 
     def length(self, seq_id):
-        return _call(self._c.length, _int("seq_id", seq_id), names=_PAGED_CACHE_NAMES)
+        seq_id = _int("seq_id", seq_id)
+        with self._lock:
+            return _call(self._c.length, seq_id, names=_PAGED_CACHE_NAMES)
 
     def append(self, seq_id, k, v, rotary_cos=None, rotary_sin=None, rotary_interleaved=False):
         """k [1, Hkv, T, Dk], v [1, Hkv, T, Dv] float32 (v of k's kind) for sequence seq_id; an exhausted
@@ -291,8 +310,9 @@ class PagedKVCache:
         kind = _f32_array("k", k, 4, "[1, Hkv, T, Dk]")
         _f32_array("v", v, 4, "[1, Hkv, T, Dv]", kind, "k")
         cos, sin, interleaved = _rotary(rotary_cos, rotary_sin, rotary_interleaved, kind, "k")
-        _call(self._c.append, seq_id, _for_binding(k), _for_binding(v), cos, sin, interleaved,
-              names=_PAGED_CACHE_NAMES)
+        with self._lock:
+            _call(self._c.append, seq_id, _for_binding(k), _for_binding(v), cos, sin, interleaved,
+                  names=_PAGED_CACHE_NAMES)
 
     def attend(self, ids, q, return_lse=False):
         """q [B, Hq, T, Dk] float32, row b the new queries of sequence ids[b] -> out [B, Hq, T, Dv] (and lse).
@@ -303,7 +323,8 @@ class PagedKVCache:
         b, hq, t, _ = q.shape
         out = _empty(kind, q, (b, hq, t, self.v_head_dim))
         lse = _empty(kind, q, (b, hq, t), "float32") if return_lse else None
-        _call(self._c.attend, ids, _for_binding(q), _for_binding(out), lse, names=_PAGED_ATTEND_NAMES)
+        with self._lock:
+            _call(self._c.attend, ids, _for_binding(q), _for_binding(out), lse, names=_PAGED_ATTEND_NAMES)
         return (out, lse) if return_lse else out
 
 

@@ -16,7 +16,8 @@ from .functional import _int
 
 def set_num_threads(n):
     """Sets the number of threads every later attn call uses (in this process, all threads of it): n in 1..4096,
-    or 0 or None for the default again (ATTN_NUM_THREADS, else OpenMP's default, the number of cores). A bad n
+    or 0 or None for the default again (ATTN_NUM_THREADS, else OpenMP's default for the calling thread: the number
+    of cores, unless torch.set_num_threads, which sets the same OpenMP value, changed it on that thread). A bad n
     is a ValueError (TypeError for a non-int) that changes nothing."""
     n = 0 if n is None else _int("n", n, -2**31, 2**31, "1..4096, or 0 for the default")
     _attn.set_num_threads(n)

@@ -539,14 +539,14 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
   p.stream = params.stream;
   p.B = q.shape[0], p.Hq = q.shape[1], p.Sq = q.shape[2], p.Dk = q.shape[3];
   p.Hkv = k.shape[1], p.Skv = k.shape[2], p.Dv = v.shape[3];
-  const std::string qdesc = " (q is " + shape_str(q) + ")";
+  const auto qdesc = [&] { return " (q is " + shape_str(q) + ")"; };  // (built for a message only: a call allocates nothing)
   if (p.Hq < 1) return Status::Invalid("q", "shape " + shape_str(q) + " has Hq = 0; expected at least one head");
   if (p.Dk < 1) return Status::Invalid("q", "shape " + shape_str(q) + " has Dk = 0; expected Dk >= 1");
   if (!paged && k.shape[0] != p.B)
-    return Status::Invalid(kname, "batch " + std::to_string(k.shape[0]) + "; expected B = " + std::to_string(p.B) + qdesc);
+    return Status::Invalid(kname, "batch " + std::to_string(k.shape[0]) + "; expected B = " + std::to_string(p.B) + qdesc());
   if (p.Hkv < 1) return Status::Invalid(kname, "shape " + shape_str(k) + " has Hkv = 0; expected at least one head");
   if (k.shape[3] != p.Dk)
-    return Status::Invalid(kname, "head dim " + std::to_string(k.shape[3]) + "; expected Dk = " + std::to_string(p.Dk) + qdesc);
+    return Status::Invalid(kname, "head dim " + std::to_string(k.shape[3]) + "; expected Dk = " + std::to_string(p.Dk) + qdesc());
   if (p.Hq % p.Hkv != 0)
     return Status::Invalid(kname, "Hkv = " + std::to_string(p.Hkv) + " does not divide Hq = " + std::to_string(p.Hq) +
                                       "; expected Hq % Hkv == 0 (MHA, GQA or MQA)");

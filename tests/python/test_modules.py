@@ -199,3 +199,31 @@ def test_forward_cached_with_rotary_is_one_decode_step(interleaved):
         o, _ = ref_attention(q, k, v, causal=True, align="bottom_right")
         ref = o.transpose(0, 2, 1, 3).reshape(1, t, 32) @ w["w_o"].T
         np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_paged_cache_calls_from_two_threads():
+    # attend runs without the GIL: sequences added meanwhile by another thread changed the table it read (spurious
+    # "id does not exist" errors, found by an outside check); the cache's calls now take turns
+    import threading
+    one = np.ones((1, 1, 1, 8), np.float32)
+    pool = attn.PagedKVCache(1, 8, 16, 600)
+    ids = [pool.add_sequence() for _ in range(500)]
+    for i in ids:
+        pool.append(i, one, one)
+    q = np.ones((500, 1, 1, 8), np.float32)
+    done, errors = [False], []
+
+    def attender():
+        while not done[0]:
+            try:
+                pool.attend(ids, q)
+            except ValueError as e:  # pragma: no cover (the race)
+                errors.append(e)
+
+    thread = threading.Thread(target=attender)
+    thread.start()
+    for _ in range(30000):
+        pool.add_sequence()
+    done[0] = True
+    thread.join()
+    assert errors == []
