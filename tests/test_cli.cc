@@ -837,6 +837,9 @@ TEST_F(CliTest, AnEmptyValueAfterEqualsIsRefused) {
                "--dtype: empty value after '='");
   expect_error({"kv-size", "--dtype=", "--layers", "2", "--kv-heads", "1", "--head-dim", "1", "--seq", "1"},
                "--dtype: empty value after '='");
+  const Outcome ok = cli({"kv-size", "--dtype=bf16", "--layers", "2", "--kv-heads", "1", "--head-dim", "1", "--seq", "1"});
+  EXPECT_EQ(ok.code, 0) << ok.err;  // (a value after '=' as ever)
+  EXPECT_NE(ok.out.find("(bf16)"), std::string::npos) << ok.out;
 }
 
 TEST_F(CliTest, CliRunScoreVariantsAndDropout) {

@@ -685,6 +685,23 @@ TEST(KVCaches, AttendTakesAMaskAsWideAsTheCachedKeys) {
   ASSERT_TRUE(cache.attend(q.view, out_wide.view, p).ok());
   for (std::int64_t h = 0; h < hq; ++h)
     for (std::int64_t d = 0; d < D; ++d) EXPECT_EQ(out_narrow.get(0, h, 0, d), out_wide.get(0, h, 0, d));
+  // A per-head mask read at strides (rows 20 apart, keys 3 apart) equals its contiguous copy.
+  std::vector<float> per_head(static_cast<std::size_t>(hq * 5)), strided(static_cast<std::size_t>(hq * 20), kNaN);
+  for (std::int64_t h = 0; h < hq; ++h)
+    for (std::int64_t j = 0; j < 5; ++j) {
+      const float x = static_cast<float>(std::uniform_real_distribution<>(-2, 2)(rng));
+      per_head[static_cast<std::size_t>(h * 5 + j)] = x, strided[static_cast<std::size_t>(h * 20 + j * 3)] = x;
+    }
+  Tensor out_a(DType::f32, 1, hq, 1, D), out_b(DType::f32, 1, hq, 1, D);
+  p.mask = TensorView::contiguous(per_head.data(), DType::f32, {1, hq, 1, 5});
+  ASSERT_TRUE(cache.attend(q.view, out_a.view, p).ok());
+  TensorView sv = TensorView::contiguous(strided.data(), DType::f32, {1, hq, 1, 5});
+  sv.strides = {0, 20, 0, 3};
+  p.mask = sv;
+  const Status st = cache.attend(q.view, out_b.view, p);
+  ASSERT_TRUE(st.ok()) << st.message();
+  for (std::int64_t h = 0; h < hq; ++h)
+    for (std::int64_t d = 0; d < D; ++d) EXPECT_EQ(out_a.get(0, h, 0, d), out_b.get(0, h, 0, d));
   // A width that is neither is refused, naming the mask.
   p.mask = TensorView::contiguous(narrow.data(), DType::f32, {1, 1, 1, 4});
   EXPECT_EQ(cache.attend(q.view, out_wide.view, p).param(), "mask");
@@ -725,6 +742,15 @@ TEST(KVCaches, RefuseValuesTheStorageWouldNotHoldFinite) {
   EXPECT_EQ(s.param(), "k") << s.message();
   EXPECT_NE(s.message().find("value [0, 0, 0, 0]"), std::string::npos) << s.message();
   EXPECT_EQ(f16.length(), 0);
+  float k_inf[4] = {70000, INFINITY, 1, 2};  // (an inf beside it: still 70000's overflow, named)
+  s = f16.append(TensorView::contiguous(k_inf, DType::f32, {1, 1, 1, 4}), vv);
+  EXPECT_NE(s.message().find("value [0, 0, 0, 0]"), std::string::npos) << s.message();
+  KVCache i8_turned;
+  ASSERT_TRUE(KVCache::create(1, 4, 4, 8, DType::i8, &i8_turned).ok());
+  float one[2] = {1, 1}, zero[2] = {0, 0}, k_bad[4] = {1, 2, INFINITY, 3};
+  const Rotary identity{TensorView::contiguous(one, DType::f32, {1, 2}), TensorView::contiguous(zero, DType::f32, {1, 2}), false};
+  s = i8_turned.append(TensorView::contiguous(k_bad, DType::f32, {1, 1, 1, 4}), vv, identity);
+  EXPECT_NE(s.message().find("value [0, 0, 0, 2] is not finite"), std::string::npos) << s.message();  // (the input's)
   k[0] = 0.5f;
   for (DType storage : {DType::i8, DType::i4, DType::f32}) {
     SCOPED_TRACE(dtype_name(storage));

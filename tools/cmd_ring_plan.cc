@@ -95,8 +95,9 @@ Status ring_plan(const RingPlanArgs& a, std::ostream& out) {
   else if (a.dtype == "f32") in.bytes_per_element = 4;
   else if (a.dtype == "fp8") in.bytes_per_element = 1;
   else if (a.dtype == "int8" || a.dtype == "i8")  // (its rows' fp32 scales are no whole bytes per element)
-    return Status::Invalid("--dtype", "'" + a.dtype + "'; expected bf16, f16, f32 or fp8 (attn's ring attention "
-                                      "sends K/V in the inputs' dtype and refuses 8-bit K/V)");
+    return Status::Invalid("--dtype", "'" + a.dtype + "'; expected bf16, f16, f32 or fp8 (the model counts whole "
+                                      "bytes per value, and int8 rows carry an fp32 scale each; attn's ring "
+                                      "attention refuses 8-bit K/V)");
   else return Status::Invalid("--dtype", "'" + a.dtype + "'; expected bf16, f16, f32 or fp8");
   in.bandwidth_gbit = a.bandwidth, in.latency_us = a.latency;
   if (a.rate && a.measure_rate)

@@ -25,10 +25,13 @@ FlashAttention's S_dmask from flash_attn_func and the packed forms (the softmax 
 dropped them, so that FlashAttention's tests can read the dropout mask), None from the varlen form.
 """
 
-from .functional import _torch, attention_paged, scaled_dot_product_attention
+from .functional import _rename_error, _torch, attention_paged, scaled_dot_product_attention
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
            "flash_attn_with_kvcache", "get_mla_metadata", "flash_mla_with_kvcache"]
+
+
+_SHAPE_NOTE = " (shapes in attn's [batch, nheads, seqlen, headdim] order)"
 
 
 def _flash_names(**names):
@@ -47,11 +50,8 @@ def _flash_names(**names):
             try:
                 return fn(*args, **kwargs)
             except (ValueError, TypeError) as e:
-                head, sep, rest = str(e).partition(": ")
-                if not sep or head not in table:
-                    raise
-                note = " (shapes in attn's [batch, nheads, seqlen, headdim] order)" if " is [" in rest else ""
-                raise type(e)(f"{table[head]}: {rest}{note}") from None
+                _rename_error(e, table, _SHAPE_NOTE if " is [" in str(e) else "")
+                raise
         return call
     return wrap
 

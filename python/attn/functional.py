@@ -226,16 +226,23 @@ def _lead1(x):
     return x[None]
 
 
+def _rename_error(e, names, note=""):
+    """Renames the parameter at the head of error e's message ("name: ...") by `names` in place, adding `note` once;
+    True when it did (the caller re-raises e, its traceback kept)."""
+    head, sep, rest = str(e).partition(": ")
+    if not sep or head not in names:
+        return False
+    e.args = (f"{names[head]}: {rest}" + (note if note and not rest.endswith(note) else ""),)
+    return True
+
+
 def _call(fn, *args, names=None):
     """Runs a binding function, renaming the C++ parameter at the head of its error message (names: C++
     name -> Python name; default those of scaled_dot_product_attention)."""
-    names = _PY_NAMES if names is None else names
     try:
         return fn(*args)
     except (ValueError, TypeError, MemoryError) as e:
-        head, sep, rest = str(e).partition(": ")
-        if sep and head in names:
-            raise type(e)(f"{names[head]}: {rest}") from None
+        _rename_error(e, _PY_NAMES if names is None else names)
         raise
 
 
@@ -253,15 +260,15 @@ def _mask(attn_mask, kind, like, max_rank):
     mdtype = _dtype_name(attn_mask)
     if isinstance(attn_mask, np.ndarray) and attn_mask.dtype.kind == "f" and not attn_mask.dtype.isnative:
         mdtype = attn_mask.dtype.name
-        mask = attn_mask.astype(np.float32)  # to the machine's byte order
+        mask = _as_float32(kind, attn_mask)  # to the machine's byte order
     elif mdtype == "bool" or mdtype == "float32":
         mask = attn_mask
     elif mdtype in ("float16", "bfloat16", "float64"):
         mask = _as_float32(kind, attn_mask)
-        if mdtype == "float64":  # a finite value past float32's range would become ±inf: refused, not changed
-            _finite_in_float32(kind, attn_mask, mask)
     else:
         raise TypeError(f"attn_mask: dtype {mdtype}; expected bool (True = keep) or a float dtype (added)")
+    if mdtype == "float64":  # a finite value past float32's range would become ±inf: refused, not changed
+        _finite_in_float32(kind, attn_mask, mask)
     if mask.ndim < 1 or mask.ndim > max_rank:
         raise ValueError(f"attn_mask: rank {mask.ndim} (shape {list(mask.shape)}); "
                          f"expected 1 to {max_rank} (the rank of {like} at most)")
@@ -279,14 +286,14 @@ def _finite_in_float32(kind, wide, mask):
         if bool(bad.any()):
             index = tuple(int(i) for i in torch.nonzero(bad)[0].tolist())
             raise ValueError(f"attn_mask: element {list(index)} is {float(wide[index])!r}, past float32's range; "
-                             "expected finite values within ±3.4e38 (or ±inf)")
+                             "expected finite values within ±3.4e38 (or -inf)")
         return
     with np.errstate(invalid="ignore"):
         bad = np.isinf(mask) & np.isfinite(wide)
     if bad.any():
         index = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"attn_mask: element {list(index)} is {float(wide[index])!r}, past float32's range; "
-                         "expected finite values within ±3.4e38 (or ±inf)")
+                         "expected finite values within ±3.4e38 (or -inf)")
 
 
 # The integer dtypes index-like arguments are converted to, with their ranges.

@@ -10,6 +10,7 @@ parameter's name; the C++ library validates what Python does not and reports it 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -184,7 +185,7 @@ class MultiHeadAttention:
             raise TypeError(f"cache: got {type(cache).__module__}.{type(cache).__qualname__}; expected an attn.KVCache")
         cos, sin, interleaved = _rotary(rotary_cos, rotary_sin, rotary_interleaved, kind, "x")
         out = _empty(kind, x, (x.shape[0], x.shape[1], self.d_model))
-        with cache._lock:
+        with cache._lock.write():
             _call(self._m.forward_cached, _for_binding(x), cache._c, _for_binding(out), cos, sin, interleaved,
                   names=_MHA_NAMES)
         return out
@@ -202,6 +203,43 @@ def _cache_dtype(dtype):
     return _CACHE_DTYPES[name]
 
 
+class _CacheLock:
+    """A cache object's calls from several Python threads: attends (const) together, each call that changes the
+    cache alone. append and attend run without the GIL, and a sequence added or removed meanwhile changed the table an
+    attend read (spurious "id does not exist" errors, a data race in C++). A waiting change goes before new attends."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = self._writers_waiting = 0
+        self._writer = False
+
+    @contextlib.contextmanager
+    def read(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writer and not self._writers_waiting)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def write(self):
+        with self._cond:
+            self._writers_waiting += 1
+            self._cond.wait_for(lambda: not self._writer and not self._readers)
+            self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
 class KVCache:
     """One sequence's keys and values, contiguous, for `capacity` tokens: append K/V of new tokens, then
     attend the new queries to everything cached with bottom-right causal alignment. Stored as `dtype`: float32
@@ -214,10 +252,10 @@ class KVCache:
         self._c = _call(_attn.KVCache, _int("kv_heads", kv_heads), head_dim, v_head_dim, _int("capacity", capacity),
                         _cache_dtype(dtype), names=_CACHE_NAMES)
         self.v_head_dim = v_head_dim or head_dim
-        self._lock = threading.Lock()  # (see PagedKVCache)
+        self._lock = _CacheLock()
 
     def __len__(self):
-        with self._lock:
+        with self._lock.read():
             return self._c.length
 
     @property
@@ -237,7 +275,7 @@ class KVCache:
         kind = _f32_array("k", k, 4, "[1, Hkv, T, Dk]")
         _f32_array("v", v, 4, "[1, Hkv, T, Dv]", kind, "k")
         cos, sin, interleaved = _rotary(rotary_cos, rotary_sin, rotary_interleaved, kind, "k")
-        with self._lock:
+        with self._lock.write():
             _call(self._c.append, _for_binding(k), _for_binding(v), cos, sin, interleaved, names=_CACHE_NAMES)
 
     def attend(self, q, return_lse=False):
@@ -247,18 +285,18 @@ class KVCache:
         b, hq, t, _ = q.shape
         out = _empty(kind, q, (b, hq, t, self.v_head_dim))
         lse = _empty(kind, q, (b, hq, t), "float32") if return_lse else None
-        with self._lock:
+        with self._lock.read():
             _call(self._c.attend, _for_binding(q), _for_binding(out), lse, names=_CACHE_NAMES)
         return (out, lse) if return_lse else out
 
     def truncate(self, length):
         """Keeps the first `length` tokens (0 <= length <= len(self))."""
         length = _int("length", length)
-        with self._lock:
+        with self._lock.write():
             _call(self._c.truncate, length, names=_CACHE_NAMES)
 
     def clear(self):
-        with self._lock:
+        with self._lock.write():
             self._c.clear()
 
 
@@ -274,13 +312,11 @@ class PagedKVCache:
                         _int("page_size", page_size), _int("num_pages", num_pages), _cache_dtype(dtype),
                         names=_CACHE_NAMES)
         self.v_head_dim = v_head_dim or head_dim
-        # One call at a time: attend and append run without the GIL, and a sequence added or removed meanwhile by
-        # another thread changed the table they read (spurious "id does not exist" errors; a data race in C++).
-        self._lock = threading.Lock()
+        self._lock = _CacheLock()
 
     @property
     def free_pages(self):
-        with self._lock:
+        with self._lock.read():
             return self._c.free_pages
 
     @property
@@ -289,17 +325,17 @@ class PagedKVCache:
         return self._c.dtype
 
     def add_sequence(self):
-        with self._lock:
+        with self._lock.write():
             return self._c.add_sequence()
 
     def remove_sequence(self, seq_id):
         seq_id = _int("seq_id", seq_id)
-        with self._lock:
+        with self._lock.write():
             _call(self._c.remove_sequence, seq_id, names=_PAGED_CACHE_NAMES)
 
     def length(self, seq_id):
         seq_id = _int("seq_id", seq_id)
-        with self._lock:
+        with self._lock.read():
             return _call(self._c.length, seq_id, names=_PAGED_CACHE_NAMES)
 
     def append(self, seq_id, k, v, rotary_cos=None, rotary_sin=None, rotary_interleaved=False):
@@ -310,7 +346,7 @@ class PagedKVCache:
         kind = _f32_array("k", k, 4, "[1, Hkv, T, Dk]")
         _f32_array("v", v, 4, "[1, Hkv, T, Dv]", kind, "k")
         cos, sin, interleaved = _rotary(rotary_cos, rotary_sin, rotary_interleaved, kind, "k")
-        with self._lock:
+        with self._lock.write():
             _call(self._c.append, seq_id, _for_binding(k), _for_binding(v), cos, sin, interleaved,
                   names=_PAGED_CACHE_NAMES)
 
@@ -323,7 +359,7 @@ class PagedKVCache:
         b, hq, t, _ = q.shape
         out = _empty(kind, q, (b, hq, t, self.v_head_dim))
         lse = _empty(kind, q, (b, hq, t), "float32") if return_lse else None
-        with self._lock:
+        with self._lock.read():
             _call(self._c.attend, ids, _for_binding(q), _for_binding(out), lse, names=_PAGED_ATTEND_NAMES)
         return (out, lse) if return_lse else out
 

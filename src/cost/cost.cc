@@ -85,8 +85,8 @@ Status attention_cost(const AttentionShape& in, AttentionCost* cost) {
 Status parameter_count(const ParamShape& in, std::int64_t* count) {
   ParamShape s = in;
   if (Status st = resolve_heads(s.d_model, s.heads, &s.kv_heads, &s.head_dim, &s.v_head_dim); !st) return st;
-  // Every product and sum checked: the count must fit the int64 it is returned in (a product of two int64 can
-  // pass even 128 bits: d_model = 2^63 - 1 with one head gave 4).
+  // Every product and sum checked: the count must fit the int64 it is returned in (in 128 bits, d_model times a
+  // width that itself passed int64 overflowed them too: d_model = 2^63 - 1 with one head gave 4).
   bool overflow = false;
   const auto mul = [&](std::int64_t a, std::int64_t b) {
     std::int64_t r = 0;

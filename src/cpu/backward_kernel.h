@@ -249,10 +249,11 @@ KeyTile load_key_tile(const core::Problem& p, const Statistics& stats, std::int6
 constexpr float kWideLogits = 256.0f;
 
 // Above this scale, D = Σ_j P_ij dP_ij always (row_statistics): dS = scale·P·(dP − D) multiplies D's rounding
-// by the scale. Ordinary scales (1/√Dk, and the registry's peaked cases up to 30) keep D = dO·O.
+// by the scale. Ordinary scales (1/√Dk, and the registry's peaked cases up to 30) keep D = dO·O (an f32 O only:
+// mild_block).
 constexpr double kExactDScale = 64.0;
 
-// Blocks whose scores are bounded by this in magnitude take D = dO·O (row_statistics).
+// Blocks whose scores are bounded by this in magnitude take D = dO·O when O is f32 (row_statistics, mild_block).
 constexpr float kMildLogits = 8.0f;
 constexpr float kMildLse = 64.0f;  // (and whose LSEs are at most this: a dense mask can move them anywhere)
 
@@ -629,7 +630,7 @@ void statistics_from_forward(const core::BackwardProblem& bp, std::int64_t b, st
   }
 }
 
-// Whether D = dO·O serves a block: its scores are small (every |scale·q·k| <= kMildLogits by the norms of its Q and
+// Whether D = dO·O serves a block: O is f32, its scores are small (every |scale·q·k| <= kMildLogits by the norms of its Q and
 // its keys, every LSE within ±kMildLse: no dense mask moved them far) and its scale ordinary, everything finite;
 // with a sink, also every dO value finite (D must stay Σ over the row's keys, which dO·O is not when dO holds a NaN
 // or inf and the row attends no key: O = 0). Elsewhere D = Σ_j P_ij dP_ij from the same P and dP as sweep 2, since

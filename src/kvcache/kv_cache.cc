@@ -60,29 +60,39 @@ Status check_values(const char* name, const TensorView& src, DType storage, cons
   const bool quantised = storage == DType::i8 || storage == DType::i4;
   if (!quantised && !rotary && (storage == DType::f32 || src.dtype == storage)) return Status::Ok();  // (exact)
   const std::int64_t dim = src.shape[3];
+  const auto input = [&](std::int64_t h, std::int64_t t, std::int64_t d) {
+    return core::float_at(src, h * src.strides[1] + t * src.strides[2] + d * src.strides[3]);
+  };
+  const auto at = [&](std::int64_t h, std::int64_t t, std::int64_t d) {  // (built for a message only)
+    return "value [0, " + str(h) + ", " + str(t) + ", " + str(d) + "]";
+  };
   std::vector<float> x(static_cast<std::size_t>(dim));
   for (std::int64_t h = 0; h < src.shape[1]; ++h)
     for (std::int64_t t = 0; t < src.shape[2]; ++t) {
-      load_row(src, h, t, x.data(), rotary, position0 + t);
-      bool row_finite = true;  // (a row with inf or NaN in it may pass them on to its partners in the turn)
+      // The input row first: a quantised cache refuses its non-finite values by name; with a rotary turn, a row
+      // holding one may pass it to its partners, which then are not the caller's finite values turned.
+      bool row_finite = true;
       for (std::int64_t d = 0; d < dim; ++d)
-        row_finite = row_finite && std::isfinite(core::float_at(src, h * src.strides[1] + t * src.strides[2] + d * src.strides[3]));
+        if (!std::isfinite(input(h, t, d))) {
+          if (quantised)
+            return Status::Invalid(name, at(h, t, d) + " is not finite; expected finite values (an i8 or i4 cache "
+                                                       "has no scale for inf or NaN)");
+          row_finite = false;
+        }
+      if (quantised && !rotary) continue;  // (stored as given: checked)
+      load_row(src, h, t, x.data(), rotary, position0 + t);
       for (std::int64_t d = 0; d < dim; ++d) {
-        const float in = core::float_at(src, h * src.strides[1] + t * src.strides[2] + d * src.strides[3]);
         const float stored = storage == DType::bf16 ? core::to_float(core::from_float<core::bf16>(x[d]))
                              : storage == DType::f16 ? core::to_float(core::from_float<core::f16>(x[d]))
                                                      : x[d];
-        const std::string at = "value [0, " + str(h) + ", " + str(t) + ", " + str(d) + "]";
-        if (quantised && !std::isfinite(stored))
-          return Status::Invalid(name, at + (std::isfinite(in) ? " becomes " + std::to_string(stored) +
-                                                                     " after the rotary turn"
-                                                               : " is not finite") +
-                                           "; expected finite values (an i8 or i4 cache has no scale for inf or NaN)");
-        if (!quantised && row_finite && !std::isfinite(stored))
-          return Status::Invalid(name, at + " = " + std::to_string(in) + " would be stored as " +
-                                           std::to_string(stored) + (rotary ? " (after the rotary turn)" : "") +
-                                           "; expected values the cache's " + dtype_name(storage) +
-                                           " holds as finite");
+        if (std::isfinite(stored) || !(rotary ? row_finite : std::isfinite(input(h, t, d)))) continue;
+        if (quantised)
+          return Status::Invalid(name, at(h, t, d) + " = " + std::to_string(input(h, t, d)) + " becomes " +
+                                           std::to_string(stored) + " after the rotary turn; expected finite "
+                                           "values (an i8 or i4 cache has no scale for inf or NaN)");
+        return Status::Invalid(name, at(h, t, d) + " = " + std::to_string(input(h, t, d)) + " would be stored as " +
+                                         std::to_string(stored) + (rotary ? " (after the rotary turn)" : "") +
+                                         "; expected values the cache's " + dtype_name(storage) + " holds as finite");
       }
     }
   return Status::Ok();
@@ -214,12 +224,13 @@ Params widen_mask(const Params& params, std::int64_t keys, std::int64_t width, s
   if (m.rank < 1 || m.rank > 4 || m.shape[m.rank - 1] != keys || keys == width || keys == 1 || !m.data ||
       m.device.is_cuda())
     return params;  // (anything else is the attention's to accept or refuse)
+  // (no huge copies: at most 2^24 elements, every product checked before it is formed)
+  const std::int64_t most = (std::int64_t{1} << 24) / std::max<std::int64_t>(width, 1);
   std::int64_t rows = 1;
   for (int d = 0; d + 1 < m.rank; ++d) {
-    if (m.shape[d] < 0 || m.shape[d] > kMaxExtent) return params;
+    if (m.shape[d] < 0 || (m.shape[d] > 0 && rows > most / m.shape[d])) return params;
     rows *= m.shape[d];
   }
-  if (rows > (std::int64_t{1} << 24) / std::max<std::int64_t>(width, 1)) return params;  // (no huge copies)
   const std::size_t size = dtype_size(m.dtype);
   buf->assign(static_cast<std::size_t>(rows * width) * size, 0);
   for (std::int64_t r = 0; r < rows; ++r) {
