@@ -8,6 +8,7 @@
 
 #include "attn/cost.h"
 #include "attn/tensor.h"
+#include "commands.h"
 #include "subcommand.h"
 
 namespace attn::tools {
@@ -39,17 +40,11 @@ std::string pad(std::string s, std::size_t width, bool right = false) {
   return right ? std::string(width - s.size(), ' ') + s : s + std::string(width - s.size(), ' ');
 }
 
-// Renames the library's field names to the options that set them.
+// The cost model's field names as the options that set them (with_option_names, tools/commands.h).
 Status options(const Status& s) {
-  static const std::pair<const char*, const char*> names[] = {
-      {"d_model", "--d-model"}, {"kv_heads", "--kv-heads"}, {"heads", "--heads"},       {"head_dim", "--head-dim"},
-      {"v_head_dim", "--head-dim"}, {"seq", "--seq"},       {"batch", "--batch"},       {"layers", "--layers"},
-      {"bytes_per_element", "--dtype"}};
-  for (const auto& [field, option] : names) {
-    const std::string prefix = std::string(field) + ": ";
-    if (s.message().rfind(prefix, 0) == 0) return Status::Invalid(option, s.message().substr(prefix.size()));
-  }
-  return s;
+  return with_option_names(s, {{"d_model", "--d-model"}, {"kv_heads", "--kv-heads"}, {"heads", "--heads"},
+                               {"head_dim", "--head-dim"}, {"v_head_dim", "--head-dim"}, {"seq", "--seq"},
+                               {"batch", "--batch"}, {"layers", "--layers"}, {"bytes_per_element", "--dtype"}});
 }
 
 Status parse_dtype(const std::string& text, KvDType* dtype) {
