@@ -24,7 +24,7 @@ deps:
 	@scripts/install-cuda-tools.sh
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DATTN_TEST_OPT=-O1 $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Builds, then runs the main job on its built-in default.
@@ -90,7 +90,8 @@ bench: build
 # skipped), line tables only for the stack
 # traces (-g1: the build is the phase's larger half), -O1 (the kernel units compile in 0.55x the time of -O2 under the
 # sanitizers, and the suite ran as fast: its time is the fp64 reference's, which CMakeLists.txt leaves uninstrumented
-# at -O2), only the levels this CPU runs (ATTN_ISA_LEVELS=host: the others' kernels cannot run here; `make test`
+# at -O2), the tests' own sources and the attn program's commands at -O0 (ATTN_TEST_OPT, ATTN_TOOLS_OPT: a third of
+# their -O1 compile time under the sanitizers), only the levels this CPU runs (ATTN_ISA_LEVELS=host: the others' kernels cannot run here; `make test`
 # compiles every level), a tenth of the random configurations, no CUDA
 # (nvcc's objects are not instrumented), and not what `make test` proves once for all (SANITIZE_SKIP): the
 # registry's bitwise-determinism and scratch-bookkeeping checks (its fp64 comparisons, workspace reuse and the random
@@ -102,7 +103,7 @@ bench: build
 SANITIZE_SKIP ?= ^(bench\.run_bench_.*|ring\.netns_np4|I[48]KV\.QuantisationErrorOnTheRegistryCases|Registry/.*\.(FlashIsIdenticalAtEveryThreadCount|DeterministicAcrossRunsThreadCountsAndWorkspaces|ReportedScratchIsWhatTheCallAllocates)/.*)$$
 test-sanitize: deps
 	cmake -S . -B $(BUILD)-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-	  -DATTN_SANITIZE=ON -DATTN_CUDA=OFF -DATTN_ISA_LEVELS=host $(CMAKE_FLAGS)
+	  -DATTN_SANITIZE=ON -DATTN_CUDA=OFF -DATTN_ISA_LEVELS=host -DATTN_TEST_OPT=-O0 -DATTN_TOOLS_OPT=-O0 $(CMAKE_FLAGS)
 	cmake --build $(BUILD)-sanitize -j $(JOBS)
 	cd $(BUILD)-sanitize && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ATTN_TEST_LEVELS=rotate \
