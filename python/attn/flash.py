@@ -25,6 +25,8 @@ FlashAttention's S_dmask from flash_attn_func and the packed forms (the softmax 
 dropped them, so that FlashAttention's tests can read the dropout mask), None from the varlen form.
 """
 
+import re
+
 from .functional import _rename_error, _torch, attention_paged, scaled_dot_product_attention
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
@@ -32,6 +34,7 @@ __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_
 
 
 _SHAPE_NOTE = " (shapes in attn's [batch, nheads, seqlen, headdim] order)"
+_SHAPE = re.compile(r"\[\d+(, \d+){2,}\]")  # a shape of three or more sizes in a message
 
 
 def _flash_names(**names):
@@ -50,7 +53,7 @@ def _flash_names(**names):
             try:
                 return fn(*args, **kwargs)
             except (ValueError, TypeError) as e:
-                _rename_error(e, table, _SHAPE_NOTE if " is [" in str(e) else "")
+                _rename_error(e, table, _SHAPE_NOTE if _SHAPE.search(str(e)) else "")
                 raise
         return call
     return wrap
@@ -502,27 +505,54 @@ def _kvcache_attend(q, k_cache, v_cache, rows, starts, total, paged, block_table
 # ---- FlashMLA's decode API (multi-head latent attention, DeepSeek-V2/V3) ----------------------------------------
 
 
-def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k, *args, **kwargs):
-    """FlashMLA's scheduling metadata, kept for call compatibility: attn splits the keys itself from the problem's
-    shape, so this returns (None, None), which flash_mla_with_kvcache accepts as its tile_scheduler_metadata and
-    num_splits."""
+def get_mla_metadata(*args, **kwargs):
+    """FlashMLA's scheduling metadata, kept for call compatibility with both of its forms (the older one took
+    cache_seqlens, num_heads_per_head_k, num_heads_k; the current one takes no arguments): attn splits the keys
+    itself from the problem's shape, so this returns (None, None) whatever it is given, which
+    flash_mla_with_kvcache accepts as its tile_scheduler_metadata and num_splits."""
     return None, None
+
+
+# FlashMLA's sparse and FP8 modes: parameters its signature has, refused by name unless at their defaults.
+_MLA_UNSUPPORTED = (
+    ("is_fp8_kvcache", "FlashMLA's FP8 latent cache layout (656 bytes per token) is not implemented; an 8-bit "
+                       "latent cache goes through attn.attention_paged with k_scale"),
+    ("indices", "FlashMLA's sparse attention (top-k indices into the cache) is not implemented; dense decode takes "
+                "block_table and cache_seqlens"),
+    ("attn_sink", "FlashMLA takes it in sparse attention only, which is not implemented (attn.attention_paged "
+                  "takes per-head sinks)"),
+    ("extra_k_cache", "FlashMLA's sparse attention is not implemented"),
+    ("extra_indices_in_kvcache", "FlashMLA's sparse attention is not implemented"),
+    ("topk_length", "FlashMLA's sparse attention is not implemented"),
+    ("extra_topk_length", "FlashMLA's sparse attention is not implemented"),
+)
 
 
 @_flash_names(key="k_cache", value="k_cache", k_pages="k_cache", v_pages="k_cache",
                page_table="block_table", seq_lens="cache_seqlens")
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata=None,
-                           num_splits=None, softmax_scale=None, causal=False):
+                           num_splits=None, softmax_scale=None, causal=False, is_fp8_kvcache=False, indices=None,
+                           attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
+                           extra_topk_length=None):
     """FlashMLA's flash_mla_with_kvcache on attn: decode (and speculative multi-token decode) of multi-head latent
     attention in its absorbed form over a paged latent cache. q [batch, seq_len_q, num_heads_q, head_dim] (576 for
     DeepSeek-V3: 512 latent + 64 rotary), k_cache [num_blocks, page_block_size, num_heads_k, head_dim] (the latent
     rows; V is their first head_dim_v columns, read in place), block_table [batch, max_blocks] int32,
     cache_seqlens [batch] int32. softmax_scale defaults to head_dim ** -0.5 (FlashMLA's default; DeepSeek passes
     the unabsorbed head's 192 ** -0.5); causal aligns each sequence's last query on its last key.
-    tile_scheduler_metadata and num_splits (get_mla_metadata's) are ignored. Returns (out [batch, seq_len_q,
-    num_heads_q, head_dim_v], softmax_lse [batch, num_heads_q, seq_len_q] float32, natural log, +inf for a row
-    that sees no key as in attn.flash). No autograd."""
+    tile_scheduler_metadata and num_splits (get_mla_metadata's) are ignored. FlashMLA's sparse and FP8 parameters
+    (is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length)
+    are accepted at their defaults and refused by name otherwise (NotImplementedError). Returns (out [batch,
+    seq_len_q, num_heads_q, head_dim_v], softmax_lse [batch, num_heads_q, seq_len_q] float32, natural log, +inf for
+    a row that sees no key as in attn.flash). No autograd."""
     torch = _torch()
+    given = dict(is_fp8_kvcache=is_fp8_kvcache, indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,
+                 extra_indices_in_kvcache=extra_indices_in_kvcache, topk_length=topk_length,
+                 extra_topk_length=extra_topk_length)
+    for name, why in _MLA_UNSUPPORTED:
+        value = given[name]
+        if bool(value) if name == "is_fp8_kvcache" else value is not None:
+            raise NotImplementedError(f"{name}: {why}")
     _tensor("q", q, 4, "[batch, seq_len_q, num_heads_q, head_dim]")
     _tensor("k_cache", k_cache, 4, "[num_blocks, page_block_size, num_heads_k, head_dim]")
     if isinstance(head_dim_v, bool) or not isinstance(head_dim_v, int):

@@ -79,3 +79,34 @@ def test_flash_mla_names_its_own_parameters():
         args = {**dict(q=q, k_cache=k_cache, block_table=table, cache_seqlens=lens, head_dim_v=64), **change}
         with pytest.raises(error, match=match):
             flash_mla_with_kvcache(**args)
+
+
+def test_flash_mla_takes_flashmla_current_signature():
+    """FlashMLA's current interface: get_mla_metadata() without arguments (its older three-argument form too), and
+    the sparse/FP8 parameters accepted at their defaults (the same bits as leaving them out), refused by name when
+    set; from the package's top level as from attn.flash."""
+    import attn
+    assert attn.flash_mla_with_kvcache is flash_mla_with_kvcache and attn.get_mla_metadata is get_mla_metadata
+    assert get_mla_metadata() == (None, None)
+    gen = torch.Generator().manual_seed(4)
+    q, k_cache = torch.randn(2, 2, 8, 40, generator=gen), torch.randn(6, 8, 1, 40, generator=gen)
+    table, lens = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32), torch.tensor([10, 20], dtype=torch.int32)
+    meta, splits = get_mla_metadata()
+    out, lse = flash_mla_with_kvcache(q, k_cache, table, lens, 32, meta, splits, causal=True)
+    defaults = dict(is_fp8_kvcache=False, indices=None, attn_sink=None, extra_k_cache=None,
+                    extra_indices_in_kvcache=None, topk_length=None, extra_topk_length=None)
+    out2, lse2 = flash_mla_with_kvcache(q, k_cache, table, lens, 32, meta, splits, causal=True, **defaults)
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+    for name in defaults:
+        value = True if name == "is_fp8_kvcache" else torch.zeros(2, dtype=torch.int32)
+        with pytest.raises(NotImplementedError, match=f"^{name}: "):
+            flash_mla_with_kvcache(q, k_cache, table, lens, 32, meta, splits, **{name: value})
+
+
+def test_flash_mla_marks_shapes_in_errors_as_attns_order():
+    """A shape in an error is attn's [batch, heads, seq, dim] order, the transpose of the caller's: the message says
+    so."""
+    q, k_cache = torch.randn(3, 4, 16, 40), torch.randn(6, 8, 1, 40)
+    table, lens = torch.zeros(3, 2, dtype=torch.int32), torch.tensor([3, 3, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"\[3, 0, 4, 40\].*shapes in attn's \[batch, nheads, seqlen, headdim\] order"):
+        flash_mla_with_kvcache(q[:, :, :0], k_cache, table, lens, 32)
