@@ -97,7 +97,7 @@ bench: build
 # at -O2), the tests' own sources and the attn program's commands at -O0 (ATTN_TEST_OPT, ATTN_TOOLS_OPT: a third of
 # their -O1 compile time under the sanitizers), only the levels this CPU runs (ATTN_ISA_LEVELS=host: the others' kernels cannot run here; `make test`
 # compiles every level), a tenth of the random configurations, no CUDA
-# (nvcc's objects are not instrumented), and not what `make test` proves once for all (SANITIZE_SKIP): the
+# (nvcc's objects are not instrumented), and not what `make test` proves once for all (SANITIZE_SKIP, SANITIZE_GTEST_SKIP): the
 # registry's bitwise-determinism and scratch-bookkeeping checks (its fp64 comparisons, workspace reuse and the random
 # and backward tests stay), the 8- and 4-bit caches' quantisation-error statistics over the registry (57 s under
 # ASan; the same kernels run on the same cases in the registry's comparisons), the benchmark script's dry runs and
