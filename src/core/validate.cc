@@ -480,17 +480,19 @@ Status check_kv_scales(const Params& params, const TensorView& k, const TensorVi
       continue;
     }
     const std::int64_t blocks = (dim + kI4Block - 1) / kI4Block;
-    const std::string want = i4 ? dims_str({k.shape[0], k.shape[1], k.shape[2], blocks}) + " (a scale per block of " +
-                                      std::to_string(kI4Block) + " values of each row of " + of + ")"
-                                : dims_str({k.shape[0], k.shape[1], k.shape[2]}) + " (a scale per row of " + of + ")";
+    const auto want = [&] {  // built for an error only (a call that passes allocates nothing here)
+      return i4 ? dims_str({k.shape[0], k.shape[1], k.shape[2], blocks}) + " (a scale per block of " +
+                      std::to_string(kI4Block) + " values of each row of " + of + ")"
+                : dims_str({k.shape[0], k.shape[1], k.shape[2]}) + " (a scale per row of " + of + ")";
+    };
     const char* kind = i4 ? "i4" : "i8";
-    if (!t) return Status::Invalid(name, std::string("is missing; expected f32 ") + want + " for " + kind + " k and v");
+    if (!t) return Status::Invalid(name, std::string("is missing; expected f32 ") + want() + " for " + kind + " k and v");
     if (Status s = check_view(name, *t, i4 ? 4 : 3); !s) return s;
     if (t->dtype != DType::f32)
       return Status::Invalid(name, std::string("dtype ") + dtype_name(t->dtype) + "; expected f32");
     if (t->shape[0] != k.shape[0] || t->shape[1] != k.shape[1] || t->shape[2] != k.shape[2] ||
         (i4 && t->shape[3] != blocks))
-      return Status::Invalid(name, "shape " + shape_str(*t) + "; expected " + want);
+      return Status::Invalid(name, "shape " + shape_str(*t) + "; expected " + want());
     *out = strided4(*t);
   }
   return Status::Ok();

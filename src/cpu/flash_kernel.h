@@ -1395,6 +1395,19 @@ std::pair<std::int64_t, std::int64_t> run_block(const core::Problem& p, const La
   return flash_block<4, 0, QT, KVT, Variant>(p, lanes, kv_lo, kv_hi, ws), std::pair{BR, 1L};
 }
 
+// o[d·o_stride] = x[d·x_stride] finished (core::finish_output with l and factor) for d < n, in T. l and factor are
+// values, not reads of m and l: stores through o could alias those arrays for the compiler, which then reloaded l
+// and tested it for every element (a scalar loop: a third of a one-key decode's time, 32 heads of 128).
+template <class T>
+inline void store_row(T* o, std::int64_t o_stride, const float* x, std::int64_t x_stride, std::int64_t n, float l,
+                      float factor) {
+  if (o_stride == 1 && x_stride == 1)  // both contiguous (row-major blocks, merged split-KV rows): vectorised
+    for (std::int64_t d = 0; d < n; ++d) o[d] = core::from_float<T>(core::finish_output(x[d], l, factor));
+  else
+    for (std::int64_t d = 0; d < n; ++d)
+      o[d * o_stride] = core::from_float<T>(core::finish_output(x[d * x_stride], l, factor));
+}
+
 // Writes O = o / l and the LSE of every lane of a finished block (core::finish_*); lane r's value d is
 // o[d·d_stride + r·r_stride] (Oᵀ in the workspace, or rows of merged split-KV partials).
 // The output is QT, q's dtype, except where a caller inside the library asks for f32 rows of a bf16/f16 problem
@@ -1408,14 +1421,8 @@ void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, st
   for (std::int64_t r = 0; r < lanes.n; ++r) {
     const core::Finish f = core::finish_with_sink(m[r], l[r], u.k, p.sink(lanes.h[r]));
     const std::int64_t at = p.out.offset(lanes.b, lanes.h[r], lanes.i[r], 0);
-    if (out_f32) {
-      for (std::int64_t d = 0; d < p.Dv; ++d)
-        out_f32[at + d * p.out.stride[3]] = core::finish_output(ot[d * d_stride + r * r_stride], l[r], f.factor);
-    } else {
-      QT* o = out + at;
-      for (std::int64_t d = 0; d < p.Dv; ++d)
-        o[d * p.out.stride[3]] = core::from_float<QT>(core::finish_output(ot[d * d_stride + r * r_stride], l[r], f.factor));
-    }
+    if (out_f32) store_row(out_f32 + at, p.out.stride[3], ot + r * r_stride, d_stride, p.Dv, l[r], f.factor);
+    else store_row(out + at, p.out.stride[3], ot + r * r_stride, d_stride, p.Dv, l[r], f.factor);
     if (p.lse)
       static_cast<float*>(const_cast<void*>(p.lse->data))[p.lse->offset(lanes.b, lanes.h[r], lanes.i[r], 0)] = f.lse;
   }
