@@ -80,6 +80,8 @@ def _array(name, x, kind=None, like=None, index=False):
 
 def _check_torch(name, x):
     torch = _torch()
+    if x.layout is torch.strided and (x.is_cpu or x.is_cuda) and not x.is_nested:
+        return  # (the common case, read in fewer steps than the errors below take)
     if getattr(x, "is_nested", False):
         raise TypeError(f"{name}: a nested tensor; expected a dense (strided) tensor")
     if x.layout != torch.strided:
@@ -105,8 +107,16 @@ def _check_numpy(name, x):
 def _dtype_name(x):
     """'float32', 'bfloat16', 'bool', ... for a NumPy array (ml_dtypes included) or a torch tensor; a NumPy
     dtype in non-native byte order keeps its byte-order character ('>f4'), so that it matches no name."""
-    name = str(x.dtype)
-    return name[len("torch."):] if name.startswith("torch.") else name
+    dtype = x.dtype
+    name = _DTYPE_NAMES.get(dtype)  # (a call asks 6-10 times: str() of a dtype costs half a microsecond)
+    if name is None:
+        name = str(dtype)
+        name = name[len("torch."):] if name.startswith("torch.") else name
+        _DTYPE_NAMES[dtype] = name
+    return name
+
+
+_DTYPE_NAMES = {}  # dtype -> _dtype_name's answer (dtypes compare by kind, size and byte order: '>f4' != '<f4')
 
 
 def _float_dtype(name, x, like=None, like_dtype=None):
@@ -200,10 +210,30 @@ def _wants_grad(*xs):
 def _for_binding(x):
     """What the C++ binding reads: the same memory. NumPy bfloat16 (ml_dtypes) goes as its uint16 bits
     (NumPy can export neither bfloat16 nor its buffer format; the binding gets bf16_bits=True); torch
-    tensors with autograd, conjugate or negative bits are resolved by torch (no copy in the common case)."""
+    tensors with autograd, conjugate or negative bits are resolved by torch (no copy in the common case).
+    A CPU tensor then goes as its DLPack capsule (torch.utils.dlpack.to_dlpack, 0.4 µs): given the tensor, the
+    binding's import calls the tensor's Python-level __dlpack__, which took 32 of a one-token decode call's 46 µs
+    in the binding (four tensors; bench/results_cascadelake_small_decode.md). A capsule is read once: call this
+    once per argument of a binding call. CUDA tensors go as they are, through the DLPack protocol, which
+    orders the call after the work queued on the tensor's stream (docs/cuda.md)."""
     if isinstance(x, np.ndarray):  # (dtype.kind first: dtype.name costs a microsecond, and this runs per array)
         return x.view(np.uint16) if x.dtype.kind == "V" and x.dtype.name == "bfloat16" else x
-    return x.detach().resolve_conj().resolve_neg()
+    # (each step only where it changes something: detach() and the resolves cost 1.4 µs even when they do not)
+    if x.requires_grad:
+        x = x.detach()
+    if x.is_conj():
+        x = x.resolve_conj()
+    if x.is_neg():
+        x = x.resolve_neg()
+    if x.is_cuda:
+        return x
+    global _to_dlpack
+    if _to_dlpack is None:
+        from torch.utils.dlpack import to_dlpack as _to_dlpack
+    return _to_dlpack(x)
+
+
+_to_dlpack = None  # torch.utils.dlpack.to_dlpack, looked up on first use (torch stays optional)
 
 
 def _empty(kind, like, shape, dtype=None):
@@ -770,7 +800,7 @@ def _forward(kind, q, k, v, options, want_lse, names=None):
     b, hq, sq, _ = q.shape
     out = _empty(kind, q, (b, hq, sq, _value_dim(v)))
     lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
-    _call(_attn.attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse, options,
+    _call(_attn.attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), _bound(lse), options,
           names=names)
     return out, lse
 
@@ -781,7 +811,7 @@ def _forward_paged(kind, q, k_pages, v_pages, page_table, seq_lens, options, wan
     out = _empty(kind, q, (b, hq, sq, _value_dim(v_pages)))
     lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
     _call(_attn.attention_paged, _for_binding(q), _for_binding(k_pages), _for_binding(v_pages),
-          _for_binding(page_table), _for_binding(seq_lens), _for_binding(out), lse, options, names=names)
+          _for_binding(page_table), _for_binding(seq_lens), _for_binding(out), _bound(lse), options, names=names)
     return out, lse
 
 
@@ -793,7 +823,7 @@ def _forward_paged_cascade(kind, q, k_pages, v_pages, prefix_table, prefix_len, 
     lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
     _call(_attn.attention_paged_cascade, _for_binding(q), _for_binding(k_pages), _for_binding(v_pages),
           _for_binding(prefix_table), prefix_len, _for_binding(page_table), _for_binding(seq_lens),
-          _for_binding(out), lse, options, names=names)
+          _for_binding(out), _bound(lse), options, names=names)
     return out, lse
 
 
@@ -916,5 +946,6 @@ def merge_attention(out_a, lse_a, out_b, lse_b):
     oa, la, ob, lb = (x if batched else _lead1(x) for _, x in args)
     out = _empty(kind, out_a, tuple(oa.shape))
     lse = _empty(kind, out_a, tuple(oa.shape[:3]))
-    _call(_attn.merge_attention, _for_binding(oa), _for_binding(la), _for_binding(ob), _for_binding(lb), out, lse)
+    _call(_attn.merge_attention, _for_binding(oa), _for_binding(la), _for_binding(ob), _for_binding(lb),
+          _for_binding(out), _for_binding(lse))
     return (out[0], lse[0]) if not batched else (out, lse)

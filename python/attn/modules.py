@@ -166,9 +166,8 @@ class MultiHeadAttention:
         lens = _lengths("kv_lens", kv_lens, kind, "x")
         causal = _diagonals(is_causal, causal_alignment, None)[0]
         out = _empty(kind, x, (x.shape[0], x.shape[1], self.d_model))
-        xb = _for_binding(x)
-        _call(self._m.forward, xb, xb if x_kv is None else _for_binding(x_kv), _for_binding(out), _bound(mask),
-              _bound(lens), causal, x_kv is not None, names=_MHA_NAMES)
+        _call(self._m.forward, _for_binding(x), _for_binding(x if x_kv is None else x_kv), _for_binding(out),
+              _bound(mask), _bound(lens), causal, x_kv is not None, names=_MHA_NAMES)
         return out
 
     forward = __call__
@@ -286,7 +285,7 @@ class KVCache:
         out = _empty(kind, q, (b, hq, t, self.v_head_dim))
         lse = _empty(kind, q, (b, hq, t), "float32") if return_lse else None
         with self._lock.read():
-            _call(self._c.attend, _for_binding(q), _for_binding(out), lse, names=_CACHE_NAMES)
+            _call(self._c.attend, _for_binding(q), _for_binding(out), _bound(lse), names=_CACHE_NAMES)
         return (out, lse) if return_lse else out
 
     def truncate(self, length):
@@ -360,7 +359,7 @@ class PagedKVCache:
         out = _empty(kind, q, (b, hq, t, self.v_head_dim))
         lse = _empty(kind, q, (b, hq, t), "float32") if return_lse else None
         with self._lock.read():
-            _call(self._c.attend, ids, _for_binding(q), _for_binding(out), lse, names=_PAGED_ATTEND_NAMES)
+            _call(self._c.attend, ids, _for_binding(q), _for_binding(out), _bound(lse), names=_PAGED_ATTEND_NAMES)
         return (out, lse) if return_lse else out
 
 

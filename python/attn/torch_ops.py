@@ -101,8 +101,9 @@ def _sdpa_backward(grad_out, q, k, v, out, lse, *options):
     sinks = options[_SINKS]
     grads = [torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v)]
     grad_sinks = torch.empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32, device=q.device)
-    _attn.attention_backward(*(_for_binding(x) for x in (q, k, v, out, lse, grad_out.to(q.dtype))), *grads,
-                             grad_sinks if sinks is not None else None, _binding_options(OPTIONS, options))
+    _attn.attention_backward(*(_for_binding(x) for x in (q, k, v, out, lse, grad_out.to(q.dtype))),
+                             *(_for_binding(g) for g in grads), _for_binding(grad_sinks) if sinks is not None else None,
+                             _binding_options(OPTIONS, options))
     return (*grads, grad_sinks)
 
 

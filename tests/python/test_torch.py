@@ -450,3 +450,35 @@ def test_backward_of_peaked_16bit_rows_within_the_rule(dtype, peak, alibi):
     attn.scaled_dot_product_attention(q, kb, vb, **kw).backward(dob)
     err, naive_err = (q.grad.double() - ref).abs().max(), (naive - ref).abs().max()
     assert err <= 2 * naive_err + 2 * torch.finfo(dt).eps * 1e-3, (err, naive_err)
+
+
+# ---- how CPU tensors reach the binding (attn.functional._for_binding: a DLPack capsule each) ----------------------
+
+def test_cpu_tensors_go_as_fresh_capsules():
+    from attn.functional import _for_binding
+    x = torch.randn(2, 3, requires_grad=True)
+    a, b = _for_binding(x), _for_binding(x)
+    assert type(a).__name__ == "PyCapsule" and a is not b  # (a capsule is read once: one per argument)
+
+
+def test_views_reach_the_library_as_views():
+    """Transposed, sliced and negated (neg-bit) views, and inputs that require grad, give the bits their
+    materialised copies give: the capsule carries the strides, and the bits torch resolves first."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 7, 16, generator=g)
+    k = torch.randn(2, 7, 4, 16, generator=g).transpose(1, 2)  # [B, H, S, D] view of a [B, S, H, D] tensor
+    v = torch.randn(2, 4, 9, 32, generator=g)[:, :, :7, ::2]    # a slice with stride 2 along D
+    ref = attn.scaled_dot_product_attention(q, k.contiguous(), v.contiguous())
+    assert torch.equal(attn.scaled_dot_product_attention(q, k, v), ref)
+    neg = torch._neg_view(-k)  # the same values, carried as a negative bit
+    assert neg.is_neg()
+    assert torch.equal(attn.scaled_dot_product_attention(q, neg, v), ref)
+    with torch.no_grad():
+        assert torch.equal(attn.scaled_dot_product_attention(q.requires_grad_(), k, v), ref)
+
+
+def test_one_tensor_as_two_arguments():
+    """MultiHeadAttention's self-attention passes x as both its query and key/value input: two capsules."""
+    m = attn.MultiHeadAttention(32, 4, seed=3)
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(m(x), m(x, x_kv=x))
