@@ -212,8 +212,8 @@ def _for_binding(x):
     (NumPy can export neither bfloat16 nor its buffer format; the binding gets bf16_bits=True); torch
     tensors with autograd, conjugate or negative bits are resolved by torch (no copy in the common case).
     A CPU tensor then goes as its DLPack capsule (torch.utils.dlpack.to_dlpack, 0.4 µs): given the tensor, the
-    binding's import calls the tensor's Python-level __dlpack__, which took 32 of a one-token decode call's 46 µs
-    in the binding (four tensors; bench/results_cascadelake_small_decode.md). A capsule is read once: call this
+    binding's import calls the tensor's Python-level __dlpack__, 21-35 µs of a one-token decode call's 38-52 µs in
+    the binding (four tensors; bench/results_cascadelake_small_decode.md). A capsule is read once: call this
     once per argument of a binding call. CUDA tensors go as they are, through the DLPack protocol, which
     orders the call after the work queued on the tensor's stream (docs/cuda.md)."""
     if isinstance(x, np.ndarray):  # (dtype.kind first: dtype.name costs a microsecond, and this runs per array)
