@@ -16,6 +16,13 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 import attn.integrations.transformers as attn_hf  # noqa: E402
 
+
+def _cache_kw(cache):
+    """generate's KV-cache argument: `cache` from transformers 5.24 on (which deprecates `past_key_values` for it, to
+    go in 6.0; CI installs the newest release), `past_key_values` before."""
+    version = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
+    return {"cache" if version >= (5, 24) else "past_key_values": cache}
+
 attn_hf.register()
 
 SENTENCES = [
@@ -180,7 +187,7 @@ def test_int8_kv_cache_generate(monkeypatch):
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, do_sample=False,
                              output_logits=True, return_dict_in_generate=True, eos_token_id=None, pad_token_id=0,
-                             past_key_values=cache)
+                             **_cache_kw(cache))
     layers = model.config.num_hidden_layers
     assert seen == [False] * layers + [True] * (layers * (steps - 1))
     layer = cache.layers[0]
@@ -211,7 +218,7 @@ def test_growing_kv_cache_equals_the_default_cache():
             with torch.no_grad():
                 outs.append(model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=300, do_sample=False,
                                            output_logits=True, return_dict_in_generate=True, eos_token_id=None,
-                                           pad_token_id=0, past_key_values=cache))
+                                           pad_token_id=0, **_cache_kw(cache)))
         assert torch.equal(outs[0].sequences, outs[1].sequences), implementation
         assert torch.equal(torch.stack(outs[0].logits), torch.stack(outs[1].logits)), implementation
 
@@ -258,7 +265,7 @@ def test_growing_kv_cache_in_beam_search_and_assisted_decoding(mode):
         with torch.no_grad():
             outs.append(model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=24,
                                        min_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=None,
-                                       past_key_values=cache, **extra))
+                                       **_cache_kw(cache), **extra))
     assert torch.equal(outs[0], outs[1])
 
 
