@@ -23,6 +23,7 @@ def _cache_kw(cache):
     version = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
     return {"cache" if version >= (5, 24) else "past_key_values": cache}
 
+
 attn_hf.register()
 
 SENTENCES = [
