@@ -115,14 +115,13 @@ void kv_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::i
   for (std::int64_t c = 0; c < cols; ++c) ws.krows[c] = ws.kh.data() + (j0 + c) * dk, ws.vrows[c] = ws.vh.data() + (j0 + c) * dv;
 }
 
-// Sᵀ[c][·] (+)= Σ_{d0 <= d < d1} K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and QV·W query lanes: one chunk of the
-// sums over d (see mma's chunks; first: Sᵀ not read yet; last: times mult, the call's score units, as it is stored).
-// The micro-kernel with A = K rows.
-template <int QV, int R>
-inline void scores_step(const float* qt, const float* const* k, std::int64_t d0, std::int64_t d1, bool first,
-                        bool last, float* st, std::int64_t c0, V mult) {
-  mma_chunk<R, QV, mk::Init::zero, true>(mk::RowPtrs{k, c0}, qt, BR, d0, d1, first, last, st + c0 * BR, BR, nullptr,
-                                         mult);
+// Sᵀ[c][·] (+)= Σ_{d0 <= d < d1} K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and QV·W query lanes: one chunk of
+// kDotChunk dims of the sums (see mma; d0 > 0: added to Sᵀ), times mult (the call's score units) when it is the last
+// (Last: d1 = Dk). The micro-kernel with A = K rows.
+template <int QV, int R, bool Last>
+inline void scores_step(const float* qt, const float* const* k, std::int64_t d0, std::int64_t d1, float* st,
+                        std::int64_t c0, V mult) {
+  mma<R, QV, mk::Init::zero, Last, kDotChunk>(mk::RowPtrs{k, c0}, qt, BR, d1, st + c0 * BR, BR, nullptr, mult, d0);
 }
 
 // Oᵀ[d][·] = α·Oᵀ[d][·] + Σ_c V[c][d] Pᵀ[c][·] for value dims d0 .. d0+R-1 (the online-softmax rescale of the
@@ -133,21 +132,22 @@ inline void pv_step(const float* pt, const float* const* vrows, std::int64_t col
   mma<R, QV, mk::Init::load_scaled, false>(mk::RowsByK{vrows, d0}, pt, BR, cols, ot + d0 * BR, BR, alpha);
 }
 
-// Sᵀ = mult · K Qᵀ over `cols` keys, in chunks of kDotChunk dims (the error of a long dot product: see mma), each
-// chunk over every key of the tile before the next: the chunk's rows of Qᵀ (8 KiB at 64 lanes) stay in L1, where the
-// whole Qᵀ (32 KiB at Dk = 128) was read again for every step of keys and did not fit a 32 KiB L1 beside the tile.
-// The same sums in the same order (the same bits); the score product alone, on a Cascade Lake Xeon, interleaved
-// against the keys-outer order: 1.00-1.05x as fast at avx512, 1.08-1.13x at avx2.
+// Sᵀ = mult · K Qᵀ over `cols` keys, a chunk of kDotChunk dims at a time over every key of the tile: the chunk's
+// rows of Qᵀ (8 KiB at 64 lanes) stay in L1, where the whole Qᵀ (32 KiB at Dk = 128, all of a 32 KiB L1) was read
+// again for each step of keys, its loads the score product's hottest stall. The same sums in the same order.
 template <int QV>
 inline void scores(const float* qt, const float* const* k, std::int64_t dk, std::int64_t cols, float mult, float* st) {
   const V m = Vec::set1(mult);
   for (std::int64_t d0 = 0; d0 < dk; d0 += kDotChunk) {
     const std::int64_t d1 = std::min(dk, d0 + kDotChunk);
-    const bool first = d0 == 0, last = d1 >= dk;
-    std::int64_t c = 0;
-    for (; c + RK <= cols; c += RK) scores_step<QV, RK>(qt, k, d0, d1, first, last, st, c, m);
-    for (; c + RT <= cols; c += RT) scores_step<QV, RT>(qt, k, d0, d1, first, last, st, c, m);
-    for (; c < cols; ++c) scores_step<QV, 1>(qt, k, d0, d1, first, last, st, c, m);
+    const auto chunk = [&](auto last) {
+      std::int64_t c = 0;
+      for (; c + RK <= cols; c += RK) scores_step<QV, RK, decltype(last)::value>(qt, k, d0, d1, st, c, m);
+      for (; c + RT <= cols; c += RT) scores_step<QV, RT, decltype(last)::value>(qt, k, d0, d1, st, c, m);
+      for (; c < cols; ++c) scores_step<QV, 1, decltype(last)::value>(qt, k, d0, d1, st, c, m);
+    };
+    if (d1 < dk) chunk(std::false_type{});
+    else chunk(std::true_type{});
   }
 }
 

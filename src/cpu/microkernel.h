@@ -35,49 +35,49 @@ enum class Init { zero, load, load_scaled };  // C starts at 0, at C, or at α[v
 // products (Dk = 256 scores) measured 2-4x the error of a blocked one (as BLAS and the GPU's tensor cores sum).
 inline constexpr int kDotChunk = 32;  // the chunk of the dot products' sums over a head dimension
 
-// One chunk of the sums: k in [k0, k1), the chunk's own chain of fused multiply-adds from zero, then added to C
-// (first: C is not read; Init decides what C starts at) and, for the last chunk, times out_scale as it is stored.
-// The loops over the accumulators are fully unrolled (GCC 12 left the two outside the k loop rolled, with first and
-// last tested in them, so the R x CV accumulators went through the stack on every chunk; unrolled, they stay
-// in registers, and the Sᵀ product alone ran 1.12-1.13x as fast on a Cascade Lake Xeon).
-template <int R, int CV, mk::Init I, bool ScaleOut, class A>
-inline void mma_chunk(const A& a, const float* b, std::int64_t b_row, std::int64_t k0, std::int64_t k1, bool first,
-                      bool last, float* c, std::int64_t c_row, const Vec::T* alpha, Vec::T out_scale) {
-  Vec::T acc[R][CV];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int v = 0; v < CV; ++v) {
-      if (!first || I == mk::Init::zero) acc[r][v] = Vec::zero();
-      else if constexpr (I == mk::Init::load) acc[r][v] = Vec::load(c + r * c_row + v * Vec::W);
-      else acc[r][v] = Vec::mul(Vec::load(c + r * c_row + v * Vec::W), alpha[v]);
-    }
-  for (std::int64_t k = k0; k < k1; ++k) {
-    Vec::T bv[CV];
-    for (int v = 0; v < CV; ++v) bv[v] = Vec::load(b + k * b_row + v * Vec::W);
-    for (int r = 0; r < R; ++r) {
-      const Vec::T ab = Vec::set1(a.at(r, k));
-      for (int v = 0; v < CV; ++v) acc[r][v] = Vec::fmadd(ab, bv[v], acc[r][v]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int v = 0; v < CV; ++v) {
-      Vec::T x = first ? acc[r][v] : Vec::add(acc[r][v], Vec::load(c + r * c_row + v * Vec::W));
-      if (ScaleOut && last) x = Vec::mul(x, out_scale);
-      Vec::store(c + r * c_row + v * Vec::W, x);
-    }
-}
+// The loops over the accumulators outside the k loop are unrolled by force: GCC 12 left them rolled for R x CV = 24
+// (6 x 4, the forward's Sᵀ step at avx512), with first and last tested inside, and so kept all 24 accumulators and
+// one B vector on the stack (stored and reloaded every chunk, one B operand read from memory by six FMAs a step).
+// Unrolled, they stay in registers (with the chunks of Dk outermost in the forward's scores, flash_kernel.h, the Sᵀ
+// product alone, bench/micro/products.cc at Dk = 128 on 1 thread of a Cascade Lake Xeon, went from 42-45 to 96-130
+// GFLOP/s); smaller blocks (4 x 4, the backward's) were already unrolled and compile as before. (Calling a chunk
+// function of its own from this loop instead ran the backward's 4 x 4 blocks 3-8 % slower.)
 
+// k_begin > 0 (a multiple of KC): the sums over k in [k_begin, kn) only, added to C as the chunks after the first
+// are (the forward's scores run the chunks of Dk outermost, a call per chunk: see flash_kernel.h's scores).
 template <int R, int CV, mk::Init I, bool ScaleOut, int KC = 0, class A>
 inline void mma(const A& a, const float* b, std::int64_t b_row, std::int64_t kn, float* c, std::int64_t c_row,
-                const Vec::T* alpha = nullptr, Vec::T out_scale = Vec::zero()) {
+                const Vec::T* alpha = nullptr, Vec::T out_scale = Vec::zero(), std::int64_t k_begin = 0) {
   const std::int64_t step = KC > 0 ? KC : kn;
-  std::int64_t k0 = 0;
+  std::int64_t k0 = k_begin;
   do {
     const std::int64_t k1 = std::min(kn, k0 + step);
-    mma_chunk<R, CV, I, ScaleOut>(a, b, b_row, k0, k1, k0 == 0, k1 >= kn, c, c_row, alpha, out_scale);
+    const bool first = k0 == 0, last = k1 >= kn;
+    Vec::T acc[R][CV];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int v = 0; v < CV; ++v) {
+        if (!first || I == mk::Init::zero) acc[r][v] = Vec::zero();
+        else if constexpr (I == mk::Init::load) acc[r][v] = Vec::load(c + r * c_row + v * Vec::W);
+        else acc[r][v] = Vec::mul(Vec::load(c + r * c_row + v * Vec::W), alpha[v]);
+      }
+    for (std::int64_t k = k0; k < k1; ++k) {
+      Vec::T bv[CV];
+      for (int v = 0; v < CV; ++v) bv[v] = Vec::load(b + k * b_row + v * Vec::W);
+      for (int r = 0; r < R; ++r) {
+        const Vec::T ab = Vec::set1(a.at(r, k));
+        for (int v = 0; v < CV; ++v) acc[r][v] = Vec::fmadd(ab, bv[v], acc[r][v]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int v = 0; v < CV; ++v) {
+        Vec::T x = first ? acc[r][v] : Vec::add(acc[r][v], Vec::load(c + r * c_row + v * Vec::W));
+        if (ScaleOut && last) x = Vec::mul(x, out_scale);
+        Vec::store(c + r * c_row + v * Vec::W, x);
+      }
     k0 = k1;
   } while (k0 < kn);
 }
