@@ -38,10 +38,10 @@ inline constexpr int kDotChunk = 32;  // the chunk of the dot products' sums ove
 // The loops over the accumulators outside the k loop are unrolled by force: GCC 12 left them rolled for R x CV = 24
 // (6 x 4, the forward's Sᵀ step at avx512), with first and last tested inside, and so kept all 24 accumulators and
 // one B vector on the stack (stored and reloaded every chunk, one B operand read from memory by six FMAs a step).
-// Unrolled, they stay in registers (with the chunks of Dk outermost in the forward's scores, flash_kernel.h, the Sᵀ
-// product alone, bench/micro/products.cc at Dk = 128 on 1 thread of a Cascade Lake Xeon, went from 42-45 to 96-130
-// GFLOP/s); smaller blocks (4 x 4, the backward's) were already unrolled and compile as before. (Calling a chunk
-// function of its own from this loop instead ran the backward's 4 x 4 blocks 3-8 % slower.)
+// Unrolled, they stay in registers at any block size (with the chunks of Dk outermost in the forward's scores,
+// flash_kernel.h, the Sᵀ product alone, bench/micro/products.cc at Dk = 128 on 1 thread of a Cascade Lake Xeon, went
+// from 42-45 to 79-116 GFLOP/s), and the backward's products step 6 x 4 too (backward_kernel.h, GR). (Calling a chunk
+// function of its own from this loop instead ran the backward's 4 x 4 blocks of the time 3-8 % slower.)
 
 // k_begin > 0 (a multiple of KC): the sums over k in [k_begin, kn) only, added to C as the chunks after the first
 // are (the forward's scores run the chunks of Dk outermost, a call per chunk: see flash_kernel.h's scores).
