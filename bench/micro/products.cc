@@ -12,6 +12,7 @@
 #include "cpu/isa_prelude.h"
 
 #include <cstdio>
+#include <exception>
 #include <string>
 
 #include "cpu/cpu_features.h"
@@ -39,7 +40,8 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
     double best_s = 1e30, best_pv = 1e30;                                                                             \
     for (int rep = 0; rep < reps; ++rep) {                                                                            \
       const double t0 = now();                                                                                        \
-      for (std::int64_t t = 0; t < tiles; ++t) scores<QV_MAX>(qt.data(), krows.data() + t * BC, dk, cols, 0.125f, st.data()); \
+      for (std::int64_t t = 0; t < tiles; ++t)                                                                        \
+        scores<QV_MAX>(qt.data(), krows.data() + t * BC, dk, cols, 0.125f, st.data());                                \
       const double t1 = now();                                                                                        \
       for (std::int64_t t = 0; t < tiles; ++t)                                                                        \
         accumulate_pv<QV_MAX>(st.data(), vrows.data() + t * BC, dk, cols, alpha.data(), ot.data());                   \
@@ -83,20 +85,29 @@ ATTN_MICRO_PRODUCTS(micro_avx512)
 #pragma GCC pop_options
 
 int main(int argc, char** argv) {
-  const std::int64_t dk = argc > 1 ? std::stoll(argv[1]) : 128, tiles = argc > 2 ? std::stoll(argv[2]) : 1;
-  const int reps = argc > 3 ? std::stoi(argv[3]) : 2000;
-  if (dk < 1 || tiles < 1 || reps < 1) {
-    std::fprintf(stderr, "usage: micro_products [DK >= 1 [TILES >= 1 [REPS >= 1]]]\n");
+  std::int64_t dk = 128, tiles = 1, reps = 2000;
+  try {
+    if (argc > 1) dk = std::stoll(argv[1]);
+    if (argc > 2) tiles = std::stoll(argv[2]);
+    if (argc > 3) reps = std::stoll(argv[3]);
+  } catch (const std::exception&) {
+    dk = 0;  // (reported below)
+  }
+  if (argc > 4 || dk < 1 || dk > 4096 || tiles < 1 || tiles > 4096 || dk * tiles > (1 << 18) || reps < 1 ||
+      reps > 1000000) {
+    std::fprintf(stderr, "usage: micro_products [DK in 1..4096 [TILES in 1..4096, DK x TILES <= 262144 (K and V: "
+                         "128 MiB) [REPS in 1..1000000]]]\n");
     return 2;
   }
   const attn::cpu::CpuFeatures& f = attn::cpu::cpu_features();
-  std::printf("Dk = Dv = %lld, %lld key tile(s) of %lld, fp32, 1 thread, best of %d\n", static_cast<long long>(dk),
-              static_cast<long long>(tiles), static_cast<long long>(attn::cpu::micro_avx2::BC), reps);
+  std::printf("Dk = Dv = %lld, %lld key tile(s) of %lld, fp32, 1 thread, best of %lld\n", static_cast<long long>(dk),
+              static_cast<long long>(tiles), static_cast<long long>(attn::cpu::micro_avx2::BC),
+              static_cast<long long>(reps));
   const auto report = [](const char* level, Rates r) {
     std::printf("  %-7s scores (S^T = K Q^T) %7.1f GFLOP/s   P.V (O^T = a O^T + V^T P^T) %7.1f GFLOP/s\n", level,
                 r.scores, r.pv);
   };
-  if (f.avx2_usable()) report("avx2", attn::cpu::micro_avx2::run_products(dk, tiles, reps));
-  if (f.avx512_usable()) report("avx512", attn::cpu::micro_avx512::run_products(dk, tiles, reps));
+  if (f.avx2_usable()) report("avx2", attn::cpu::micro_avx2::run_products(dk, tiles, static_cast<int>(reps)));
+  if (f.avx512_usable()) report("avx512", attn::cpu::micro_avx512::run_products(dk, tiles, static_cast<int>(reps)));
   return 0;
 }
