@@ -14,8 +14,22 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <string_view>
 
 #include "cpu/cpu_features.h"
+#include "cpu/isa_list.h"
+
+// The two levels below spell their targets out (a #pragma takes no macro); they must be src/cpu/isa_list.h's.
+#define ATTN_MICRO_TARGET_OF(name, target, vec, usable) \
+  if (level == #name) return target;
+constexpr std::string_view isa_target(std::string_view level) {
+  ATTN_VECTOR_ISAS(ATTN_MICRO_TARGET_OF)
+  return "";
+}
+#undef ATTN_MICRO_TARGET_OF
+static_assert(isa_target("avx2") == "avx2,fma,f16c", "the avx2 target below is not isa_list.h's");
+static_assert(isa_target("avx512") == "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c",
+              "the avx512 target below is not isa_list.h's");
 
 namespace {
 struct Rates {
