@@ -477,6 +477,83 @@ def _scale(scale):
 # ---- scaled dot-product attention ------------------------------------------------------------------
 
 
+def _plain_torch_call(query, key, value, is_causal, scale, enable_gqa, causal_alignment, return_lse, softcap,
+                      kv_lens, k_scale, v_scale):
+    """scaled_dot_product_attention's result for the calls a model's decode step makes, or None for every other
+    call (which takes the general path): plain 4-D CPU tensors, query, key and value of one float dtype (or key and
+    value int8 with float32 scales), none requiring grad, outside torch.compile; kv_lens None or a 1-D int32 or int64
+    tensor; no mask, ALiBi, sinks, window or dropout (the caller has checked those); bool flags, scale None or a
+    float, causal_alignment None or one of its names as written. Every such call passes each check of _check_call
+    and gets the Options _options would give it, so this is the general path's call with its checks read in fewer
+    steps (a one-token decode spent most of its time in them: bench/results_cascadelake_small_decode.md)."""
+    torch = _torch()
+    if torch is None:
+        return None
+    tensor = torch.Tensor
+    if not (query.__class__ is tensor and key.__class__ is tensor and value.__class__ is tensor
+            and is_causal.__class__ is bool and enable_gqa.__class__ is bool and return_lse.__class__ is bool
+            and (scale is None or scale.__class__ is float)
+            and (causal_alignment is None or causal_alignment.__class__ is str and causal_alignment in _ALIGNMENTS)):
+        return None
+    dtype = query.dtype
+    if not (dtype in _torch_floats(torch) and query.ndim == 4 and key.ndim == 4 and value.ndim == 4
+            and (enable_gqa or query.shape[1] == key.shape[1])):
+        return None
+    scales = k_scale is not None or v_scale is not None
+    if scales:  # an 8-bit cache's rows and their float32 scales (as an Int8KVCache of the transformers integration)
+        if not (key.dtype is torch.int8 and value.dtype is torch.int8 and k_scale.__class__ is tensor
+                and v_scale.__class__ is tensor and k_scale.dtype is torch.float32 and v_scale.dtype is torch.float32):
+            return None
+        arrays = (query, key, value, k_scale, v_scale)
+    elif key.dtype is dtype and value.dtype is dtype:
+        arrays = (query, key, value)
+    else:
+        return None
+    if kv_lens is not None:
+        if not (kv_lens.__class__ is tensor and kv_lens.dtype in (torch.int32, torch.int64) and kv_lens.ndim == 1):
+            return None
+        arrays += (kv_lens,)
+    for x in arrays:
+        if x.requires_grad or not x.is_cpu or x.layout is not torch.strided or x.is_nested or x.is_neg():
+            return None
+    if torch.compiler.is_compiling():
+        return None
+    global _to_dlpack
+    if _to_dlpack is None:
+        from torch.utils.dlpack import to_dlpack as _to_dlpack
+    capsule = _to_dlpack  # (what _for_binding gives these tensors: none needs a detach or a resolve)
+    key_ = (is_causal, causal_alignment, scale, softcap)
+    options = _PLAIN_OPTIONS.get(key_)
+    if options is None or len(arrays) > 3:
+        causal, _, _, align = _diagonals(is_causal, causal_alignment, None)
+        if len(arrays) > 3:  # (a capsule is read once: Options holding them are made per call)
+            options = _attn.Options(None, None if kv_lens is None else capsule(kv_lens), scale, causal, -1, -1, align,
+                                    softcap, None, None, 0.0, 0, None if k_scale is None else capsule(k_scale),
+                                    None if v_scale is None else capsule(v_scale), False)
+        else:
+            options = _options(scale=scale, causal=causal, window_align=align, softcap=softcap)
+            if len(_PLAIN_OPTIONS) >= 64:
+                _PLAIN_OPTIONS.clear()
+            _PLAIN_OPTIONS[key_] = options
+    b, hq, sq, _ = query.shape
+    out = query.new_empty((b, hq, sq, value.shape[3]))
+    lse = query.new_empty((b, hq, sq), dtype=torch.float32) if return_lse else None
+    _call(_attn.attention, capsule(query), capsule(key), capsule(value), capsule(out),
+          None if lse is None else capsule(lse), options)
+    return (out, lse) if return_lse else out
+
+
+_PLAIN_OPTIONS = {}  # (is_causal, causal_alignment, scale, softcap) -> the binding's Options (holding no array)
+_TORCH_FLOATS = None
+
+
+def _torch_floats(torch):
+    global _TORCH_FLOATS
+    if _TORCH_FLOATS is None:
+        _TORCH_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+    return _TORCH_FLOATS
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, causal_alignment=None, kv_lens=None, window=None,
                                  return_lse=False, softcap=0.0, alibi_slopes=None, sinks=None, seed=None,
@@ -544,6 +621,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     could not allocate its scratch), each message starting with the parameter's name; nothing is
     computed or returned then.
     """
+    if (attn_mask is None and window is None and alibi_slopes is None and sinks is None and seed is None
+            and dropout_p.__class__ is float and dropout_p == 0.0 and softcap.__class__ is float):
+        done = _plain_torch_call(query, key, value, is_causal, scale, enable_gqa, causal_alignment, return_lse,
+                                 softcap, kv_lens, k_scale, v_scale)
+        if done is not None:
+            return done
     c = _check_call(query, key, value, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
                     scale=scale, window=window, return_lse=return_lse, softcap=softcap, alibi_slopes=alibi_slopes,
                     sinks=sinks, k_scale=k_scale, v_scale=v_scale, lens=kv_lens, dropout_p=dropout_p, seed=seed,

@@ -482,3 +482,111 @@ def test_one_tensor_as_two_arguments():
     m = attn.MultiHeadAttention(32, 4, seed=3)
     x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))
     assert torch.equal(m(x), m(x, x_kv=x))
+
+
+# ---- the plain call's short path (attn.functional._plain_torch_call) -------------------------------------------
+
+def _plain_case(name, dtype):
+    """(args, kwargs) of a call the short path takes: plain CPU tensors, no mask, no per-row or per-head arguments."""
+    g = torch.Generator().manual_seed(11)
+    r = lambda *s: randn(g, *s, dtype=dtype)  # noqa: E731
+    if name == "decode_gqa":
+        return (r(2, 8, 1, 64), r(2, 2, 37, 64), r(2, 2, 37, 64)), {"enable_gqa": True}
+    if name == "prefill_causal":
+        return (r(1, 4, 45, 32), r(1, 4, 45, 32), r(1, 4, 45, 32)), {"is_causal": True}
+    if name == "cross_bottom_right":
+        return (r(1, 4, 7, 32), r(1, 4, 50, 32), r(1, 4, 50, 48)), {"is_causal": True,
+                                                                    "causal_alignment": "bottom_right"}
+    if name == "int8_cache":  # an 8-bit cache's rows with their float32 scales
+        kv = [torch.randint(-127, 128, (2, 2, 21, 32), generator=g, dtype=torch.int8) for _ in range(2)]
+        scales = [torch.rand(2, 2, 21, generator=g) / 64 + 1e-3 for _ in range(2)]
+        return (r(2, 4, 3, 32), *kv), {"enable_gqa": True, "is_causal": True, "causal_alignment": "bottom_right",
+                                        "k_scale": scales[0], "v_scale": scales[1]}
+    if name == "kv_lens_int32":  # a cache's rows up to each sequence's length (flash_attn_with_kvcache's call)
+        return (r(3, 4, 2, 16), r(3, 2, 30, 16), r(3, 2, 30, 24)), {
+            "enable_gqa": True, "is_causal": True, "causal_alignment": "bottom_right", "return_lse": True,
+            "kv_lens": torch.tensor([30, 5, 17], dtype=torch.int32)}
+    if name == "scale_lse_softcap":
+        return (r(2, 3, 9, 16), r(2, 3, 13, 16), r(2, 3, 13, 16)), {"scale": 0.3, "return_lse": True,
+                                                                    "softcap": 5.0, "causal_alignment": "top_left"}
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["decode_gqa", "prefill_causal", "cross_bottom_right", "scale_lse_softcap",
+                                  "int8_cache", "kv_lens_int32"])
+def test_plain_calls_take_the_short_path_with_the_general_paths_bits(dtype, case, monkeypatch):
+    """A plain call skips _check_call and gives the bits (out and lse) of the same call through it (window=(-1, -1):
+    unbounded, the same options, but not a plain call)."""
+    import attn.functional as AF
+    args, kwargs = _plain_case(case, DTYPES[dtype])
+    general = attn.scaled_dot_product_attention(*args, window=(-1, -1), **kwargs)
+
+    def no_checks(*a, **k):
+        raise AssertionError("the plain call went through _check_call")
+    monkeypatch.setattr(AF, "_check_call", no_checks)
+    short = attn.scaled_dot_product_attention(*args, **kwargs)
+    pairs = zip(short, general) if kwargs.get("return_lse") else ((short, general),)
+    for a, b in pairs:
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def test_calls_that_are_not_plain_take_the_general_path(monkeypatch):
+    """Masks, autograd, other ranks, dtypes and flag types go through _check_call (its checks and their messages)."""
+    import attn.functional as AF
+    calls = []
+    real = AF._check_call
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(AF, "_check_call", counting)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (randn(g, 1, 2, 5, 8) for _ in range(3))
+    cases = [
+        lambda: attn.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 5, dtype=torch.bool)),
+        lambda: attn.scaled_dot_product_attention(q.clone().requires_grad_(), k, v),
+        lambda: attn.scaled_dot_product_attention(q[0], k[0], v[0]),
+        lambda: attn.scaled_dot_product_attention(q, k, v, kv_lens=[3]),
+        lambda: attn.scaled_dot_product_attention(q, k, v, kv_lens=torch.tensor([3], dtype=torch.int16)),
+        lambda: attn.scaled_dot_product_attention(q, k, v, scale=1),
+        lambda: attn.scaled_dot_product_attention(q, k, v, dropout_p=0.1, seed=1),
+        lambda: attn.scaled_dot_product_attention(q, k, v, causal_alignment="bottom-right"),
+        lambda: attn.scaled_dot_product_attention(q, torch._neg_view(-k), v),
+        lambda: attn.scaled_dot_product_attention(q, k.to(torch.int8), v.to(torch.int8), v_scale=torch.ones(1, 2, 5),
+                                                  k_scale=torch.ones(1, 2, 5, requires_grad=True)),
+    ]
+    for n, case in enumerate(cases, 1):
+        case()
+        assert len(calls) == n
+    with pytest.raises(TypeError, match=r"^is_causal: got int 1; expected True or False$"):
+        attn.scaled_dot_product_attention(q, k, v, is_causal=1)
+    with pytest.raises(TypeError, match=r"^key: dtype float64; expected the dtype of query \(float32\)$"):
+        attn.scaled_dot_product_attention(q, k.double(), v)
+    with pytest.raises(TypeError, match=r"^v_scale: dtype float64; expected float32"):
+        attn.scaled_dot_product_attention(q, k.to(torch.int8), v.to(torch.int8), k_scale=torch.ones(1, 2, 5),
+                                          v_scale=torch.ones(1, 2, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^key: 1 heads but query has 2"):
+        attn.scaled_dot_product_attention(q, k[:, :1], v[:, :1])
+
+
+@pytest.mark.parametrize("bad", ["head_dim", "heads", "kv_len", "batch"])
+def test_plain_calls_give_the_general_paths_errors(bad):
+    """Shapes the library refuses: the same exception and message from the short path as from the general one."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = randn(g, 2, 6, 3, 16), randn(g, 2, 3, 9, 16), randn(g, 2, 3, 9, 16)
+    if bad == "head_dim":
+        k = randn(g, 2, 3, 9, 8)
+    elif bad == "heads":
+        k, v = randn(g, 2, 4, 9, 16), randn(g, 2, 4, 9, 16)
+    elif bad == "kv_len":
+        v = randn(g, 2, 3, 8, 16)
+    else:
+        v = randn(g, 1, 3, 9, 16)
+    errors = []
+    for window in (None, (-1, -1)):
+        with pytest.raises((ValueError, TypeError)) as e:
+            attn.scaled_dot_product_attention(q, k, v, enable_gqa=True, window=window)
+        errors.append((type(e.value), str(e.value)))
+    assert errors[0] == errors[1]
+    assert errors[0][1].split(":")[0] in ("query", "key", "value")
