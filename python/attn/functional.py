@@ -477,70 +477,75 @@ def _scale(scale):
 # ---- scaled dot-product attention ------------------------------------------------------------------
 
 
-def _plain_torch_call(query, key, value, is_causal, scale, enable_gqa, causal_alignment, return_lse, softcap,
-                      kv_lens, k_scale, v_scale):
-    """scaled_dot_product_attention's result for the calls a model's decode step makes, or None for every other
-    call (which takes the general path): plain 4-D CPU tensors, query, key and value of one float dtype (or key and
-    value int8 with float32 scales), none requiring grad, outside torch.compile; kv_lens None or a 1-D int32 or int64
-    tensor; no mask, ALiBi, sinks, window or dropout (the caller has checked those); bool flags, scale None or a
-    float, causal_alignment None or one of its names as written. Every such call passes each check of _check_call
-    and gets the Options _options would give it, so this is the general path's call with its checks read in fewer
+def _plain_call(query, key, value, is_causal, scale, causal_alignment, return_lse, softcap, k_scale, v_scale, paged,
+                lengths=(), table=None, enable_gqa=True):
+    """The short path of scaled_dot_product_attention (paged=False) and attention_paged (paged=True) for the calls a
+    model's or a server's decode step makes: (torch, capsule, options) where the call is plain, else None (the
+    general path then takes it). Plain: torch.Tensor (not a subclass) arguments on the CPU, dense, none requiring
+    grad or carrying a negative bit, outside torch.compile; query 4-D of a float dtype; key and value (or the pages)
+    4-D of query's dtype (pages: of one float dtype) or int8 with float32 k_scale and v_scale; `lengths` (kv_lens or
+    seq_lens; kv_lens may be None) 1-D int32 or int64, `table` (a page table) 2-D int32; no mask, ALiBi, sinks,
+    window or dropout (the callers check those); bool flags, scale None or a float, softcap a float,
+    causal_alignment None or one of its names as written; enable_gqa a bool, and with it False as many key as query
+    heads (scaled_dot_product_attention's check; paged calls have none). Every such call passes each check of
+    _check_call and gets the Options _options would give it: the general path's call with its checks read in fewer
     steps (a one-token decode spent most of its time in them: bench/results_cascadelake_small_decode.md)."""
     torch = _torch()
-    if torch is None:
+    if torch is None or torch.compiler.is_compiling():  # (first: tracing the reads below would break the graph)
         return None
     tensor = torch.Tensor
     if not (query.__class__ is tensor and key.__class__ is tensor and value.__class__ is tensor
-            and is_causal.__class__ is bool and enable_gqa.__class__ is bool and return_lse.__class__ is bool
+            and is_causal.__class__ is bool and return_lse.__class__ is bool and softcap.__class__ is float
             and (scale is None or scale.__class__ is float)
-            and (causal_alignment is None or causal_alignment.__class__ is str and causal_alignment in _ALIGNMENTS)):
+            and (causal_alignment is None or causal_alignment.__class__ is str and causal_alignment in _ALIGNMENTS)
+            and query.ndim == 4 and key.ndim == 4 and value.ndim == 4 and query.dtype in _torch_floats(torch)
+            and enable_gqa.__class__ is bool and (enable_gqa or query.shape[1] == key.shape[1])):
         return None
-    dtype = query.dtype
-    if not (dtype in _torch_floats(torch) and query.ndim == 4 and key.ndim == 4 and value.ndim == 4
-            and (enable_gqa or query.shape[1] == key.shape[1])):
-        return None
-    scales = k_scale is not None or v_scale is not None
-    if scales:  # an 8-bit cache's rows and their float32 scales (as an Int8KVCache of the transformers integration)
+    arrays = (query, key, value)
+    if k_scale is not None or v_scale is not None:  # an 8-bit cache's rows and their float32 scales
         if not (key.dtype is torch.int8 and value.dtype is torch.int8 and k_scale.__class__ is tensor
                 and v_scale.__class__ is tensor and k_scale.dtype is torch.float32 and v_scale.dtype is torch.float32):
             return None
-        arrays = (query, key, value, k_scale, v_scale)
-    elif key.dtype is dtype and value.dtype is dtype:
-        arrays = (query, key, value)
-    else:
+        arrays += (k_scale, v_scale)
+    elif not (value.dtype is key.dtype and (key.dtype is query.dtype or paged and key.dtype in _torch_floats(torch))):
         return None
-    if kv_lens is not None:
-        if not (kv_lens.__class__ is tensor and kv_lens.dtype in (torch.int32, torch.int64) and kv_lens.ndim == 1):
+    for x in lengths:
+        if x is not None:
+            if not (x.__class__ is tensor and x.dtype in (torch.int32, torch.int64) and x.ndim == 1):
+                return None
+            arrays += (x,)
+    if table is not None:
+        if not (table.__class__ is tensor and table.dtype is torch.int32 and table.ndim == 2):
             return None
-        arrays += (kv_lens,)
+        arrays += (table,)
     for x in arrays:
         if x.requires_grad or not x.is_cpu or x.layout is not torch.strided or x.is_nested or x.is_neg():
             return None
-    if torch.compiler.is_compiling():
-        return None
     global _to_dlpack
     if _to_dlpack is None:
         from torch.utils.dlpack import to_dlpack as _to_dlpack
     capsule = _to_dlpack  # (what _for_binding gives these tensors: none needs a detach or a resolve)
+    kv_lens = None if paged or not lengths else lengths[0]
+    cached = k_scale is None and kv_lens is None  # Options holding no array are kept (a capsule is read once)
     key_ = (is_causal, causal_alignment, scale, softcap)
-    options = _PLAIN_OPTIONS.get(key_)
-    if options is None or len(arrays) > 3:
+    options = _PLAIN_OPTIONS.get(key_) if cached else None
+    if options is None:
         causal, _, _, align = _diagonals(is_causal, causal_alignment, None)
-        if len(arrays) > 3:  # (a capsule is read once: Options holding them are made per call)
-            options = _attn.Options(None, None if kv_lens is None else capsule(kv_lens), scale, causal, -1, -1, align,
-                                    softcap, None, None, 0.0, 0, None if k_scale is None else capsule(k_scale),
-                                    None if v_scale is None else capsule(v_scale), False)
-        else:
-            options = _options(scale=scale, causal=causal, window_align=align, softcap=softcap)
+        options = _attn.Options(None, None if kv_lens is None else capsule(kv_lens), scale, causal, -1, -1, align,
+                                softcap, None, None, 0.0, 0, None if k_scale is None else capsule(k_scale),
+                                None if v_scale is None else capsule(v_scale), False)
+        if cached:
             if len(_PLAIN_OPTIONS) >= 64:
                 _PLAIN_OPTIONS.clear()
             _PLAIN_OPTIONS[key_] = options
+    return torch, capsule, options
+
+
+def _plain_outputs(torch, query, value, return_lse):
+    """out [B, Hq, Sq, Dv] of query's dtype and the float32 lse [B, Hq, Sq] (None unless wanted): _forward's."""
     b, hq, sq, _ = query.shape
     out = query.new_empty((b, hq, sq, value.shape[3]))
-    lse = query.new_empty((b, hq, sq), dtype=torch.float32) if return_lse else None
-    _call(_attn.attention, capsule(query), capsule(key), capsule(value), capsule(out),
-          None if lse is None else capsule(lse), options)
-    return (out, lse) if return_lse else out
+    return out, query.new_empty((b, hq, sq), dtype=torch.float32) if return_lse else None
 
 
 _PLAIN_OPTIONS = {}  # (is_causal, causal_alignment, scale, softcap) -> the binding's Options (holding no array)
@@ -622,11 +627,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     computed or returned then.
     """
     if (attn_mask is None and window is None and alibi_slopes is None and sinks is None and seed is None
-            and dropout_p.__class__ is float and dropout_p == 0.0 and softcap.__class__ is float):
-        done = _plain_torch_call(query, key, value, is_causal, scale, enable_gqa, causal_alignment, return_lse,
-                                 softcap, kv_lens, k_scale, v_scale)
-        if done is not None:
-            return done
+            and dropout_p.__class__ is float and dropout_p == 0.0):
+        plain = _plain_call(query, key, value, is_causal, scale, causal_alignment, return_lse, softcap, k_scale,
+                            v_scale, False, (kv_lens,), enable_gqa=enable_gqa)
+        if plain is not None:  # (the general path's _forward, the arguments already checked and converted)
+            torch, capsule, options = plain
+            out, lse = _plain_outputs(torch, query, value, return_lse)
+            _call(_attn.attention, capsule(query), capsule(key), capsule(value), capsule(out),
+                  None if lse is None else capsule(lse), options)
+            return (out, lse) if return_lse else out
     c = _check_call(query, key, value, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
                     scale=scale, window=window, return_lse=return_lse, softcap=softcap, alibi_slopes=alibi_slopes,
                     sinks=sinks, k_scale=k_scale, v_scale=v_scale, lens=kv_lens, dropout_p=dropout_p, seed=seed,
@@ -696,6 +705,15 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
     scaled_dot_product_attention's k_scale describes); the rows are widened in registers, and the call runs eagerly
     for torch tensors.
     """
+    if attn_mask is None and window is None and alibi_slopes is None and sinks is None and seq_lens is not None:
+        plain = _plain_call(query, k_pages, v_pages, is_causal, scale, causal_alignment, return_lse, softcap, k_scale,
+                            v_scale, True, (seq_lens,), page_table)
+        if plain is not None:  # (the general path's _forward_paged, the arguments already checked and converted)
+            torch, capsule, options = plain
+            out, lse = _plain_outputs(torch, query, v_pages, return_lse)
+            _call(_attn.attention_paged, capsule(query), capsule(k_pages), capsule(v_pages), capsule(page_table),
+                  capsule(seq_lens), capsule(out), None if lse is None else capsule(lse), options, names=_PAGED_NAMES)
+            return (out, lse) if return_lse else out
     c = _check_call(query, k_pages, v_pages, paged=True, attn_mask=attn_mask, is_causal=is_causal,
                     causal_alignment=causal_alignment, scale=scale, window=window, return_lse=return_lse,
                     softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
@@ -861,7 +879,8 @@ def _check_call(query, key, value, *, paged=False, attn_mask, is_causal, causal_
     if paged:
         c.page_table = _ints("page_table", page_table, kind, "query", "int32", 2, "[B, max_pages]",
                              "a page index that fits in int32 (-2**31 <= index < 2**31)")
-        c.seq_lens = _lengths("seq_lens", lens, kind, "query")
+        c.seq_lens = _ints("seq_lens", lens, kind, "query", "int64", 1, "[B]",  # (required: None is a TypeError)
+                           "0 <= length < 2**63 (an int64)")
     else:
         c.kv_lens = _lengths("kv_lens", lens, kind, "query")
     c.page_table, c.seq_lens, c.kv_lens = (_on_device(kind, query, x) for x in (c.page_table, c.seq_lens, c.kv_lens))

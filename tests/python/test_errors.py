@@ -235,6 +235,10 @@ def paged_reference(q, k_pages, v_pages, table, lens, **kwargs):
      "page_table: page_table[1] has 2 entries where page_table[0] has 3 entries; expected a rectangular nesting"),
     (lambda: paged(PQ, KP, VP, [[6, 0, 2], 1], LENS), ValueError, "page_table: page_table[1] is an int where page_table[0] has 3 entries"),
     (lambda: paged(PQ, KP, VP, TABLE, LENS.astype(np.float64)), TypeError, "seq_lens: dtype float64; expected integers"),
+    (lambda: paged(PQ, KP, VP, TABLE, None), TypeError,  # (was an AttributeError from the binding's conversion)
+     "seq_lens: got builtins.NoneType; expected a numpy.ndarray like query, or a list or tuple of ints"),
+    (lambda: paged(PQ, KP, VP, None, LENS), TypeError,
+     "page_table: got builtins.NoneType; expected a numpy.ndarray like query, or a list or tuple of ints"),
     # integer ranges: page indices must fit in int32, lengths in int64
     (lambda: paged(PQ, KP, VP, np.array([[6, 0, 2**33], [1, 4, -1]]), LENS), ValueError,
      "page_table: page_table[0][2] = 8589934592 is out of range; expected a page index that fits in int32 "

@@ -484,7 +484,7 @@ def test_one_tensor_as_two_arguments():
     assert torch.equal(m(x), m(x, x_kv=x))
 
 
-# ---- the plain call's short path (attn.functional._plain_torch_call) -------------------------------------------
+# ---- the plain call's short path (attn.functional._plain_call) -------------------------------------------------
 
 def _plain_case(name, dtype):
     """(args, kwargs) of a call the short path takes: plain CPU tensors, no mask, no per-row or per-head arguments."""
@@ -590,3 +590,65 @@ def test_plain_calls_give_the_general_paths_errors(bad):
         errors.append((type(e.value), str(e.value)))
     assert errors[0] == errors[1]
     assert errors[0][1].split(":")[0] in ("query", "key", "value")
+
+
+def _paged_case(name, dtype):
+    """(args, kwargs) of an attention_paged call the short path takes: 3 sequences over a pool of 12 pages of 4."""
+    g = torch.Generator().manual_seed(12)
+    r = lambda *s, dt=dtype: randn(g, *s, dtype=dt)  # noqa: E731
+    table = torch.randperm(12, generator=g).to(torch.int32).reshape(3, 4)
+    lens = torch.tensor([16, 1, 9], dtype=torch.int32)
+    if name == "decode":
+        return (r(3, 4, 1, 16), r(12, 2, 4, 16), r(12, 2, 4, 16), table, lens), {}
+    if name == "causal_lse_int64_lens":
+        return (r(3, 4, 2, 16), r(12, 2, 4, 16), r(12, 2, 4, 24), table, lens.long()), {
+            "is_causal": True, "causal_alignment": "bottom_right", "return_lse": True, "scale": 0.2}
+    if name == "float32_pages":  # pages of another float dtype than the query
+        return (r(3, 4, 1, 16), r(12, 2, 4, 16, dt=torch.float32), r(12, 2, 4, 16, dt=torch.float32), table,
+                lens), {"softcap": 3.0}
+    if name == "int8_pages":
+        kv = [torch.randint(-127, 128, (12, 2, 4, 16), generator=g, dtype=torch.int8) for _ in range(2)]
+        scales = [torch.rand(12, 2, 4, generator=g) / 64 + 1e-3 for _ in range(2)]
+        return (r(3, 4, 1, 16), *kv, table, lens), {"k_scale": scales[0], "v_scale": scales[1], "return_lse": True}
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["decode", "causal_lse_int64_lens", "float32_pages", "int8_pages"])
+def test_plain_paged_calls_take_the_short_path_with_the_general_paths_bits(dtype, case, monkeypatch):
+    """attention_paged's plain calls skip _check_call and give the bits of the same call through it."""
+    import attn.functional as AF
+    args, kwargs = _paged_case(case, DTYPES[dtype])
+    general = attn.attention_paged(*args, window=(-1, -1), **kwargs)
+
+    def no_checks(*a, **k):
+        raise AssertionError("the plain call went through _check_call")
+    monkeypatch.setattr(AF, "_check_call", no_checks)
+    short = attn.attention_paged(*args, **kwargs)
+    pairs = zip(short, general) if kwargs.get("return_lse") else ((short, general),)
+    for a, b in pairs:
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) and not a.requires_grad
+
+
+def test_paged_calls_that_are_not_plain_take_the_general_path(monkeypatch):
+    """An int64 page table (converted), lengths as a list, a query that requires grad: through _check_call, with the
+    short path's bits; a missing seq_lens is its error."""
+    import attn.functional as AF
+    args, _ = _paged_case("decode", torch.float32)
+    q, kp, vp, table, lens = args
+    want = attn.attention_paged(*args)
+    calls = []
+    real = AF._check_call
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(AF, "_check_call", counting)
+    cases = [lambda: attn.attention_paged(q, kp, vp, table.long(), lens),
+             lambda: attn.attention_paged(q, kp, vp, table, lens.tolist()),
+             lambda: attn.attention_paged(q.clone().requires_grad_(), kp, vp, table, lens)]
+    for n, case in enumerate(cases, 1):
+        got = case()
+        assert len(calls) == n and torch.equal(got, want) and not got.requires_grad
+    with pytest.raises((TypeError, ValueError), match=r"^seq_lens: "):
+        attn.attention_paged(q, kp, vp, table, None)
