@@ -449,26 +449,47 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                        softmax_scale, causal, window_size, softcap, alibi_slopes, False)
             return (out, _flash_lse(lse)) if return_softmax_lse else out
         # The append, in place; the slots' old rows are kept so that a call that fails after it (an argument
-        # only the attention checks) leaves the caches as they were.
-        slots = []
-        for b in range(batch):
-            for t in range(new):
-                pos = lens[b] + t
-                if paged:
-                    slots.append((int(block_table[b, pos // k_cache.shape[1]]), pos % k_cache.shape[1], b, t))
-                else:
-                    slots.append((rows[b], pos, b, t))
-        kept = [(k_cache[i, j].clone(), v_cache[i, j].clone()) for i, j, _, _ in slots]
-        for i, j, b, t in slots:
-            k_cache[i, j] = k[b, t]
-            v_cache[i, j] = v[b, t]
+        # only the attention checks) leaves the caches as they were. Distinct slots (every well-formed call) are
+        # read, written and restored by one indexed copy per cache (a Python step per slot took 3.7 ms of a
+        # 64-sequence decode step); slots that repeat (two sequences appending to one page) are written one by one
+        # in batch order, the last write standing.
+        seqs = [b for b in range(batch) for _ in range(new)]
+        steps = [t for _ in range(batch) for t in range(new)]
+        where = [lens[b] + t for b, t in zip(seqs, steps)]
+        if paged and where:
+            page = k_cache.shape[1]
+            at = torch.tensor([[b, w // page] for b, w in zip(seqs, where)], device=block_table.device)
+            slots = list(zip(block_table[at[:, 0], at[:, 1]].tolist(), [w % page for w in where]))
+        else:
+            slots = [(rows[b], w) for b, w in zip(seqs, where)]
+        if not slots:
+            def restore():
+                pass
+        elif len(set(slots)) == len(slots):
+            index = tuple(torch.tensor(x, dtype=torch.int64, device=k_cache.device) for x in zip(*slots))
+            source = tuple(torch.tensor(x, dtype=torch.int64, device=k.device) for x in (seqs, steps))
+            kept = (k_cache[index], v_cache[index])  # (copies: indexing by tensors)
+            k_cache[index] = k[source]
+            v_cache[index] = v[source]
+
+            def restore():
+                k_cache[index] = kept[0]
+                v_cache[index] = kept[1]
+        else:
+            kept = [(k_cache[i, j].clone(), v_cache[i, j].clone()) for i, j in slots]
+            for (i, j), b, t in zip(slots, seqs, steps):
+                k_cache[i, j] = k[b, t]
+                v_cache[i, j] = v[b, t]
+
+            def restore():
+                for (i, j), (ko, vo) in zip(reversed(slots), reversed(kept)):
+                    k_cache[i, j] = ko
+                    v_cache[i, j] = vo
         try:
             out, lse = _kvcache_attend(q, k_cache, v_cache, rows, starts, total, paged, block_table, softmax_scale,
                                        causal, window_size, softcap, alibi_slopes, cache_batch_idx is not None)
         except BaseException:
-            for (i, j, _, _), (ko, vo) in zip(reversed(slots), reversed(kept)):
-                k_cache[i, j] = ko
-                v_cache[i, j] = vo
+            restore()
             raise
     return (out, _flash_lse(lse)) if return_softmax_lse else out
 

@@ -422,3 +422,40 @@ def test_errors_name_the_flash_parameters():
                                            cache_seqlens=5)
     with pytest.raises(TypeError, match=r"^qkv: "):
         attn.flash.flash_attn_qkvpacked_func(torch.randn(2, 10, 3, 4, 16, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("layout", ["rows", "batch_idx", "pages", "shared_page"])
+def test_kvcache_append_writes_each_slot_as_in_order(layout):
+    """The append of seqlen_new = 3 keys per sequence: each new row at its slot, nothing else changed, as writing them
+    one by one in batch order does (shared_page: two sequences' block tables name one page, so their slots repeat
+    and the later sequence's rows stand); a call the attention refuses puts every slot back."""
+    gen = torch.Generator().manual_seed(31)
+    b, new, hk, d = 3, 3, 2, 8
+    q = torch.randn(b, 2, 4, d, generator=gen)
+    k_new, v_new = torch.randn(b, new, hk, d, generator=gen), torch.randn(b, new, hk, d, generator=gen)
+    lens = torch.tensor([0, 5, 2], dtype=torch.int32)
+    extra = {}
+    if layout in ("pages", "shared_page"):
+        k_cache, v_cache = torch.randn(7, 4, hk, d, generator=gen), torch.randn(7, 4, hk, d, generator=gen)
+        table = [[6, 0], [3, 1], [2, 5]] if layout == "pages" else [[6, 0], [3, 1], [6, 5]]
+        extra["block_table"] = torch.tensor(table, dtype=torch.int32)
+        slot = lambda s, n: (table[s][n // 4], n % 4)  # noqa: E731
+    else:
+        n_rows = b if layout == "rows" else 4  # (without cache_batch_idx, one cache row per sequence)
+        k_cache, v_cache = (torch.randn(n_rows, 12, hk, d, generator=gen) for _ in range(2))
+        rows = [0, 1, 2] if layout == "rows" else [3, 0, 2]
+        if layout == "batch_idx":
+            extra["cache_batch_idx"] = torch.tensor(rows, dtype=torch.int32)
+        slot = lambda s, n: (rows[s], n)  # noqa: E731
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    for s in range(b):
+        for t in range(new):
+            want_k[slot(s, int(lens[s]) + t)] = k_new[s, t]
+            want_v[slot(s, int(lens[s]) + t)] = v_new[s, t]
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    with pytest.raises(ValueError, match="^alibi_slopes: "):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, causal=True,
+                                     alibi_slopes=torch.rand(5), **extra)
+    assert torch.equal(k_cache, k0) and torch.equal(v_cache, v0)
+    attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, causal=True, **extra)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
