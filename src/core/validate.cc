@@ -153,8 +153,7 @@ bool overlaps(const Extent& a, const Extent& b) { return a.lo < a.hi && b.lo < b
 
 Status check_view(const std::string& name, const TensorView& t, int expected_rank) {
   if (t.rank != expected_rank)
-    return Status::Invalid(name, "expected rank " + std::to_string(expected_rank) + ", got rank " +
-                                     std::to_string(t.rank));
+    return Status::Invalid(name, "rank " + std::to_string(t.rank) + "; expected rank " + std::to_string(expected_rank));
   if (!known_dtype(t.dtype)) return Status::Invalid(name, "unknown dtype value " + std::to_string(int(t.dtype)) + "; expected an attn::DType");
   std::int64_t numel = 1;
   __int128 reach = 0;
@@ -266,8 +265,8 @@ bool values_ok(const float* x, std::int64_t n, std::int64_t st) {
 // and (with check_values) scans an additive mask for values that would poison the softmax (NaN, +inf).
 Status check_mask(const TensorView& m, const Problem& p, bool check_values, Strided* out, MaskKind* kind) {
   if (m.rank < 1 || m.rank > 4)
-    return Status::Invalid("mask", "expected rank 1 to 4 (broadcastable to [B, Hq, Sq, Skv]), got rank " +
-                                       std::to_string(m.rank));
+    return Status::Invalid("mask", "rank " + std::to_string(m.rank) +
+                                       "; expected rank 1 to 4 (broadcastable to [B, Hq, Sq, Skv])");
   if (Status s = check_view("mask", m, m.rank); !s) return s;
   if (m.dtype != DType::f32 && m.dtype != DType::boolean)
     return Status::Invalid("mask", std::string("dtype ") + dtype_name(m.dtype) +
@@ -362,8 +361,8 @@ template <class Ok>
 Status check_per_head(const char* name, const TensorView& t, const Problem& p, bool batched, Ok ok,
                       const char* expected_values, Strided* out) {
   if (t.rank != 1 && !(batched && t.rank == 2))
-    return Status::Invalid(name, "expected rank 1 ([Hq])" + std::string(batched ? " or 2 ([B, Hq])" : "") +
-                                     ", got rank " + std::to_string(t.rank));
+    return Status::Invalid(name, "rank " + std::to_string(t.rank) + "; expected rank 1 ([Hq])" +
+                                     std::string(batched ? " or 2 ([B, Hq])" : ""));
   if (Status s = check_view(name, t, t.rank); !s) return s;
   if (t.dtype != DType::f32)
     return Status::Invalid(name, std::string("dtype ") + dtype_name(t.dtype) + "; expected f32");

@@ -57,6 +57,11 @@ def raises(exc, message):
     (lambda: sdpa(Q, K, V, kv_lens=[3]), ValueError, "kv_lens: shape [1]; expected [2] (B)"),
     (lambda: sdpa(Q, K, V, kv_lens=[3.0, 4.0]), TypeError, "kv_lens: kv_lens[0] is a float (3.0); expected an int"),
     (lambda: sdpa(Q, K, V, kv_lens=[[3, 4]]), ValueError, "kv_lens: rank 2 (shape [1, 2]); expected 1 ([B])"),
+    # the library's rank checks, found then expected as every message
+    (lambda: sdpa(Q, K, V, alibi_slopes=np.ones((1, 2, 4), np.float32)), ValueError,
+     "alibi_slopes: rank 3; expected rank 1 ([Hq]) or 2 ([B, Hq])"),
+    (lambda: sdpa(Q, K.astype(np.int8), V.astype(np.int8), k_scale=np.ones((2, 4, 113), np.float32),
+                  v_scale=np.ones((4, 113), np.float32)), ValueError, "v_scale: rank 2; expected rank 3"),
     # scalars and options
     (lambda: sdpa(Q, K, V, scale=-1.0), ValueError, "scale: is -1; expected a finite value > 0"),
     (lambda: sdpa(Q, K, V, scale=float("nan")), ValueError, "scale: is nan"),
