@@ -531,9 +531,8 @@ def _plain_call(query, key, value, is_causal, scale, causal_alignment, return_ls
     options = _PLAIN_OPTIONS.get(key_) if cached else None
     if options is None:
         causal, _, _, align = _diagonals(is_causal, causal_alignment, None)
-        options = _attn.Options(None, None if kv_lens is None else capsule(kv_lens), scale, causal, -1, -1, align,
-                                softcap, None, None, 0.0, 0, None if k_scale is None else capsule(k_scale),
-                                None if v_scale is None else capsule(v_scale), False)
+        options = _options(kv_lens=kv_lens, scale=scale, causal=causal, window_align=align, softcap=softcap,
+                           k_scale=k_scale, v_scale=v_scale)
         if cached:
             if len(_PLAIN_OPTIONS) >= 64:
                 _PLAIN_OPTIONS.clear()
