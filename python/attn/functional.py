@@ -478,18 +478,19 @@ def _scale(scale):
 
 
 def _plain_call(query, key, value, is_causal, scale, causal_alignment, return_lse, softcap, k_scale, v_scale, paged,
-                lengths=(), table=None, enable_gqa=True):
+                lengths=(), table=None, enable_gqa=True, mask=None):
     """The short path of scaled_dot_product_attention (paged=False) and attention_paged (paged=True) for the calls a
     model's or a server's decode step makes: (torch, capsule, options) where the call is plain, else None (the
     general path then takes it). Plain: torch.Tensor (not a subclass) arguments on the CPU, dense, none requiring
     grad or carrying a negative bit, outside torch.compile; query 4-D of a float dtype; key and value (or the pages)
     4-D of query's dtype (pages: of one float dtype) or int8 with float32 k_scale and v_scale; `lengths` (kv_lens or
-    seq_lens; kv_lens may be None) 1-D int32 or int64, `table` (a page table) 2-D int32; no mask, ALiBi, sinks,
-    window or dropout (the callers check those); bool flags, scale None or a float, softcap a float,
-    causal_alignment None or one of its names as written; enable_gqa a bool, and with it False as many key as query
-    heads (scaled_dot_product_attention's check; paged calls have none). Every such call passes each check of
-    _check_call and gets the Options _options would give it: the general path's call with its checks read in fewer
-    steps (a one-token decode spent most of its time in them: bench/results_cascadelake_small_decode.md)."""
+    seq_lens; kv_lens may be None) 1-D int32 or int64, `table` (a page table) 2-D int32; `mask` None or bool or
+    float32 of rank 1 to 4; no ALiBi, sinks, window or dropout (the callers check those); bool flags, scale None or
+    a float, softcap a float, causal_alignment None or one of its names as written; enable_gqa a bool, and with it
+    False as many key as query heads (scaled_dot_product_attention's check; paged calls have none). Every such call
+    passes each check of _check_call and gets the Options _options would give it: the general path's call with its
+    checks read in fewer steps (a one-token decode spent most of its time in them:
+    bench/results_cascadelake_small_decode.md)."""
     torch = _torch()
     if torch is None or torch.compiler.is_compiling():  # (first: tracing the reads below would break the graph)
         return None
@@ -518,6 +519,10 @@ def _plain_call(query, key, value, is_causal, scale, causal_alignment, return_ls
         if not (table.__class__ is tensor and table.dtype is torch.int32 and table.ndim == 2):
             return None
         arrays += (table,)
+    if mask is not None:  # (as _mask takes it: bool and float32 masks go as they are)
+        if not (mask.__class__ is tensor and mask.dtype in (torch.bool, torch.float32) and 1 <= mask.ndim <= 4):
+            return None
+        arrays += (mask,)
     for x in arrays:
         if x.requires_grad or not x.is_cpu or x.layout is not torch.strided or x.is_nested or x.is_neg():
             return None
@@ -526,12 +531,12 @@ def _plain_call(query, key, value, is_causal, scale, causal_alignment, return_ls
         from torch.utils.dlpack import to_dlpack as _to_dlpack
     capsule = _to_dlpack  # (what _for_binding gives these tensors: none needs a detach or a resolve)
     kv_lens = None if paged or not lengths else lengths[0]
-    cached = k_scale is None and kv_lens is None  # Options holding no array are kept (a capsule is read once)
+    cached = k_scale is None and kv_lens is None and mask is None  # Options holding no array are kept
     key_ = (is_causal, causal_alignment, scale, softcap)
     options = _PLAIN_OPTIONS.get(key_) if cached else None
     if options is None:
         causal, _, _, align = _diagonals(is_causal, causal_alignment, None)
-        options = _options(kv_lens=kv_lens, scale=scale, causal=causal, window_align=align, softcap=softcap,
+        options = _options(mask=mask, kv_lens=kv_lens, scale=scale, causal=causal, window_align=align, softcap=softcap,
                            k_scale=k_scale, v_scale=v_scale)
         if cached:
             if len(_PLAIN_OPTIONS) >= 64:
@@ -625,10 +630,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     could not allocate its scratch), each message starting with the parameter's name; nothing is
     computed or returned then.
     """
-    if (attn_mask is None and window is None and alibi_slopes is None and sinks is None and seed is None
-            and dropout_p.__class__ is float and dropout_p == 0.0):
+    if (window is None and alibi_slopes is None and sinks is None and seed is None and dropout_p.__class__ is float
+            and dropout_p == 0.0):
         plain = _plain_call(query, key, value, is_causal, scale, causal_alignment, return_lse, softcap, k_scale,
-                            v_scale, False, (kv_lens,), enable_gqa=enable_gqa)
+                            v_scale, False, (kv_lens,), enable_gqa=enable_gqa, mask=attn_mask)
         if plain is not None:  # (the general path's _forward, the arguments already checked and converted)
             torch, capsule, options = plain
             out, lse = _plain_outputs(torch, query, value, return_lse)
@@ -704,9 +709,9 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
     scaled_dot_product_attention's k_scale describes); the rows are widened in registers, and the call runs eagerly
     for torch tensors.
     """
-    if attn_mask is None and window is None and alibi_slopes is None and sinks is None and seq_lens is not None:
+    if window is None and alibi_slopes is None and sinks is None and seq_lens is not None:
         plain = _plain_call(query, k_pages, v_pages, is_causal, scale, causal_alignment, return_lse, softcap, k_scale,
-                            v_scale, True, (seq_lens,), page_table)
+                            v_scale, True, (seq_lens,), page_table, mask=attn_mask)
         if plain is not None:  # (the general path's _forward_paged, the arguments already checked and converted)
             torch, capsule, options = plain
             out, lse = _plain_outputs(torch, query, v_pages, return_lse)

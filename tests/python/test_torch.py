@@ -506,6 +506,15 @@ def _plain_case(name, dtype):
         return (r(3, 4, 2, 16), r(3, 2, 30, 16), r(3, 2, 30, 24)), {
             "enable_gqa": True, "is_causal": True, "causal_alignment": "bottom_right", "return_lse": True,
             "kv_lens": torch.tensor([30, 5, 17], dtype=torch.int32)}
+    if name == "bool_mask":  # a padding mask [B, 1, Sq, Skv], as the transformers integration passes one
+        keep = torch.rand(2, 1, 4, 19, generator=g) > 0.3
+        keep[..., 0] = True
+        return (r(2, 4, 4, 16), r(2, 2, 19, 16), r(2, 2, 19, 16)), {"enable_gqa": True, "attn_mask": keep}
+    if name == "float_mask":  # an additive float32 mask broadcast from [Sq, Skv], -inf where hidden
+        bias = torch.rand(5, 23, generator=g) * 2 - 1
+        bias[:, 7] = float("-inf")
+        return (r(1, 3, 5, 16), r(1, 3, 23, 16), r(1, 3, 23, 8)), {"attn_mask": bias, "is_causal": True,
+                                                                  "causal_alignment": "bottom_right"}
     if name == "scale_lse_softcap":
         return (r(2, 3, 9, 16), r(2, 3, 13, 16), r(2, 3, 13, 16)), {"scale": 0.3, "return_lse": True,
                                                                     "softcap": 5.0, "causal_alignment": "top_left"}
@@ -514,7 +523,7 @@ def _plain_case(name, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["decode_gqa", "prefill_causal", "cross_bottom_right", "scale_lse_softcap",
-                                  "int8_cache", "kv_lens_int32"])
+                                  "int8_cache", "kv_lens_int32", "bool_mask", "float_mask"])
 def test_plain_calls_take_the_short_path_with_the_general_paths_bits(dtype, case, monkeypatch):
     """A plain call skips _check_call and gives the bits (out and lse) of the same call through it (window=(-1, -1):
     unbounded, the same options, but not a plain call)."""
@@ -544,7 +553,7 @@ def test_calls_that_are_not_plain_take_the_general_path(monkeypatch):
     g = torch.Generator().manual_seed(3)
     q, k, v = (randn(g, 1, 2, 5, 8) for _ in range(3))
     cases = [
-        lambda: attn.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 5, dtype=torch.bool)),
+        lambda: attn.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(5, 5, dtype=torch.float16)),
         lambda: attn.scaled_dot_product_attention(q.clone().requires_grad_(), k, v),
         lambda: attn.scaled_dot_product_attention(q[0], k[0], v[0]),
         lambda: attn.scaled_dot_product_attention(q, k, v, kv_lens=[3]),
@@ -559,6 +568,8 @@ def test_calls_that_are_not_plain_take_the_general_path(monkeypatch):
     for n, case in enumerate(cases, 1):
         case()
         assert len(calls) == n
+    with pytest.raises(ValueError, match=r"^attn_mask: requires grad"):
+        attn.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(5, 5, requires_grad=True))
     with pytest.raises(TypeError, match=r"^is_causal: got int 1; expected True or False$"):
         attn.scaled_dot_product_attention(q, k, v, is_causal=1)
     with pytest.raises(TypeError, match=r"^key: dtype float64; expected the dtype of query \(float32\)$"):
@@ -606,6 +617,10 @@ def _paged_case(name, dtype):
     if name == "float32_pages":  # pages of another float dtype than the query
         return (r(3, 4, 1, 16), r(12, 2, 4, 16, dt=torch.float32), r(12, 2, 4, 16, dt=torch.float32), table,
                 lens), {"softcap": 3.0}
+    if name == "masked":  # a bool mask over the pages' keys, [B, 1, Sq, Skv] with Skv = 4 pages of 4
+        keep = torch.rand(3, 1, 1, 16, generator=g) > 0.25
+        keep[..., 0] = True
+        return (r(3, 4, 1, 16), r(12, 2, 4, 16), r(12, 2, 4, 16), table, lens), {"attn_mask": keep}
     if name == "int8_pages":
         kv = [torch.randint(-127, 128, (12, 2, 4, 16), generator=g, dtype=torch.int8) for _ in range(2)]
         scales = [torch.rand(12, 2, 4, generator=g) / 64 + 1e-3 for _ in range(2)]
@@ -614,7 +629,7 @@ def _paged_case(name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", ["decode", "causal_lse_int64_lens", "float32_pages", "int8_pages"])
+@pytest.mark.parametrize("case", ["decode", "causal_lse_int64_lens", "float32_pages", "int8_pages", "masked"])
 def test_plain_paged_calls_take_the_short_path_with_the_general_paths_bits(dtype, case, monkeypatch):
     """attention_paged's plain calls skip _check_call and give the bits of the same call through it."""
     import attn.functional as AF
