@@ -487,7 +487,8 @@ def test_one_tensor_as_two_arguments():
 # ---- the plain call's short path (attn.functional._plain_call) -------------------------------------------------
 
 def _plain_case(name, dtype):
-    """(args, kwargs) of a call the short path takes: plain CPU tensors, no mask, no per-row or per-head arguments."""
+    """(args, kwargs) of a call the short path takes: plain CPU tensors; masks bool or float32, kv_lens int32, int8
+    K/V with float32 scales; no ALiBi, sinks, window or dropout."""
     g = torch.Generator().manual_seed(11)
     r = lambda *s: randn(g, *s, dtype=dtype)  # noqa: E731
     if name == "decode_gqa":
@@ -541,7 +542,8 @@ def test_plain_calls_take_the_short_path_with_the_general_paths_bits(dtype, case
 
 
 def test_calls_that_are_not_plain_take_the_general_path(monkeypatch):
-    """Masks, autograd, other ranks, dtypes and flag types go through _check_call (its checks and their messages)."""
+    """float16 masks, autograd, other ranks, dtypes and flag types, lengths as lists or int16: through _check_call (its
+    checks and their messages)."""
     import attn.functional as AF
     calls = []
     real = AF._check_call
