@@ -669,3 +669,18 @@ def test_paged_calls_that_are_not_plain_take_the_general_path(monkeypatch):
         assert len(calls) == n and torch.equal(got, want) and not got.requires_grad
     with pytest.raises((TypeError, ValueError), match=r"^seq_lens: "):
         attn.attention_paged(q, kp, vp, table, None)
+
+
+def test_py_call_overhead_script_runs():
+    """bench/py_call_overhead.py (docs/benchmarks.md) at a tiny size: its table, a row per dtype and key count."""
+    import pathlib
+    import subprocess
+    import sys
+    script = pathlib.Path(__file__).resolve().parents[2] / "bench" / "py_call_overhead.py"
+    run = subprocess.run([sys.executable, str(script), "--rounds", "1", "--calls", "1", "--heads", "4", "--kv-heads",
+                          "2", "--head-dim", "16", "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| bfloat16") or line.startswith("| float32")]
+    assert len(rows) == 6 and all(len(r.split("|")) == 10 for r in rows), run.stdout
+    bad = subprocess.run([sys.executable, str(script), "--kv-heads", "3"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--kv-heads: 3 does not divide --heads 32" in bad.stderr
