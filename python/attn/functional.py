@@ -244,6 +244,14 @@ def _empty(kind, like, shape, dtype=None):
     return torch.empty(shape, dtype=like.dtype if dtype is None else torch.float32, device=like.device)
 
 
+def _outputs(kind, q, v, want_lse):
+    """An attention call's out [B, Hq, Sq, Dv] of q's dtype and, when wanted, its float32 lse [B, Hq, Sq] (else
+    None), allocated as q's kind (q 4-D; v: value or the value pages)."""
+    b, hq, sq, _ = q.shape
+    out = _empty(kind, q, (b, hq, sq, _value_dim(v)))
+    return out, _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
+
+
 def _as_float32(kind, x):
     if kind == "numpy":
         with np.errstate(over="ignore"):  # (values past float32's range: the callers that care check them)
@@ -545,13 +553,6 @@ def _plain_call(query, key, value, is_causal, scale, causal_alignment, return_ls
     return torch, capsule, options
 
 
-def _plain_outputs(torch, query, value, return_lse):
-    """out [B, Hq, Sq, Dv] of query's dtype and the float32 lse [B, Hq, Sq] (None unless wanted): _forward's."""
-    b, hq, sq, _ = query.shape
-    out = query.new_empty((b, hq, sq, value.shape[3]))
-    return out, query.new_empty((b, hq, sq), dtype=torch.float32) if return_lse else None
-
-
 _PLAIN_OPTIONS = {}  # (is_causal, causal_alignment, scale, softcap) -> the binding's Options (holding no array)
 _TORCH_FLOATS = None
 
@@ -636,7 +637,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                             v_scale, False, (kv_lens,), enable_gqa=enable_gqa, mask=attn_mask)
         if plain is not None:  # (the general path's _forward, the arguments already checked and converted)
             torch, capsule, options = plain
-            out, lse = _plain_outputs(torch, query, value, return_lse)
+            out, lse = _outputs("torch", query, value, return_lse)
             _call(_attn.attention, capsule(query), capsule(key), capsule(value), capsule(out),
                   None if lse is None else capsule(lse), options)
             return (out, lse) if return_lse else out
@@ -677,9 +678,7 @@ def describe_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
                     seed=0 if seed is None else seed, enable_gqa=enable_gqa)
     batched = query.ndim == 4
     q, k, v = (x if batched else _lead1(x) for x in (query, key, value))
-    b, hq, sq, _ = q.shape
-    out = _empty(c.kind, q, (b, hq, sq, _value_dim(v)))
-    lse = _empty(c.kind, q, (b, hq, sq), "float32") if c.return_lse else None
+    out, lse = _outputs(c.kind, q, v, c.return_lse)
     return _call(_attn.describe_attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), lse,
                  c.options())
 
@@ -714,7 +713,7 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
                             v_scale, True, (seq_lens,), page_table, mask=attn_mask)
         if plain is not None:  # (the general path's _forward_paged, the arguments already checked and converted)
             torch, capsule, options = plain
-            out, lse = _plain_outputs(torch, query, v_pages, return_lse)
+            out, lse = _outputs("torch", query, v_pages, return_lse)
             _call(_attn.attention_paged, capsule(query), capsule(k_pages), capsule(v_pages), capsule(page_table),
                   capsule(seq_lens), capsule(out), None if lse is None else capsule(lse), options, names=_PAGED_NAMES)
             return (out, lse) if return_lse else out
@@ -903,9 +902,7 @@ def _check_call(query, key, value, *, paged=False, attn_mask, is_causal, causal_
 
 def _forward(kind, q, k, v, options, want_lse, names=None):
     """out (and lse when wanted, else None) of 4-D q, k, v with the binding's Options, allocated as q's kind."""
-    b, hq, sq, _ = q.shape
-    out = _empty(kind, q, (b, hq, sq, _value_dim(v)))
-    lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
+    out, lse = _outputs(kind, q, v, want_lse)
     _call(_attn.attention, _for_binding(q), _for_binding(k), _for_binding(v), _for_binding(out), _bound(lse), options,
           names=names)
     return out, lse
@@ -913,9 +910,7 @@ def _forward(kind, q, k, v, options, want_lse, names=None):
 
 def _forward_paged(kind, q, k_pages, v_pages, page_table, seq_lens, options, want_lse, names=_PAGED_NAMES):
     """attention_paged's out (and lse when wanted, else None) with the binding's Options, allocated as q's kind."""
-    b, hq, sq, _ = q.shape
-    out = _empty(kind, q, (b, hq, sq, _value_dim(v_pages)))
-    lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
+    out, lse = _outputs(kind, q, v_pages, want_lse)
     _call(_attn.attention_paged, _for_binding(q), _for_binding(k_pages), _for_binding(v_pages),
           _for_binding(page_table), _for_binding(seq_lens), _for_binding(out), _bound(lse), options, names=names)
     return out, lse
@@ -924,9 +919,7 @@ def _forward_paged(kind, q, k_pages, v_pages, page_table, seq_lens, options, wan
 def _forward_paged_cascade(kind, q, k_pages, v_pages, prefix_table, prefix_len, page_table, seq_lens, options,
                            want_lse, names=_PAGED_NAMES):
     """attention_paged_cascade's out (and lse when wanted, else None), allocated as q's kind."""
-    b, hq, sq, _ = q.shape
-    out = _empty(kind, q, (b, hq, sq, _value_dim(v_pages)))
-    lse = _empty(kind, q, (b, hq, sq), "float32") if want_lse else None
+    out, lse = _outputs(kind, q, v_pages, want_lse)
     _call(_attn.attention_paged_cascade, _for_binding(q), _for_binding(k_pages), _for_binding(v_pages),
           _for_binding(prefix_table), prefix_len, _for_binding(page_table), _for_binding(seq_lens),
           _for_binding(out), _bound(lse), options, names=names)

@@ -486,6 +486,34 @@ def test_one_tensor_as_two_arguments():
 
 # ---- the plain call's short path (attn.functional._plain_call) -------------------------------------------------
 
+def _short_equals_general(fn, args, kwargs, monkeypatch):
+    """fn's plain call skips _check_call (replaced by a function that fails) and gives the bits, out and lse, of the
+    same call through it (window=(-1, -1): unbounded, the same options, but not a plain call); nothing requires grad."""
+    import attn.functional as AF
+    general = fn(*args, window=(-1, -1), **kwargs)
+
+    def no_checks(*a, **k):
+        raise AssertionError("the plain call went through _check_call")
+    monkeypatch.setattr(AF, "_check_call", no_checks)
+    short = fn(*args, **kwargs)
+    pairs = zip(short, general) if kwargs.get("return_lse") else ((short, general),)
+    for a, b in pairs:
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) and not a.requires_grad
+
+
+def _counted_check_calls(monkeypatch):
+    """A list that gains an entry each time a call goes through _check_call (the general path), which still runs."""
+    import attn.functional as AF
+    calls = []
+    real = AF._check_call
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(AF, "_check_call", counting)
+    return calls
+
+
 def _plain_case(name, dtype):
     """(args, kwargs) of a call the short path takes: plain CPU tensors; masks bool or float32, kv_lens int32, int8
     K/V with float32 scales; no ALiBi, sinks, window or dropout."""
@@ -526,32 +554,15 @@ def _plain_case(name, dtype):
 @pytest.mark.parametrize("case", ["decode_gqa", "prefill_causal", "cross_bottom_right", "scale_lse_softcap",
                                   "int8_cache", "kv_lens_int32", "bool_mask", "float_mask"])
 def test_plain_calls_take_the_short_path_with_the_general_paths_bits(dtype, case, monkeypatch):
-    """A plain call skips _check_call and gives the bits (out and lse) of the same call through it (window=(-1, -1):
-    unbounded, the same options, but not a plain call)."""
-    import attn.functional as AF
+    """A plain call skips _check_call and gives the bits (out and lse) of the same call through it."""
     args, kwargs = _plain_case(case, DTYPES[dtype])
-    general = attn.scaled_dot_product_attention(*args, window=(-1, -1), **kwargs)
-
-    def no_checks(*a, **k):
-        raise AssertionError("the plain call went through _check_call")
-    monkeypatch.setattr(AF, "_check_call", no_checks)
-    short = attn.scaled_dot_product_attention(*args, **kwargs)
-    pairs = zip(short, general) if kwargs.get("return_lse") else ((short, general),)
-    for a, b in pairs:
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    _short_equals_general(attn.scaled_dot_product_attention, args, kwargs, monkeypatch)
 
 
 def test_calls_that_are_not_plain_take_the_general_path(monkeypatch):
     """float16 masks, autograd, other ranks, dtypes and flag types, lengths as lists or int16: through _check_call (its
     checks and their messages)."""
-    import attn.functional as AF
-    calls = []
-    real = AF._check_call
-
-    def counting(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-    monkeypatch.setattr(AF, "_check_call", counting)
+    calls = _counted_check_calls(monkeypatch)
     g = torch.Generator().manual_seed(3)
     q, k, v = (randn(g, 1, 2, 5, 8) for _ in range(3))
     cases = [
@@ -634,33 +645,17 @@ def _paged_case(name, dtype):
 @pytest.mark.parametrize("case", ["decode", "causal_lse_int64_lens", "float32_pages", "int8_pages", "masked"])
 def test_plain_paged_calls_take_the_short_path_with_the_general_paths_bits(dtype, case, monkeypatch):
     """attention_paged's plain calls skip _check_call and give the bits of the same call through it."""
-    import attn.functional as AF
     args, kwargs = _paged_case(case, DTYPES[dtype])
-    general = attn.attention_paged(*args, window=(-1, -1), **kwargs)
-
-    def no_checks(*a, **k):
-        raise AssertionError("the plain call went through _check_call")
-    monkeypatch.setattr(AF, "_check_call", no_checks)
-    short = attn.attention_paged(*args, **kwargs)
-    pairs = zip(short, general) if kwargs.get("return_lse") else ((short, general),)
-    for a, b in pairs:
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) and not a.requires_grad
+    _short_equals_general(attn.attention_paged, args, kwargs, monkeypatch)
 
 
 def test_paged_calls_that_are_not_plain_take_the_general_path(monkeypatch):
     """An int64 page table (converted), lengths as a list, a query that requires grad: through _check_call, with the
     short path's bits; a missing seq_lens is its error."""
-    import attn.functional as AF
     args, _ = _paged_case("decode", torch.float32)
     q, kp, vp, table, lens = args
     want = attn.attention_paged(*args)
-    calls = []
-    real = AF._check_call
-
-    def counting(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-    monkeypatch.setattr(AF, "_check_call", counting)
+    calls = _counted_check_calls(monkeypatch)
     cases = [lambda: attn.attention_paged(q, kp, vp, table.long(), lens),
              lambda: attn.attention_paged(q, kp, vp, table, lens.tolist()),
              lambda: attn.attention_paged(q.clone().requires_grad_(), kp, vp, table, lens)]
