@@ -385,14 +385,14 @@ void quantisation_error(DType storage, int every, int min_cases, double bound) {
 TEST(I8KV, QuantisationErrorOnTheRegistryCases) { quantisation_error(DType::i8, 1, 40, 0.05); }
 TEST(I4KV, QuantisationErrorOnTheRegistryCases) { quantisation_error(DType::i4, 3, 40, 0.15); }
 
-// 8-bit K/V under bf16 queries in decode (the GQA groups of 2, 4 and 8 lanes that run row-major; at avx512bf16 the
-// pair products, which widen the rows to bf16 and round the weights, their V scales folded in, to bf16) on inputs
-// at the edges of what its scales and weights hold: K scales spread over 10^3.5 (a tile's weights from 1 down to
-// far below bf16's reach of its largest), V scales from 1e-30 to 1e30, queries whose lanes lie 2^6 apart in size
-// and whose values spread over 2^19 inside a row, a NaN in one query lane and an infinite V scale. Against the fp64
-// reference by the tolerance rule, at every level, and at avx512bf16 with the pair products both preferred and not
-// (contiguous, Dk = 576 and paged).
-TEST(I8KV, DecodeOnWideAndExtremeInputs) {
+// 8- and 4-bit K/V under bf16 queries in decode (the GQA groups of 2, 4 and 8 lanes that run row-major; at
+// avx512bf16 the pair products, which widen the rows to bf16 and round the weights, their V scales folded in, to
+// bf16) on inputs at the edges of what their scales and weights hold: K scales (per row, or per block of 32) spread
+// over 10^3.5 (a tile's weights from 1 down to far below bf16's reach of its largest), V scales from 1e-30 to 1e30,
+// queries whose lanes lie 2^6 apart in size and whose values spread over 2^19 inside a row, a NaN in one query lane
+// and an infinite V scale. Against the fp64 reference by the tolerance rule, at every level, and at avx512bf16 with
+// the pair products both preferred and not (contiguous, Dk = 576 and paged).
+void decode_on_extreme_inputs(DType storage) {
   using Adjust = std::function<void(Instance&, std::mt19937_64&)>;
   const std::vector<std::pair<const char*, Adjust>> adjustments = {
       {"lanes and values spread", [](Instance& in, std::mt19937_64&) {
@@ -403,11 +403,11 @@ TEST(I8KV, DecodeOnWideAndExtremeInputs) {
        }},
       {"K scales spread", [](Instance& in, std::mt19937_64& rng) {
          std::uniform_real_distribution<double> e(-3, 0.5);
-         in.k_scale.for_each_index([&](auto b, auto h, auto j, auto) { in.k_scale.set(std::pow(10.0, e(rng)), b, h, j); });
+         in.k_scale.for_each_index([&](auto b, auto h, auto j, auto x) { in.k_scale.set(std::pow(10.0, e(rng)), b, h, j, x); });
        }},
       {"V scales 1e-30 to 1e30", [](Instance& in, std::mt19937_64& rng) {
          std::uniform_real_distribution<double> e(-30, 30);
-         in.v_scale.for_each_index([&](auto b, auto h, auto j, auto) { in.v_scale.set(std::pow(10.0, e(rng)), b, h, j); });
+         in.v_scale.for_each_index([&](auto b, auto h, auto j, auto x) { in.v_scale.set(std::pow(10.0, e(rng)), b, h, j, x); });
        }},
       {"a NaN query value", [](Instance& in, std::mt19937_64&) { in.q.set(std::nan(""), 0, 1, 0, 5); }},
       {"an infinite V scale", [](Instance& in, std::mt19937_64&) {
@@ -417,11 +417,11 @@ TEST(I8KV, DecodeOnWideAndExtremeInputs) {
   std::vector<Case> cases;
   for (auto [hq, hkv] : {std::pair{8, 2}, {4, 2}, {8, 1}})
     cases.push_back({.B = 2, .Hq = hq, .Hkv = hkv, .Sq = 1, .Skv = 203, .Dk = 128, .Dv = 96, .dtype = DType::bf16,
-                     .kv_dtype = DType::i8});
+                     .kv_dtype = storage});
   cases.push_back({.B = 1, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 113, .Dk = 576, .Dv = 512, .dtype = DType::bf16,
-                   .kv_dtype = DType::i8});
+                   .kv_dtype = storage});
   cases.push_back({.B = 2, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 777, .Dk = 64, .Dv = 64, .dtype = DType::bf16,
-                   .kv_dtype = DType::i8, .page_size = 16});
+                   .kv_dtype = storage, .page_size = 16});
   for (const Case& c : cases)
     for (const auto& [what, adjust] : adjustments) {
       SCOPED_TRACE(c.name() + ", " + what);
@@ -443,6 +443,8 @@ TEST(I8KV, DecodeOnWideAndExtremeInputs) {
       }
     }
 }
+TEST(I8KV, DecodeOnWideAndExtremeInputs) { decode_on_extreme_inputs(DType::i8); }
+TEST(I4KV, DecodeOnWideAndExtremeInputs) { decode_on_extreme_inputs(DType::i4); }
 
 // 4-bit K/V read by the kernels are exactly their definition, value q times its block's scale rounded once to fp32,
 // at every level (each with its own 4-bit loader: AVX-512's product-table lookups, AVX2's and SSE2's widening) and on
