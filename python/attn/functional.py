@@ -488,7 +488,7 @@ def _scale(scale):
 def _plain_call(query, key, value, is_causal, scale, causal_alignment, return_lse, softcap, k_scale, v_scale, paged,
                 lengths=(), table=None, enable_gqa=True, mask=None):
     """The short path of scaled_dot_product_attention (paged=False) and attention_paged (paged=True) for the calls a
-    model's or a server's decode step makes: (torch, capsule, options) where the call is plain, else None (the
+    model's or a server's decode step makes: (capsule, options) where the call is plain, else None (the
     general path then takes it). Plain: torch.Tensor (not a subclass) arguments on the CPU, dense, none requiring
     grad or carrying a negative bit, outside torch.compile; query 4-D of a float dtype; key and value (or the pages)
     4-D of query's dtype (pages: of one float dtype) or int8 with float32 k_scale and v_scale; `lengths` (kv_lens or
@@ -550,7 +550,7 @@ def _plain_call(query, key, value, is_causal, scale, causal_alignment, return_ls
             if len(_PLAIN_OPTIONS) >= 64:
                 _PLAIN_OPTIONS.clear()
             _PLAIN_OPTIONS[key_] = options
-    return torch, capsule, options
+    return capsule, options
 
 
 _PLAIN_OPTIONS = {}  # (is_causal, causal_alignment, scale, softcap) -> the binding's Options (holding no array)
@@ -636,7 +636,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         plain = _plain_call(query, key, value, is_causal, scale, causal_alignment, return_lse, softcap, k_scale,
                             v_scale, False, (kv_lens,), enable_gqa=enable_gqa, mask=attn_mask)
         if plain is not None:  # (the general path's _forward, the arguments already checked and converted)
-            torch, capsule, options = plain
+            capsule, options = plain
             out, lse = _outputs("torch", query, value, return_lse)
             _call(_attn.attention, capsule(query), capsule(key), capsule(value), capsule(out),
                   None if lse is None else capsule(lse), options)
@@ -712,7 +712,7 @@ def attention_paged(query, k_pages, v_pages, page_table, seq_lens, *, attn_mask=
         plain = _plain_call(query, k_pages, v_pages, is_causal, scale, causal_alignment, return_lse, softcap, k_scale,
                             v_scale, True, (seq_lens,), page_table, mask=attn_mask)
         if plain is not None:  # (the general path's _forward_paged, the arguments already checked and converted)
-            torch, capsule, options = plain
+            capsule, options = plain
             out, lse = _outputs("torch", query, v_pages, return_lse)
             _call(_attn.attention_paged, capsule(query), capsule(k_pages), capsule(v_pages), capsule(page_table),
                   capsule(seq_lens), capsule(out), None if lse is None else capsule(lse), options, names=_PAGED_NAMES)
