@@ -651,12 +651,12 @@ inline void pv_rows_pairs_step(const std::uint32_t* pw, std::int64_t pair_stride
       const float* x = o + r * dv + d + 32 * e;
       to_order(Vec::mul(Vec::load(x), a), Vec::mul(Vec::load(x + 16), a), acc[r][2 * e], acc[r][2 * e + 1]);
     }
-  for (std::int64_t c = 0; c < cols; c += 2) {
+  const std::uint32_t* wc = pw + (d / 32) * block_stride;
+  for (std::int64_t c = 0; c < cols; c += 2, wc += pair_stride) {
     prefetch_rows(pv, c, std::min<std::int64_t>(2, cols - c), row_bytes<R>(d), row_bytes<R>(d + 32 * DB));
     const R v1 = c + 1 < cols ? vrows[c + 1] : partner;
     BH lo[DB], hi[DB];
     for (int e = 0; e < DB; ++e) key_pairs(vrows[c] + (d + 32 * e), v1 + (d + 32 * e), lo[e], hi[e]);
-    const std::uint32_t* wc = pw + (c / 2) * pair_stride + (d / 32) * block_stride;
     for (int e = 0; e < DB; ++e)
       for (int r = 0; r < NL; ++r) {
         const BH w = (BH)_mm512_set1_epi32(static_cast<int>(wc[e * block_stride + r]));
@@ -1170,15 +1170,18 @@ struct StoredTile {
   }
   static void locate_rows(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n,
                           Row* kr, Row* vr, const float** kscales, const float** vscales) {
-    if constexpr (kI4) {
-      const KVT* kb[BC];
-      const KVT* vb[BC];
-      keys.locate(j0, n, kb, kscales);
-      values.locate(j0, n, vb, vscales);
-      for (std::int64_t c = 0; c < n; ++c)
-        kr[c].bytes = reinterpret_cast<const std::uint8_t*>(kb[c]), vr[c].bytes = reinterpret_cast<const std::uint8_t*>(vb[c]);
-      if (kscales)
-        for (std::int64_t c = 0; c < n; ++c) kr[c].scales = kscales[c], vr[c].scales = vscales[c];
+    if constexpr (kI4) {  // written into the Q4Rows as the runs are walked, not copied from arrays of pointers
+      const auto fill = [n](const RowSource<KVT>& src, std::int64_t j, Row* rows, const float** scales) {
+        src.runs(j, n, scales != nullptr,
+                 [&](std::int64_t c, std::int64_t m, const KVT* r0, std::int64_t step, const float* s0,
+                     std::int64_t s_step) {
+                   const auto* b0 = reinterpret_cast<const std::uint8_t*>(r0);
+                   for (std::int64_t e = 0; e < m; ++e) rows[c + e].bytes = b0 + e * step;
+                   if (s0)
+                     for (std::int64_t e = 0; e < m; ++e) rows[c + e].scales = scales[c + e] = s0 + e * s_step;
+                 });
+      };
+      fill(keys, j0, kr, kscales), fill(values, j0, vr, vscales);
     } else {
       keys.locate(j0, n, kr, kscales);
       values.locate(j0, n, vr, vscales);

@@ -44,20 +44,18 @@ struct RowSource {
     return at(paged ? core::kv_row_offset(*p, *t, b, hk, j) : t->offset(b, hk, j, 0));
   }
 
-  // rows[c] = where row j0 + c starts, and (quantised rows, when scales is given) scales[c] = where its (first)
-  // scale is.
-  void locate(std::int64_t j0, std::int64_t n, const T** rows, const float** scales = nullptr) const {
-    // m rows from row r of batch (or page) a on, at their stride: offsets stepped, not recomputed (a decode tile
-    // locates 64 rows, twice; paged, the table is read and the offsets formed once per page, not per row: locating
-    // took 11 % of D3's time from an 8-bit cache).
+  // The rows j0 .. j0+n-1 as runs of rows at one stride: f(c, m, row, step, scale, scale_step) for rows c .. c+m-1,
+  // row c + e starting at row + e·step (in T) and its (first) scale at scale + e·scale_step (quantised rows, when
+  // `scales`; else null). Contiguous rows are one run; paged ones a run per page, the table read and the offsets
+  // formed once per page, not per row (locating took 11 % of D3's time from an 8-bit cache).
+  template <class F>
+  void runs(std::int64_t j0, std::int64_t n, bool scales, F&& f) const {
     const auto run = [&](std::int64_t c, std::int64_t m, std::int64_t a, std::int64_t r) {
       const std::int64_t o0 = t->offset(a, hk, r, 0), step = t->stride[2];
-      for (std::int64_t e = 0; e < m; ++e) rows[c + e] = this->at(o0 + e * step);
+      const float* s0 = nullptr;
       if constexpr (kScaled)
-        if (scales) {
-          const float* s0 = static_cast<const float*>(scale->data) + scale->offset(a, hk, r, 0);
-          for (std::int64_t e = 0; e < m; ++e) scales[c + e] = s0 + e * scale->stride[2];
-        }
+        if (scales) s0 = static_cast<const float*>(scale->data) + scale->offset(a, hk, r, 0);
+      f(c, m, at(o0), kI4 ? step >> 1 : step, s0, kScaled && scales ? scale->stride[2] : 0);
     };
     if (!paged) return run(0, n, b, j0);
     const core::Paged& pg = *p->paged;
@@ -66,6 +64,17 @@ struct RowSource {
       m = std::min(n - c, pg.page_size - slot);
       run(c, m, pg.table[b * pg.table_stride[0] + page * pg.table_stride[1]], slot);
     }
+  }
+
+  // rows[c] = where row j0 + c starts, and (quantised rows, when scales is given) scales[c] = where its (first)
+  // scale is.
+  void locate(std::int64_t j0, std::int64_t n, const T** rows, const float** scales = nullptr) const {
+    runs(j0, n, scales != nullptr,
+         [&](std::int64_t c, std::int64_t m, const T* r0, std::int64_t step, const float* s0, std::int64_t s_step) {
+           for (std::int64_t e = 0; e < m; ++e) rows[c + e] = r0 + e * step;
+           if (s0)
+             for (std::int64_t e = 0; e < m; ++e) scales[c + e] = s0 + e * s_step;
+         });
   }
 
   // The scale of 8-bit row j (1 for rows of values).
