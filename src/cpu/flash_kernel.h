@@ -199,7 +199,8 @@ ATTN_INLINE void prefetch_rows(const R* far, std::int64_t c, std::int64_t n, std
 // one, times mult, stored NS lanes at a time into st rows of BR.
 template <int NL, int NA, class R>
 inline void store_group_scores(const V* acc, int a0, const float* q, const R* k, std::int64_t dk,
-                               std::int64_t d_end, std::int64_t c, float mult, float* st) {
+                               std::int64_t d_end, std::int64_t c, float mult, float* st,
+                               [[maybe_unused]] const float* kscale = nullptr) {
   constexpr int NS = NL < W ? NL : W;  // lanes per store
   V in[W];
   for (int a = 0; a < W; ++a) in[Vec::kSumOrder[a]] = a0 + a < NA ? acc[a0 + a] : Vec::zero();
@@ -211,7 +212,21 @@ inline void store_group_scores(const V* acc, int a0, const float* q, const R* k,
       for (std::int64_t e = d_end; e < dk; ++e) sums[a - a0] += q[(a % NL) * dk + e] * core::to_float(k[c + a / NL][e]);
     sum = Vec::load(sums);
   }
-  Vec::store(sums, Vec::mul(sum, Vec::set1(mult)));
+  sum = Vec::mul(sum, Vec::set1(mult));
+#if ATTN_VEC_BF16_DOT
+  if (kscale) {  // i8 K rows' scales, key c + a / NL in lane a − a0 (after mult: the bits scale_keys gives)
+    constexpr int kKeys = W / NL > 0 ? W / NL : 1;  // keys a vector of lanes covers
+    const int keys = std::min<int>(kKeys, (std::min(NA - a0, W) + NL - 1) / NL);
+    static_assert(NL >= W || NL == 1 || NL == 2 || NL == 4 || NL == 8, "lane a's key: a >> log2 NL");
+    const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                  NL == 8 ? 3 : NL == 4 ? 2 : NL == 2 ? 1 : 0);
+    const V f = NL >= W ? Vec::set1(kscale[c + a0 / NL])
+                        : _mm512_permutexvar_ps(key_of_lane, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << keys) - 1),
+                                                                                   kscale + c + a0 / NL));
+    sum = Vec::mul(sum, f);
+  }
+#endif
+  Vec::store(sums, sum);
   for (int a = a0; a < a0 + W && a < NA; a += NS) std::memcpy(st + (c + a / NL) * BR + a % NL, sums + (a - a0), NS * sizeof(float));
 }
 
@@ -422,16 +437,20 @@ inline BH load_pairs(const void* p) { return (BH)_mm512_loadu_si512(p); }
 // 32 values of a K or V row as bf16, in order: bf16 rows as stored; i8 rows widened (exact: |x| <= 128 has 8
 // significant bits), their scale applied to the products' sums (scores) or folded into the weights (P·V).
 inline BH load_pairs(const core::bf16* p) { return load_pairs(static_cast<const void*>(p)); }
+// (The fp32 values' lower halves are zero, so bf16 is their upper halves, gathered by one word permute: 1.09-1.11x
+// the widening and products of vcvtne2ps2bf16's pack on Zen 4, bench/micro/widen.cc.)
 inline BH load_pairs(const std::int8_t* p) {
+  const __m512i upper = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25,
+                                         23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
-  return _mm512_cvtne2ps_pbh(hi, lo);  // values 0-15 from lo, 16-31 from hi
+  return (BH)_mm512_permutex2var_epi16(_mm512_castps_si512(lo), upper, _mm512_castps_si512(hi));  // 0-15 lo, 16-31 hi
 }
 
 template <int NL, int KG, class T>
 inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, const T* const* k,
                                      std::int64_t dk, std::int64_t c, std::int64_t cols, float mult, float* st,
-                                     const T* const* pk, std::int64_t kstep) {
+                                     const T* const* pk, std::int64_t kstep, const float* kscale) {
   constexpr int NA = KG * NL;
   const std::int64_t d_end = dk / 32 * 32;
   for (; c + KG <= cols; c += KG) {
@@ -443,21 +462,22 @@ inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, co
         const BH kv = load_pairs(k[c + g] + d);
         for (int r = 0; r < NL; ++r) acc[g * NL + r] = _mm512_dpbf16_ps(acc[g * NL + r], load_pairs(qb + r * dk + d), kv);
       }
-    for (int a0 = 0; a0 < NA; a0 += W) store_group_scores<NL, NA>(acc, a0, q, k, dk, d_end, c, mult, st);
+    for (int a0 = 0; a0 < NA; a0 += W) store_group_scores<NL, NA>(acc, a0, q, k, dk, d_end, c, mult, st, kscale);
   }
   return c;
 }
 
 // scores_rows for bf16 pairs (16 accumulators: W / NL keys x NL lanes, as the fp32 form's AVX-512 shape), from q's
-// rows as bf16 (qb, made once per block: start_pairs) and as fp32 (q, for the last dk % 32 dims).
+// rows as bf16 (qb, made once per block: start_pairs) and as fp32 (q, for the last dk % 32 dims); i8 rows' scales
+// (kscale; null for bf16 rows) multiply the scores as they are stored.
 template <int NL, class T>
 inline void scores_rows_pairs(const float* q, const T* const* k, std::int64_t dk, std::int64_t cols,
                               float mult, float* st, const T* const* pk, const std::uint16_t* qb,
-                              std::int64_t kstep) {
+                              std::int64_t kstep, const float* kscale) {
   constexpr int KG = W / NL > 1 ? W / NL : 1;
-  std::int64_t c = score_keys_pairs<NL, KG>(qb, q, k, dk, 0, cols, mult, st, pk, kstep);
-  if constexpr (KG > 2) c = score_keys_pairs<NL, KG / 2>(qb, q, k, dk, c, cols, mult, st, pk, kstep);
-  if constexpr (KG > 1) score_keys_pairs<NL, 1>(qb, q, k, dk, c, cols, mult, st, pk, kstep);
+  std::int64_t c = score_keys_pairs<NL, KG>(qb, q, k, dk, 0, cols, mult, st, pk, kstep, kscale);
+  if constexpr (KG > 2) c = score_keys_pairs<NL, KG / 2>(qb, q, k, dk, c, cols, mult, st, pk, kstep, kscale);
+  if constexpr (KG > 1) score_keys_pairs<NL, 1>(qb, q, k, dk, c, cols, mult, st, pk, kstep, kscale);
 }
 
 // Unpacking rows a and b (32 dims each) by 16-bit words gives their key pairs for dims 0-3, 8-11, 16-19, 24-27 (lo)
@@ -476,12 +496,14 @@ inline void o_from_pair_order(V lo, V hi, V& x0, V& x1) {
 // The weights Pᵀ[c][r] (lanes r < NL <= 16) rounded to bf16 (vcvtneps2bf16: to nearest even, as
 // core::from_float), as pairs pw[c/2][r] = (key c, key c + 1), an odd last key paired with 0: two rows of Pᵀ per
 // step (the scalar conversions took 9 % of bf16 decode's time).
+// i8 V rows' scales (vscale; null for bf16 rows) multiply row c before it is rounded (the bits scale_keys gives).
 template <int NL>
-inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw) {
+inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw, const float* vscale) {
   static_assert(NL <= 16, "a row of Pᵀ's lanes in one vector");
   constexpr __mmask16 kLanes = static_cast<__mmask16>((1u << NL) - 1);
   const auto bf16_lanes = [&](std::int64_t c) {  // row c's 16 lanes as bf16, zero-extended to 32 bits
-    return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(Vec::load(pt + c * BR)));
+    const V row = vscale ? Vec::mul(Vec::load(pt + c * BR), Vec::set1(vscale[c])) : Vec::load(pt + c * BR);
+    return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(row));
   };
   for (std::int64_t c = 0; c < cols; c += 2) {
     const __m512i hi = c + 1 < cols ? _mm512_slli_epi32(bf16_lanes(c + 1), 16) : _mm512_setzero_si512();
@@ -571,7 +593,7 @@ inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::
 
 template <int NL>
 inline void scores_rows_pairs(const float*, const Q4Row* k, std::int64_t dk, std::int64_t cols, float mult,
-                              float* st, const Q4Row* pk, const std::uint16_t* qb, std::int64_t kstep) {
+                              float* st, const Q4Row* pk, const std::uint16_t* qb, std::int64_t kstep, const float*) {
   constexpr int KG = W / NL > 1 ? W / NL : 1;
   std::int64_t c = score_keys_q4<NL, KG>(qb, k, dk, 0, cols, mult, st, pk, kstep);
   if constexpr (KG > 2) c = score_keys_q4<NL, KG / 2>(qb, k, dk, c, cols, mult, st, pk, kstep);
@@ -677,8 +699,9 @@ inline void pv_rows_pairs_step(const std::uint32_t* pw, std::int64_t pair_stride
 // accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
 template <int NL, class T>
 inline void pv_rows_pairs(const float* pt, const T* const* vrows, std::int64_t dv, std::int64_t cols,
-                          const float* alpha, float* o, std::uint32_t* pw, const T* zero, const T* const* pv) {
-  weight_pairs<NL>(pt, cols, pw);
+                          const float* alpha, float* o, std::uint32_t* pw, const T* zero, const T* const* pv,
+                          const float* vscale) {
+  weight_pairs<NL>(pt, cols, pw, vscale);
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
   std::int64_t d = 0;
   for (; d + 32 * DB <= dv; d += 32 * DB) pv_rows_pairs_step<NL, DB>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, d, pv);
@@ -1082,7 +1105,8 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
 // unchanged; Zen 5, 2 threads, bench/results_zen5_decode_prefetch.md; 32-128 KiB ahead alike, 16 KiB and less
 // slower): the hardware's streams alone did not keep the lines of two row streams in flight while a tile computes. i8 rows (kscale,
 // vscale: their scales; null otherwise) are widened in registers like the others; a key's scale then multiplies
-// its dot product and a value's scale its weight (after the softmax has summed the weights). Pairs: both products
+// its dot product and a value's scale its weight (after the softmax has summed the weights; with the pair products
+// as the scores are stored and as the weights are rounded to bf16: store_group_scores, weight_pairs). Pairs: both products
 // on bf16 pairs (scores_rows_pairs, pv_rows_pairs; bf16 Q, K and V rows bf16 or i8), reading q's bf16 rows and a
 // zero V row from the workspace's K and V tiles (unused for rows read as stored), where start_pairs put them; 4-bit
 // rows on AVX-512 and AVX2 (kQ4Split) read q's rows in their split order from the K tile (q4_split_rows).
@@ -1093,17 +1117,20 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
 #if ATTN_VEC_BF16_DOT
   if constexpr (Pairs)
     scores_rows_pairs<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), k_far,
-                          reinterpret_cast<const std::uint16_t*>(ws.k.data()), ws.k_step);    // Sᵀ = K Qᵀ
+                          reinterpret_cast<const std::uint16_t*>(ws.k.data()), ws.k_step, kscale);  // Sᵀ = K Qᵀ
   else
 #endif
-  scores_rows<NL>(kQ4Split<R> ? ws.k.data() : ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), k_far,
-                  ws.k_step);                                                                   // Sᵀ = K Qᵀ
-  if (kscale) scale_keys<NL>(ws.st.data(), kscale, cols);                                       // i8 K scales
+  {
+    scores_rows<NL>(kQ4Split<R> ? ws.k.data() : ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), k_far,
+                    ws.k_step);                                                                 // Sᵀ = K Qᵀ
+    if (kscale) scale_keys<NL>(ws.st.data(), kscale, cols);                                     // i8 K scales
+  }
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
   softmax_tile<QV, Variant, NL>(p, lanes, j0, cols, true, krows, kscale, u, ws);               // Pᵀ; m, l
   drop_weights<Variant>(p, lanes, j0, cols, ws.st.data());                                     // dropout
-  if (vscale) scale_keys<NL>(ws.st.data(), vscale, cols);                                       // i8 V scales
-  if (hidden && !rows_finite(vrows, cols, p.Dv))
+  const bool exact_pv = hidden && !rows_finite(vrows, cols, p.Dv);
+  if (vscale && (!Pairs || exact_pv)) scale_keys<NL>(ws.st.data(), vscale, cols);              // i8 V scales
+  if (exact_pv)
     pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), vrows, ws.alpha.data(), ws.o.data(), 1, p.Dv);
 #if ATTN_VEC_BF16_DOT
   else if constexpr (Pairs && std::is_same_v<R, Q4Row>) {  // (the weights with their block scales: ws.v)
@@ -1112,7 +1139,8 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
   } else if constexpr (Pairs) {
     alignas(64) std::uint32_t pw[BC / 2 * NL];
     const auto* zero = reinterpret_cast<std::remove_cv_t<std::remove_pointer_t<R>>*>(ws.v.data());
-    pv_rows_pairs<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(), pw, zero, v_far);  // O = α·O + P V
+    pv_rows_pairs<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(), pw, zero, v_far,
+                      vscale);                                                                  // O = α·O + P V
   }
 #endif
   else
