@@ -214,7 +214,8 @@ inline void store_group_scores(const V* acc, int a0, const float* q, const R* k,
   }
   sum = Vec::mul(sum, Vec::set1(mult));
 #if ATTN_VEC_BF16_DOT
-  if (kscale) {  // i8 K rows' scales, key c + a / NL in lane a − a0 (after mult: the bits scale_keys gives)
+  if (std::is_same_v<R, const std::int8_t*> && kscale) {  // i8 rows' scales: key c + a / NL's in lane a − a0 (after
+                                                          // mult: the bits scale_keys gives)
     constexpr int kKeys = W / NL > 0 ? W / NL : 1;  // keys a vector of lanes covers
     const int keys = std::min<int>(kKeys, (std::min(NA - a0, W) + NL - 1) / NL);
     static_assert(NL >= W || NL == 1 || NL == 2 || NL == 4 || NL == 8, "lane a's key: a >> log2 NL");
@@ -497,12 +498,13 @@ inline void o_from_pair_order(V lo, V hi, V& x0, V& x1) {
 // core::from_float), as pairs pw[c/2][r] = (key c, key c + 1), an odd last key paired with 0: two rows of Pᵀ per
 // step (the scalar conversions took 9 % of bf16 decode's time).
 // i8 V rows' scales (vscale; null for bf16 rows) multiply row c before it is rounded (the bits scale_keys gives).
-template <int NL>
+template <int NL, bool kScaled>
 inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw, const float* vscale) {
   static_assert(NL <= 16, "a row of Pᵀ's lanes in one vector");
   constexpr __mmask16 kLanes = static_cast<__mmask16>((1u << NL) - 1);
   const auto bf16_lanes = [&](std::int64_t c) {  // row c's 16 lanes as bf16, zero-extended to 32 bits
-    const V row = vscale ? Vec::mul(Vec::load(pt + c * BR), Vec::set1(vscale[c])) : Vec::load(pt + c * BR);
+    V row = Vec::load(pt + c * BR);
+    if constexpr (kScaled) row = Vec::mul(row, Vec::set1(vscale[c]));
     return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(row));
   };
   for (std::int64_t c = 0; c < cols; c += 2) {
@@ -701,7 +703,7 @@ template <int NL, class T>
 inline void pv_rows_pairs(const float* pt, const T* const* vrows, std::int64_t dv, std::int64_t cols,
                           const float* alpha, float* o, std::uint32_t* pw, const T* zero, const T* const* pv,
                           const float* vscale) {
-  weight_pairs<NL>(pt, cols, pw, vscale);
+  weight_pairs<NL, std::is_same_v<T, std::int8_t>>(pt, cols, pw, vscale);
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
   std::int64_t d = 0;
   for (; d + 32 * DB <= dv; d += 32 * DB) pv_rows_pairs_step<NL, DB>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, d, pv);
