@@ -439,14 +439,16 @@ inline BH load_pairs(const void* p) { return (BH)_mm512_loadu_si512(p); }
 // 32 values of a K or V row as bf16, in order: bf16 rows as stored; i8 rows widened (exact: |x| <= 128 has 8
 // significant bits), their scale applied to the products' sums (scores) or folded into the weights (P·V).
 inline BH load_pairs(const core::bf16* p) { return load_pairs(static_cast<const void*>(p)); }
-// (The fp32 values' lower halves are zero, so bf16 is their upper halves, gathered by one word permute: 1.09-1.11x
-// the widening and products of vcvtne2ps2bf16's pack on Zen 4, bench/micro/widen.cc.)
-inline BH load_pairs(const std::int8_t* p) {
+// 16 i8 values as fp32 (exact), as bits: their lower halves are zero, so each value's bf16 is its upper half, and
+// one word permute of two such vectors packs (or pairs) them, where vcvtne2ps2bf16 packed (1.09-1.11x the widening
+// and products on Zen 4, bench/micro/widen.cc).
+inline __m512i i8_as_f32(const std::int8_t* p) {
+  return _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
+}
+inline BH load_pairs(const std::int8_t* p) {  // values 0-15 from p, 16-31 from p + 16: both vectors' upper halves
   const __m512i upper = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25,
                                          23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
-  return (BH)_mm512_permutex2var_epi16(_mm512_castps_si512(lo), upper, _mm512_castps_si512(hi));  // 0-15 lo, 16-31 hi
+  return (BH)_mm512_permutex2var_epi16(i8_as_f32(p), upper, i8_as_f32(p + 16));
 }
 
 template <int NL, int KG, class T>
@@ -647,14 +649,11 @@ ATTN_INLINE void key_pairs(const T* a, const T* b, BH& lo, BH& hi) {
   lo = (BH)_mm512_unpacklo_epi16(x, y), hi = (BH)_mm512_unpackhi_epi16(x, y);
 }
 ATTN_INLINE void key_pairs(const std::int8_t* a, const std::int8_t* b, BH& lo, BH& hi) {
-  const auto widen = [](const std::int8_t* p) {  // 16 values as fp32, exact
-    return _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
-  };
   // word 2i: a's value i (the upper half of its fp32), word 2i + 1: b's
   const __m512i pairs = _mm512_set_epi16(63, 31, 61, 29, 59, 27, 57, 25, 55, 23, 53, 21, 51, 19, 49, 17, 47, 15, 45, 13,
                                          43, 11, 41, 9, 39, 7, 37, 5, 35, 3, 33, 1);
-  lo = (BH)_mm512_permutex2var_epi16(widen(a), pairs, widen(b));            // dims 0-15
-  hi = (BH)_mm512_permutex2var_epi16(widen(a + 16), pairs, widen(b + 16));  // dims 16-31
+  lo = (BH)_mm512_permutex2var_epi16(i8_as_f32(a), pairs, i8_as_f32(b));            // dims 0-15
+  hi = (BH)_mm512_permutex2var_epi16(i8_as_f32(a + 16), pairs, i8_as_f32(b + 16));  // dims 16-31
 }
 ATTN_INLINE void key_pairs(const Q4Row& a, const Q4Row& b, BH& lo, BH& hi) {
   const __m128i x = _mm_loadu_si128(static_cast<const __m128i*>(row_address(a)));
