@@ -1181,6 +1181,7 @@ struct StoredTile {
   const float* vs_at[BC];
   alignas(64) float ks[BC], vs[BC];  // i8: the scales themselves
   Row k_far[BC], v_far[BC];
+  std::int64_t far_null_from = 0;  // k_far[c] and v_far[c] are null rows for c >= far_null_from
 
   // How far ahead the score loop prefetches: kFarBytes of K rows, 64 to 512 keys.
   static std::int64_t far_keys(std::int64_t dk) {
@@ -1188,42 +1189,42 @@ struct StoredTile {
   }
 
   // Rows j0 .. j0+n-1, and as the far rows those from j_far up to j_end (none when j_far >= j_end; located
-  // without their scales: only their bytes are prefetched).
+  // without their scales: only their bytes are prefetched). The far rows past those are null; only the ones a
+  // previous tile set are nulled again (a split of the keys shorter than the prefetch distance has none).
   void locate(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n,
               std::int64_t j_far, std::int64_t j_end) {
     cols = n;
     locate_rows(keys, values, j0, n, k, v, ks_at, vs_at);
     const std::int64_t n_far = std::clamp<std::int64_t>(j_end - j_far, 0, n);
     if (n_far > 0) locate_rows(keys, values, j_far, n_far, k_far, v_far, nullptr, nullptr);  // (rows only)
-    for (std::int64_t c = n_far; c < n; ++c) null_row(k_far[c]), null_row(v_far[c]);
+    for (std::int64_t c = n_far; c < far_null_from; ++c) null_row(k_far[c]), null_row(v_far[c]);
+    far_null_from = n_far;
     if constexpr (kScaled || kI4)
       for (std::int64_t c = 0; c < n; ++c) __builtin_prefetch(ks_at[c], 0, 3), __builtin_prefetch(vs_at[c], 0, 3);
   }
-  // 4-bit rows: every Q4Row's scale stride (and offset 0) set once per block (start), so that locating a row
-  // writes where its bytes and its scales are, and a far row (prefetched only) where its bytes are.
-  void start(const RowSource<KVT>& keys, const RowSource<KVT>& values) {
-    if constexpr (kI4) {
-      for (Row* rows : {k, k_far})
-        for (std::int64_t c = 0; c < BC; ++c) rows[c] = {nullptr, nullptr, keys.scale->stride[3], 0};
-      for (Row* rows : {v, v_far})
-        for (std::int64_t c = 0; c < BC; ++c) rows[c] = {nullptr, nullptr, values.scale->stride[3], 0};
-    }
+  // Once per block, before its first tile: every far row null.
+  void start() {
+    for (std::int64_t c = 0; c < BC; ++c) null_row(k_far[c]), null_row(v_far[c]);
+    far_null_from = 0;
   }
   static void null_row(Row& r) {
-    if constexpr (kI4) r.bytes = nullptr;
+    if constexpr (kI4) r.bytes = nullptr, r.off = 0;
     else r = nullptr;
   }
   static void locate_rows(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n,
                           Row* kr, Row* vr, const float** kscales, const float** vscales) {
-    if constexpr (kI4) {  // written into the Q4Rows as the runs are walked, not copied from arrays of pointers
+    if constexpr (kI4) {  // each Q4Row written whole as the runs are walked, not copied from arrays of pointers
       const auto fill = [n](const RowSource<KVT>& src, std::int64_t j, Row* rows, const float** scales) {
+        const std::int64_t stride = src.scale->stride[3];
         src.runs(j, n, scales != nullptr,
                  [&](std::int64_t c, std::int64_t m, const KVT* r0, std::int64_t step, const float* s0,
                      std::int64_t s_step) {
                    const auto* b0 = reinterpret_cast<const std::uint8_t*>(r0);
-                   for (std::int64_t e = 0; e < m; ++e) rows[c + e].bytes = b0 + e * step;
                    if (s0)
-                     for (std::int64_t e = 0; e < m; ++e) rows[c + e].scales = scales[c + e] = s0 + e * s_step;
+                     for (std::int64_t e = 0; e < m; ++e)
+                       rows[c + e] = {b0 + e * step, scales[c + e] = s0 + e * s_step, stride, 0};
+                   else
+                     for (std::int64_t e = 0; e < m; ++e) rows[c + e] = {b0 + e * step, nullptr, stride, 0};
                  });
       };
       fill(keys, j0, kr, kscales), fill(values, j0, vr, vscales);
@@ -1327,7 +1328,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
                   reinterpret_cast<core::bf16*>(ws.v.data()), p.Dv);
 #endif
     StoredTile<KVT> tile[2];  // this tile's rows and the next one's
-    tile[0].start(krows, vrows), tile[1].start(krows, vrows);
+    tile[0].start(), tile[1].start();
     // far rows: forward walks only, up to the block's last key (tiles walked backwards prefetch nothing)
     const std::int64_t far = StoredTile<KVT>::far_keys(p.Dk), far_end = keys.backwards ? 0 : keys.visible_hi;
     const auto locate = [&](StoredTile<KVT>& tl, std::int64_t t) {

@@ -202,11 +202,13 @@ inline Vec::T load_q4_scaled(const std::uint8_t* p, float f) {
 // A 4-bit row (attn/tensor.h's i4) as the row-major micro-kernels read it: like a pointer to the row's first value
 // (`+ d` moves it d values on; `[d]` is value d as fp32, its block's scale applied), with the row's block scales
 // (`scales`, `stride` apart) carried along, so that the kernels written over `row + d` and `row[d]` read 4-bit rows
-// as they read the others. Null (a default Q4Row) where a pointer would be.
+// as they read the others. Null (a value-initialised Q4Row{}, or null bytes) where a pointer would be. No default
+// member initialisers: like a pointer, a default-initialised one is left unset (decode's row tables of a block's tiles,
+// StoredTile, are written as they are located instead of zeroed first).
 struct Q4Row {
-  const std::uint8_t* bytes = nullptr;
-  const float* scales = nullptr;
-  std::int64_t stride = 0, off = 0;
+  const std::uint8_t* bytes;
+  const float* scales;
+  std::int64_t stride, off;
   Q4Row operator+(std::int64_t d) const { return {bytes, scales, stride, off + d}; }
   // The scale of value e >= 0 of the row (unsigned: a shift, not a signed division).
   float scale_at(std::int64_t e) const {
