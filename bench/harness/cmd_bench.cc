@@ -752,12 +752,15 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   if (ceil) {
     frac_fma = gflops / ceil->fma_gflops;
     frac_read = gbps / ceil->read_gbps;
-    const bool amx = setup.dtype == DType::bf16 && ceil->amx_bf16_gflops > 0;
+    // (AMX only where the tile kernel runs: the call's kernel, or for paged calls, which are not described, any bf16
+    // forward)
+    const bool amx = setup.dtype == DType::bf16 && ceil->amx_bf16_gflops > 0 && (kernel.empty() ? !a.backward : kernel == "amx");
     if (amx) frac_amx = gflops / ceil->amx_bf16_gflops;
     // bf16 rows against the bf16 dot-product peak too, where the CPU has one (the kernels' bound is the rate of
-    // the instructions they run: AMX's, vdpbf16ps' for the "bf16 dot" kernel, else fp32 FMAs)
+    // the instructions they run: AMX's, vdpbf16ps' for the "bf16 dot" prefill and the vector kernel's bf16-pair
+    // decode, else fp32 FMAs)
     if (setup.dtype == DType::bf16 && ceil->bf16_dot_gflops > 0) frac_dot = gflops / ceil->bf16_dot_gflops;
-    const bool dot = !amx && kernel == "bf16 dot" && ceil->bf16_dot_gflops > 0;
+    const bool dot = !amx && (kernel == "bf16 dot" || kernel == "vector (bf16 pairs)") && ceil->bf16_dot_gflops > 0;
     const double compute = amx ? ceil->amx_bf16_gflops : dot ? ceil->bf16_dot_gflops : ceil->fma_gflops;
     // Memory-bound: below the ridge point, and the data really come from DRAM (rotated K/V sets, or more
     // than the last-level cache); a small prefill below the ridge runs from cache, against compute.

@@ -35,8 +35,9 @@ struct KernelInfo {
   std::string backend;            // "flash", "reference" or, on CUDA tensors, "cudnn"
   std::string isa;                // the CPU level whose kernel runs ("amx" only for the tile kernel); on CUDA the
                                   // device's compute capability ("sm_90"); "" for reference
-  std::string kernel;             // "vector", "amx" (bf16 prefill on the tile unit), "bf16 dot" (bf16 prefill on
-                                  // AVX512-BF16's dot products), "reference", or on CUDA the
+  std::string kernel;             // "vector", "vector (bf16 pairs)" (its decode, bf16 Q over bf16/i8/i4 K/V, on
+                                  // AVX512-BF16's dot products), "amx" (bf16 prefill on the tile unit), "bf16 dot"
+                                  // (bf16 prefill on AVX512-BF16's dot products), "reference", or on CUDA the
                                   // GPU kernel (e.g. "cudnn sdpa", "flash forward ...", "split-kv decode ...")
   int threads = 0;                // CPU threads (0 on CUDA)
   std::int64_t workspace_bytes = 0;  // what the call allocates beyond its inputs and outputs (on CUDA: device memory)

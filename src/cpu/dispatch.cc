@@ -135,6 +135,7 @@ Choice select_flash(const core::Problem& p, int threads) {
   const KernelSet& k = levels()[static_cast<int>(c.isa)].kernels;
   c.fn = k.flash(p.q.dtype, p.k.dtype, core::variant_kind(p));
   c.workspace_bytes = c.fn ? k.flash_workspace(p, threads) : 0;
+  if (c.fn) c.kernel = k.flash_name(p);
   return c;
 }
 

@@ -432,6 +432,19 @@ inline bool q4_pairs_usable(const core::Problem& p) {
   return p.Dk % 32 == 0 && p.Dv % 32 == 0 && adjacent(*p.k_scale, p.Dk) && adjacent(*p.v_scale, p.Dv);
 }
 
+// Whether this level's row-major blocks (decode) multiply bf16 pairs for this problem: bf16 Q over bf16, i8 or 4-bit
+// (q4_pairs_usable) K/V read in place (unit-stride rows), where the dispatcher prefers the pair products
+// (cpu::bf16_dot_preferred). The one rule flash_block follows and the kernel's name reports (flash_kernel_name).
+inline bool rows_on_pairs([[maybe_unused]] const core::Problem& p) {
+#if ATTN_VEC_BF16_DOT
+  const DType kv = p.k.dtype;
+  return p.q.dtype == DType::bf16 && (kv == DType::bf16 || kv == DType::i8 || (kv == DType::i4 && q4_pairs_usable(p))) &&
+         p.k.stride[3] == 1 && p.v.stride[3] == 1 && bf16_dot_preferred();
+#else
+  return false;
+#endif
+}
+
 #if ATTN_VEC_BF16_DOT
 inline constexpr bool kBf16Dot = true;
 using BH = __m512bh;
@@ -1317,7 +1330,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
     constexpr bool kI4 = RowSource<KVT>::kI4;
     constexpr bool kPairs = kBf16Dot && std::is_same_v<QT, core::bf16> &&
                             (std::is_same_v<KVT, core::bf16> || std::is_same_v<KVT, std::int8_t> || kI4);
-    const bool pairs = kPairs && bf16_dot_preferred() && (!kI4 || q4_pairs_usable(p));
+    const bool pairs = kPairs && rows_on_pairs(p);
     if constexpr (kI4 && kQ4Split<Q4Row>)
       if (!pairs) q4_split_rows(ws.q.data(), NL, p.Dk, ws.k.data());  // q's rows as kQ4Split's scores read them
 #if ATTN_VEC_BF16_DOT
@@ -1616,6 +1629,12 @@ void flash_forward(const core::Problem& p, int threads) {
 
 // The bytes a call allocates at `threads` threads (with no workspace to reuse).
 inline std::int64_t flash_workspace_bytes(const core::Problem& p, int threads) { return Plan(p).bytes(p, threads); }
+
+// Which of this level's forms the call runs, as attn::KernelInfo names it: "vector (bf16 pairs)" where its blocks are
+// row-major (decode) and multiply bf16 pairs (rows_on_pairs), else "vector" (fp32 FMAs).
+inline const char* flash_kernel_name(const core::Problem& p) {
+  return Plan(p).row_major() && rows_on_pairs(p) ? "vector (bf16 pairs)" : "vector";
+}
 
 // The kernel of this instruction set for the given dtypes and dense-mask kind, or null (cpu/pick.h).
 template <class QT, class KVT, class Variant>

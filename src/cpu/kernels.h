@@ -38,6 +38,7 @@ struct KernelSet {
   BackwardFn (*backward)(DType q, DType kv, core::VariantKind variant);
   std::int64_t (*flash_workspace)(const core::Problem& problem, int threads);
   std::int64_t (*backward_workspace)(const core::BackwardProblem& problem, int threads);
+  const char* (*flash_name)(const core::Problem& problem);  // which form of its forward runs (Choice::kernel)
 };
 #define ATTN_ISA_DECLARE(name, target, vec, usable) \
   namespace name {                                  \
@@ -73,7 +74,8 @@ void set_bf16_dot_override(std::optional<bool> prefer);
 struct Choice {
   FlashFn fn = nullptr;
   Isa isa = Isa::sse2;            // the level whose kernel runs (amx: the tile kernel; else a vector level)
-  const char* kernel = "vector";  // which kernel: "vector", "amx" (tiles) or "bf16 dot" (vdpbf16ps)
+  const char* kernel = "vector";  // which kernel: "vector" (fp32 FMAs), "vector (bf16 pairs)" (its row-major decode
+                                  // on vdpbf16ps), "amx" (tiles) or "bf16 dot" (the vdpbf16ps prefill)
   std::int64_t workspace_bytes = 0;  // what the call allocates, at `threads` threads
 };
 Choice select_flash(const core::Problem& problem, int threads);

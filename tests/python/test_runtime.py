@@ -134,7 +134,7 @@ def test_describe_attention_says_what_would_run_and_writes_nothing():
     q, k, v = qkv("describe")
     d = attn.describe_attention(q, k, v, enable_gqa=True, is_causal=True)
     assert set(d) == {"backend", "isa", "kernel", "threads", "workspace_bytes"}
-    assert d["backend"] == "flash" and d["kernel"] in ("vector", "amx", "bf16 dot")
+    assert d["backend"] == "flash" and d["kernel"] in ("vector", "vector (bf16 pairs)", "amx", "bf16 dot")
     assert d["isa"] == attn.info()["active_isa"] or d["isa"] in attn.info()["supported_isa"]
     assert d["threads"] == attn.get_num_threads()
     assert isinstance(d["workspace_bytes"], int) and d["workspace_bytes"] >= 0
