@@ -307,15 +307,17 @@ TEST(Dispatch, Bf16PrefillRunsOnTheLevelsPairProducts) {
       EXPECT_EQ(info.isa, std::string(cpu::isa_name(isa == cpu::Isa::amx && expect != "amx" ? cpu::Isa::avx512bf16 : isa)));
     }
     // decode proper (row-major blocks): the vector kernel on bf16 pairs where the level has them and prefers them,
-    // over bf16, 8- and 4-bit K/V; strided K rows and fp32 Q stay on fp32 FMAs
-    for (DType kv : {DType::bf16, DType::i8, DType::i4}) {
-      Case one = prefill;
-      one.Sq = 1, one.Dk = 64, one.Dv = 32, one.kv_dtype = kv;
-      Instance in = instantiate(one);
-      KernelInfo info;
-      ASSERT_TRUE(describe_attention(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view, &info).ok());
-      EXPECT_EQ(info.kernel, dot ? "vector (bf16 pairs)" : "vector") << dtype_name(kv);
-    }
+    // over bf16, 8- and 4-bit K/V; fp32 Q stays on fp32 FMAs
+    for (DType q : {DType::bf16, DType::f32})
+      for (DType kv : {DType::bf16, DType::i8, DType::i4}) {
+        Case one = prefill;
+        one.Sq = 1, one.Dk = 64, one.Dv = 32, one.dtype = q, one.kv_dtype = kv;
+        Instance in = instantiate(one);
+        KernelInfo info;
+        ASSERT_TRUE(describe_attention(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view, &info).ok());
+        EXPECT_EQ(info.kernel, dot && q == DType::bf16 ? "vector (bf16 pairs)" : "vector")
+            << dtype_name(q) << " Q, " << dtype_name(kv) << " K/V";
+      }
     if (isa != cpu::Isa::avx512bf16) continue;
     for (bool prefer : {true, false}) {  // the override the tests use, both ways
       ForceBf16Dot force_dot(prefer);
