@@ -317,6 +317,17 @@ TEST(Dispatch, Bf16PrefillRunsOnTheLevelsPairProducts) {
         ASSERT_TRUE(describe_attention(in.q.view, in.k.view, in.v.view, in.out.view, in.params, in.lse.view, &info).ok());
         EXPECT_EQ(info.kernel, dot && q == DType::bf16 ? "vector (bf16 pairs)" : "vector")
             << dtype_name(q) << " Q, " << dtype_name(kv) << " K/V";
+        // the same from a page pool (describe_attention_paged: the same rule)
+        one.page_size = 16;
+        Instance paged = instantiate(one);
+        Params pp = paged.params;
+        pp.kv_lens.reset();
+        if (!paged.k_scale_pages.storage.empty()) pp.k_scale = paged.k_scale_pages.view, pp.v_scale = paged.v_scale_pages.view;
+        KernelInfo paged_info;
+        ASSERT_TRUE(describe_attention_paged(paged.q.view, paged.k_pages.view, paged.v_pages.view, paged.page_table.view,
+                                             paged.seq_lens.view, paged.out.view, pp, paged.lse.view, &paged_info)
+                        .ok());
+        EXPECT_EQ(paged_info.kernel, info.kernel) << "paged, " << dtype_name(q) << " Q, " << dtype_name(kv) << " K/V";
       }
     if (isa != cpu::Isa::avx512bf16) continue;
     for (bool prefer : {true, false}) {  // the override the tests use, both ways

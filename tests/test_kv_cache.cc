@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/info.h"
 #include "attn/kv_cache.h"
 #include "support.h"
 
@@ -613,6 +614,22 @@ TEST(PagedKVCache, BadPageTableEntryIsAnError) {
                                    TensorView::contiguous(out.data(), DType::f32, {1, 1, 1, 4}));
   EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.message();
   for (float x : out) EXPECT_TRUE(std::isnan(x)) << "nothing may be written on error";
+  // describe_attention_paged validates as attention_paged does: the same error, and with a good table an answer
+  KernelInfo info;
+  const auto describe = [&](std::int32_t* t) {
+    return describe_attention_paged(TensorView::contiguous(q.data(), DType::f32, {1, 1, 1, 4}), cache.k_pages(),
+                                    cache.v_pages(), TensorView::contiguous(t, DType::i32, {1, 2}),
+                                    TensorView::contiguous(lens, DType::i32, {1}),
+                                    TensorView::contiguous(out.data(), DType::f32, {1, 1, 1, 4}), {}, std::nullopt, &info);
+  };
+  const Status d = describe(table);
+  EXPECT_EQ(d.code(), s.code());
+  EXPECT_EQ(d.message(), s.message());
+  std::int32_t good[2] = {0, 2};
+  ASSERT_TRUE(describe(good).ok());
+  EXPECT_EQ(info.backend, "flash");
+  EXPECT_EQ(info.kernel, "vector");  // fp32 Q
+  for (float x : out) EXPECT_TRUE(std::isnan(x)) << "describing writes nothing";
 }
 
 // ---- merge_attention -------------------------------------------------------------------------------

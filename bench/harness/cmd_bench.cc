@@ -677,12 +677,17 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     per_set.assign(in.ksv.size(), params);
     for (std::size_t set = 0; set < per_set.size(); ++set) per_set[set].k_scale = in.ksv[set], per_set[set].v_scale = in.vsv[set];
   }
-  // The kernel a contiguous forward runs (attn/info.h; "" for paged calls and the backward): its instructions set
-  // the compute bound below.
+  // The kernel the forward runs (attn/info.h; "" for the backward): its instructions set the compute bound below.
   std::string kernel;
-  if (!a.backward && s.page_size == 0)
-    if (KernelInfo info; describe_attention(in.qv, in.kv[0], in.vv[0], in.ov, per_set[0], std::nullopt, &info))
-      kernel = info.kernel;
+  if (!a.backward) {
+    KernelInfo info;
+    const Status described =
+        s.page_size == 0
+            ? describe_attention(in.qv, in.kv[0], in.vv[0], in.ov, per_set[0], std::nullopt, &info)
+            : describe_attention_paged(in.qv, in.kv[0], in.vv[0], in.table_view, in.lens_view, in.ov, per_set[0],
+                                       std::nullopt, &info);
+    if (described) kernel = info.kernel;
+  }
   if (a.backward)  // the forward's O and LSE, which the backward reads
     if (Status st = attention(in.qv, in.kv[0], in.vv[0], in.ov, params, in.lse_view); !st) return with_option_names(st);
   // Warm-up: at least one call, and more while they take under 50 ms in all.
@@ -752,9 +757,8 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
   if (ceil) {
     frac_fma = gflops / ceil->fma_gflops;
     frac_read = gbps / ceil->read_gbps;
-    // (AMX only where the tile kernel runs: the call's kernel, or for paged calls, which are not described, any bf16
-    // forward)
-    const bool amx = setup.dtype == DType::bf16 && ceil->amx_bf16_gflops > 0 && (kernel.empty() ? !a.backward : kernel == "amx");
+    // (AMX only where the tile kernel runs)
+    const bool amx = setup.dtype == DType::bf16 && ceil->amx_bf16_gflops > 0 && kernel == "amx";
     if (amx) frac_amx = gflops / ceil->amx_bf16_gflops;
     // bf16 rows against the bf16 dot-product peak too, where the CPU has one (the kernels' bound is the rate of
     // the instructions they run: AMX's, vdpbf16ps' for the "bf16 dot" prefill and the vector kernel's bf16-pair

@@ -46,6 +46,10 @@ struct KernelInfo {
 // same error), nothing computed or written.
 Status describe_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                           const Params& params, const std::optional<TensorView>& lse, KernelInfo* info);
+// For attention_paged() with these arguments: the same validation, nothing computed or written.
+Status describe_attention_paged(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
+                                const TensorView& page_table, const TensorView& seq_lens, const TensorView& out,
+                                const Params& params, const std::optional<TensorView>& lse, KernelInfo* info);
 Status describe_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& out, const TensorView& lse, const TensorView& grad_out,
                                    const TensorView& grad_q, const TensorView& grad_k, const TensorView& grad_v,

@@ -71,15 +71,9 @@ Status describe_cuda(const cuda::Choice& c, KernelInfo* r) {
 
 }  // namespace
 
-Status describe_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                          const Params& params, const std::optional<TensorView>& lse, KernelInfo* info) {
-  core::Problem p;
-  const core::KvLenLoan loan{p};
-  try {
-    if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
-  } catch (const std::bad_alloc&) {
-    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
-  }
+namespace {
+// What a validated forward problem would run (attention() and attention_paged() alike).
+Status describe_forward(const core::Problem& p, KernelInfo* info) {
   KernelInfo r;
   r.threads = cpu::resolve_threads(p.threads);
   if (p.backend == Backend::reference) {
@@ -98,6 +92,32 @@ Status describe_attention(const TensorView& q, const TensorView& k, const Tensor
   }
   *info = r;
   return Status::Ok();
+}
+}  // namespace
+
+Status describe_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                          const Params& params, const std::optional<TensorView>& lse, KernelInfo* info) {
+  core::Problem p;
+  const core::KvLenLoan loan{p};
+  try {
+    if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
+  }
+  return describe_forward(p, info);
+}
+
+Status describe_attention_paged(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
+                                const TensorView& page_table, const TensorView& seq_lens, const TensorView& out,
+                                const Params& params, const std::optional<TensorView>& lse, KernelInfo* info) {
+  core::Problem p;
+  const core::KvLenLoan loan{p};
+  try {
+    if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens, out, params, lse, &p); !s) return s;
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
+  }
+  return describe_forward(p, info);
 }
 
 Status describe_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
