@@ -69,9 +69,6 @@ Status describe_cuda(const cuda::Choice& c, KernelInfo* r) {
   return Status::Ok();
 }
 
-}  // namespace
-
-namespace {
 // What a validated forward problem would run (attention() and attention_paged() alike).
 Status describe_forward(const core::Problem& p, KernelInfo* info) {
   KernelInfo r;
