@@ -18,12 +18,8 @@ Status attention_backward(const TensorView& q, const TensorView& k, const Tensor
                           const std::optional<TensorView>& grad_sinks) {
   core::BackwardProblem bp;
   const core::KvLenLoan loan{bp.fwd};
-  try {
-    if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, grad_sinks, &bp); !s)
-      return s;
-  } catch (const std::bad_alloc&) {
-    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
-  }
+  if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, grad_sinks, &bp); !s)
+    return s;
   if (bp.fwd.backend == Backend::reference) {
     if (Status s = reference::check_size(bp.fwd, /*backward=*/true); !s) return s;
     try {

@@ -89,11 +89,7 @@ Status attention_paged_cascade(const TensorView& q, const TensorView& k_pages, c
                                const std::optional<TensorView>& lse) {
   core::Problem p;  // the call as attention_paged sees it (every argument but the prefix checked here)
   const core::KvLenLoan loan{p};
-  try {
-    if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens, out, params, lse, &p); !s) return s;
-  } catch (const std::bad_alloc&) {
-    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
-  }
+  if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens, out, params, lse, &p); !s) return s;
   if (Status s = check_cascade(p, params, prefix_table, prefix_len); !s) return s;
   if (prefix_len == 0 || p.B * p.Hq * p.Sq == 0) return core::run_forward(p);
 
@@ -139,20 +135,16 @@ Status attention_paged_cascade(const TensorView& q, const TensorView& k_pages, c
   prefix_pages.strides = {prefix_table.shape[0] * prefix_table.strides[0], prefix_table.strides[0], 0, 0};
   core::Problem pp, ps;
   const core::KvLenLoan loan_p{pp}, loan_s{ps};
-  try {
-    if (Status s = core::validate_paged(as_q_dtype(qp.data(), q.dtype, {1, Hq, rows, Dk}), k_pages, v_pages,
-                                        prefix_pages, prefix_lens, as_q_dtype(op.data(), q.dtype, {1, Hq, rows, Dv}),
-                                        pre, TensorView::contiguous(lp.data(), DType::f32, {1, Hq, rows}), &pp);
-        !s)
-      return s;
-    if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens,
-                                        as_q_dtype(os.data(), q.dtype, {B, Hq, Sq, Dv}), part,
-                                        TensorView::contiguous(ls.data(), DType::f32, {B, Hq, Sq}), &ps);
-        !s)
-      return s;
-  } catch (const std::bad_alloc&) {
-    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
-  }
+  if (Status s = core::validate_paged(as_q_dtype(qp.data(), q.dtype, {1, Hq, rows, Dk}), k_pages, v_pages,
+                                      prefix_pages, prefix_lens, as_q_dtype(op.data(), q.dtype, {1, Hq, rows, Dv}),
+                                      pre, TensorView::contiguous(lp.data(), DType::f32, {1, Hq, rows}), &pp);
+      !s)
+    return s;
+  if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens,
+                                      as_q_dtype(os.data(), q.dtype, {B, Hq, Sq, Dv}), part,
+                                      TensorView::contiguous(ls.data(), DType::f32, {B, Hq, Sq}), &ps);
+      !s)
+    return s;
   pp.out.dtype = ps.out.dtype = DType::f32;
   pp.workspace = ps.workspace = params.workspace;
   if (Status s = core::run_forward(pp); !s) return s;

@@ -96,11 +96,7 @@ Status describe_attention(const TensorView& q, const TensorView& k, const Tensor
                           const Params& params, const std::optional<TensorView>& lse, KernelInfo* info) {
   core::Problem p;
   const core::KvLenLoan loan{p};
-  try {
-    if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
-  } catch (const std::bad_alloc&) {
-    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
-  }
+  if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
   return describe_forward(p, info);
 }
 
@@ -109,11 +105,7 @@ Status describe_attention_paged(const TensorView& q, const TensorView& k_pages, 
                                 const Params& params, const std::optional<TensorView>& lse, KernelInfo* info) {
   core::Problem p;
   const core::KvLenLoan loan{p};
-  try {
-    if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens, out, params, lse, &p); !s) return s;
-  } catch (const std::bad_alloc&) {
-    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
-  }
+  if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens, out, params, lse, &p); !s) return s;
   return describe_forward(p, info);
 }
 
@@ -123,12 +115,8 @@ Status describe_attention_backward(const TensorView& q, const TensorView& k, con
                                    const Params& params, KernelInfo* info) {
   core::BackwardProblem bp;
   const core::KvLenLoan loan{bp.fwd};
-  try {
-    if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, std::nullopt, &bp); !s)
-      return s;
-  } catch (const std::bad_alloc&) {
-    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
-  }
+  if (Status s = core::validate_backward(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, std::nullopt, &bp); !s)
+    return s;
   KernelInfo r;
   r.threads = cpu::resolve_threads(bp.fwd.threads);
   if (bp.fwd.backend == Backend::reference) {

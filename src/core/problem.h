@@ -107,7 +107,8 @@ inline float kv_scale(const Problem& p, const Strided& scale, std::int64_t b, st
   return static_cast<const float*>(scale.data)[kv_row_offset(p, scale, b, hk, j)];
 }
 
-// Checks every argument; on success fills *problem. Writes nothing anywhere else.
+// Checks every argument; on success fills *problem. Writes nothing anywhere else. Throws nothing: an allocation
+// that fails is an OutOfMemory status (as for validate_paged and validate_backward).
 Status validate(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                 const Params& params, const std::optional<TensorView>& lse, Problem* problem);
 

@@ -52,11 +52,7 @@ Status attention(const TensorView& q, const TensorView& k, const TensorView& v, 
                  const Params& params, const std::optional<TensorView>& lse) {
   core::Problem p;
   const core::KvLenLoan loan{p};
-  try {
-    if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
-  } catch (const std::bad_alloc&) {
-    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
-  }
+  if (Status s = core::validate(q, k, v, out, params, lse, &p); !s) return s;
   return core::run_forward(p);
 }
 
@@ -65,12 +61,8 @@ Status attention_paged(const TensorView& q, const TensorView& k_pages, const Ten
                        const Params& params, const std::optional<TensorView>& lse) {
   core::Problem p;
   const core::KvLenLoan loan{p};
-  try {
-    if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens, out, params, lse, &p); !s)
-      return s;
-  } catch (const std::bad_alloc&) {
-    return Status::OutOfMemory("q", "validation could not allocate the per-batch key lengths");
-  }
+  if (Status s = core::validate_paged(q, k_pages, v_pages, page_table, seq_lens, out, params, lse, &p); !s)
+    return s;
   return core::run_forward(p);
 }
 

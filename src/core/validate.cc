@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <sstream>
 #include <string>
 
@@ -698,26 +699,39 @@ Status validate_impl(const TensorView& q, const TensorView& k, const TensorView&
   return Status::Ok();
 }
 
+// The validators' one answer to an allocation that fails (the per-batch key lengths, host copies of device
+// tensors' values, messages): an error, never an exception, so that no entry point needs its own handler.
+template <class F>
+Status without_throwing(F&& validate) {
+  try {
+    return validate();
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory(
+        "q", "validation could not allocate memory (the per-batch key lengths, or host copies of device tensors' values)");
+  }
+}
+
 }  // namespace
 
 Status validate(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                 const Params& params, const std::optional<TensorView>& lse, Problem* problem) {
-  return validate_impl(q, k, v, out, params, lse, nullptr, problem);
+  return without_throwing([&] { return validate_impl(q, k, v, out, params, lse, nullptr, problem); });
 }
 
 Status validate_paged(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
                       const TensorView& page_table, const TensorView& seq_lens, const TensorView& out,
                       const Params& params, const std::optional<TensorView>& lse, Problem* problem) {
   const PagedArgs paged{page_table, seq_lens};
-  return validate_impl(q, k_pages, v_pages, out, params, lse, &paged, problem);
+  return without_throwing([&] { return validate_impl(q, k_pages, v_pages, out, params, lse, &paged, problem); });
 }
 
 // ---- the backward pass ------------------------------------------------------------------------------
 
-Status validate_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                         const TensorView& lse, const TensorView& grad_out, const TensorView& grad_q,
-                         const TensorView& grad_k, const TensorView& grad_v, const Params& params,
-                         const std::optional<TensorView>& grad_sinks, BackwardProblem* problem) {
+namespace {
+Status validate_backward_impl(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                              const TensorView& lse, const TensorView& grad_out, const TensorView& grad_q,
+                              const TensorView& grad_k, const TensorView& grad_v, const Params& params,
+                              const std::optional<TensorView>& grad_sinks, BackwardProblem* problem) {
   BackwardProblem& bp = *problem;  // in place, as validate_impl (core::KvLenLoan)
   if (Status s = validate(q, k, v, out, params, lse, &bp.fwd); !s) return s;
   const NamedView grad_views[] = {{"grad_out", &grad_out}, {"grad_q", &grad_q}, {"grad_k", &grad_k},
@@ -818,6 +832,17 @@ Status validate_backward(const TensorView& q, const TensorView& k, const TensorV
   bp.dk = strided4(grad_k);
   bp.dv = strided4(grad_v);
   return Status::Ok();
+}
+
+}  // namespace
+
+Status validate_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                         const TensorView& lse, const TensorView& grad_out, const TensorView& grad_q,
+                         const TensorView& grad_k, const TensorView& grad_v, const Params& params,
+                         const std::optional<TensorView>& grad_sinks, BackwardProblem* problem) {
+  return without_throwing([&] {
+    return validate_backward_impl(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, params, grad_sinks, problem);
+  });
 }
 
 }  // namespace core
