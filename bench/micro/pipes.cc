@@ -6,12 +6,13 @@
 // decode (src/cpu/flash_kernel.h: load_pairs, q4_nibbles) and alternatives built from instructions that cost nothing
 // alone, each as it would run beside one K row's 4 lanes of products (a GQA group of 4).
 //
-// For whoever wants the 8- or 4-bit decode cheaper: on a core where the products and the shuffles share pipes (Zen 4:
-// bench/results_zen4_pipes.md), a widening is judged by its cross-lane shuffles, not its instruction count.
+// For whoever wants the 8- or 4-bit decode cheaper: on a core where the products and the shuffles share a pipe and
+// one more 512-bit instruction issues beside each product (Zen 4: bench/results_zen4_pipes.md), a widening is judged
+// by its cross-lane shuffles and by how many instructions it adds per product, not by its instruction count alone.
 //
 // Built on request only: cmake --build build --target micro_pipes && build/micro_pipes
-// x86-64 GCC or Clang (inline assembly); needs AVX512-BF16 and AVX512-VBMI at run time (it says so and exits
-// otherwise).
+// x86-64 GCC (inline assembly; the functions' target attributes allow zmm16-31 in the clobbers); needs AVX512-BF16
+// and AVX512-VBMI at run time (it says so and exits otherwise).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
