@@ -670,8 +670,9 @@ def describe_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
     device's compute capability, 'sm_90'), 'kernel' ('vector', 'vector (bf16 pairs)', 'amx', 'bf16 dot' or
     'reference'; on CUDA the GPU kernel, e.g. 'cudnn sdpa ...'), 'threads' (0 on CUDA) and 'workspace_bytes' (the
     scratch the call allocates beyond its inputs and outputs; on CUDA, device memory). The arguments are checked as
-    scaled_dot_product_attention checks them (the same errors); nothing is computed (an output of the result's size is allocated, unwritten, for the
-    library's checks; with dropout and seed=None no seed is drawn, as the seed changes nothing of the answer)."""
+    scaled_dot_product_attention checks them (the same errors); nothing is computed (an output of the result's size
+    is allocated, unwritten, for the library's checks; with dropout and seed=None no seed is drawn, as the seed
+    changes nothing of the answer)."""
     c = _check_call(query, key, value, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
                     scale=scale, window=window, return_lse=return_lse, softcap=softcap, alibi_slopes=alibi_slopes,
                     sinks=sinks, k_scale=k_scale, v_scale=v_scale, lens=kv_lens, dropout_p=dropout_p,
