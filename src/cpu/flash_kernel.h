@@ -196,8 +196,9 @@ ATTN_INLINE void prefetch_rows(const R* far, std::int64_t c, std::int64_t n, std
 // The scores of accumulators a0 .. a0+W-1 of a key group (accumulator a: key c + a / NL, lane a % NL; acc[a] holds
 // the lane sums of its dot product over the first d_end dims): their lanes summed by one transposing add tree
 // whose inputs are ordered so that lane a of its result is accumulator a0 + a, the last dk % W dims added one by
-// one, times mult, stored NS lanes at a time into st rows of BR.
-template <int NL, int NA, class R>
+// one, times mult, stored NS lanes at a time into st rows of kRow (BR: Sᵀ's rows; NL: packed, key c's lanes at
+// st + c·NL, for the packed decode step: rows_step_packed).
+template <int NL, int NA, std::int64_t kRow = BR, class R>
 inline void store_group_scores(const V* acc, int a0, const float* q, const R* k, std::int64_t dk,
                                std::int64_t d_end, std::int64_t c, float mult, float* st,
                                [[maybe_unused]] const float* kscale = nullptr) {
@@ -227,8 +228,12 @@ inline void store_group_scores(const V* acc, int a0, const float* q, const R* k,
     sum = Vec::mul(sum, f);
   }
 #endif
+  if constexpr (kRow == NL && NA % W == 0) {  // packed: accumulator a's score at st + c·NL + a
+    Vec::store(st + c * NL + a0, sum);
+    return;
+  }
   Vec::store(sums, sum);
-  for (int a = a0; a < a0 + W && a < NA; a += NS) std::memcpy(st + (c + a / NL) * BR + a % NL, sums + (a - a0), NS * sizeof(float));
+  for (int a = a0; a < a0 + W && a < NA; a += NS) std::memcpy(st + (c + a / NL) * kRow + a % NL, sums + (a - a0), NS * sizeof(float));
 }
 
 // 4-bit rows with fp32 products on AVX-512 and AVX2 (kQ4Split): each span of 2·W values (W bytes) is read as two
@@ -468,7 +473,7 @@ inline BH load_pairs(const std::int8_t* p) {  // values 0-15 from p, 16-31 from 
   return (BH)upper_halves(i8_as_f32(p), i8_as_f32(p + 16));
 }
 
-template <int NL, int KG, class T>
+template <int NL, int KG, std::int64_t kRow, class T>
 inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, const T* const* k,
                                      std::int64_t dk, std::int64_t c, std::int64_t cols, float mult, float* st,
                                      const T* const* pk, std::int64_t kstep, const float* kscale) {
@@ -483,22 +488,22 @@ inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, co
         const BH kv = load_pairs(k[c + g] + d);
         for (int r = 0; r < NL; ++r) acc[g * NL + r] = _mm512_dpbf16_ps(acc[g * NL + r], load_pairs(qb + r * dk + d), kv);
       }
-    for (int a0 = 0; a0 < NA; a0 += W) store_group_scores<NL, NA>(acc, a0, q, k, dk, d_end, c, mult, st, kscale);
+    for (int a0 = 0; a0 < NA; a0 += W) store_group_scores<NL, NA, kRow>(acc, a0, q, k, dk, d_end, c, mult, st, kscale);
   }
   return c;
 }
 
 // scores_rows for bf16 pairs (16 accumulators: W / NL keys x NL lanes, as the fp32 form's AVX-512 shape), from q's
 // rows as bf16 (qb, made once per block: start_pairs) and as fp32 (q, for the last dk % 32 dims); i8 rows' scales
-// (kscale; null for bf16 rows) multiply the scores as they are stored.
-template <int NL, class T>
+// (kscale; null for bf16 rows) multiply the scores as they are stored, in st rows of kRow (store_group_scores).
+template <int NL, std::int64_t kRow = BR, class T>
 inline void scores_rows_pairs(const float* q, const T* const* k, std::int64_t dk, std::int64_t cols,
                               float mult, float* st, const T* const* pk, const std::uint16_t* qb,
                               std::int64_t kstep, const float* kscale) {
   constexpr int KG = W / NL > 1 ? W / NL : 1;
-  std::int64_t c = score_keys_pairs<NL, KG>(qb, q, k, dk, 0, cols, mult, st, pk, kstep, kscale);
-  if constexpr (KG > 2) c = score_keys_pairs<NL, KG / 2>(qb, q, k, dk, c, cols, mult, st, pk, kstep, kscale);
-  if constexpr (KG > 1) score_keys_pairs<NL, 1>(qb, q, k, dk, c, cols, mult, st, pk, kstep, kscale);
+  std::int64_t c = score_keys_pairs<NL, KG, kRow>(qb, q, k, dk, 0, cols, mult, st, pk, kstep, kscale);
+  if constexpr (KG > 2) c = score_keys_pairs<NL, KG / 2, kRow>(qb, q, k, dk, c, cols, mult, st, pk, kstep, kscale);
+  if constexpr (KG > 1) score_keys_pairs<NL, 1, kRow>(qb, q, k, dk, c, cols, mult, st, pk, kstep, kscale);
 }
 
 // Unpacking rows a and b (32 dims each) by 16-bit words gives their key pairs for dims 0-3, 8-11, 16-19, 24-27 (lo)
@@ -518,16 +523,34 @@ inline void o_from_pair_order(V lo, V hi, V& x0, V& x1) {
 // core::from_float), as pairs pw[c/2][r] = (key c, key c + 1), an odd last key paired with 0: two rows of Pᵀ per
 // step (the scalar conversions took 9 % of bf16 decode's time).
 // i8 V rows' scales (vscale; null for bf16 rows) multiply row c before it is rounded (the bits scale_keys gives).
-template <int NL, bool kScaled>
+// Rows of kRow floats: BR, or NL where the packed decode step (rows_step_packed) keeps Pᵀ packed (then, for NL = 2
+// and 4, W / NL keys are rounded at once and paired by one in-lane byte shuffle; the rest two rows at a time).
+template <int NL, bool kScaled, std::int64_t kRow = BR>
 inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw, const float* vscale) {
   static_assert(NL <= 16, "a row of Pᵀ's lanes in one vector");
   constexpr __mmask16 kLanes = static_cast<__mmask16>((1u << NL) - 1);
   const auto bf16_lanes = [&](std::int64_t c) {  // row c's 16 lanes as bf16, zero-extended to 32 bits
-    V row = Vec::load(pt + c * BR);
+    V row = Vec::load(pt + c * kRow);
     if constexpr (kScaled) row = Vec::mul(row, Vec::set1(vscale[c]));
     return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(row));
   };
-  for (std::int64_t c = 0; c < cols; c += 2) {
+  std::int64_t c = 0;
+  if constexpr (kRow == NL && (NL == 2 || NL == 4)) {
+    constexpr int KPV = W / NL;  // keys per vector: lane i·NL + r is key c + i's lane r
+    // per 128-bit lane, words (key a's NL lanes, key b's) to pairs (a_r, b_r): NL = 4: words 0 4 1 5 2 6 3 7; NL = 2
+    // (two key pairs): 0 2 1 3 4 6 5 7
+    const __m256i to_pairs = NL == 4 ? _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15))
+                                     : _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
+    const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                  NL == 4 ? 2 : 1);
+    for (; c + KPV <= cols; c += KPV) {
+      V x = Vec::load(pt + c * NL);
+      if constexpr (kScaled) x = Vec::mul(x, _mm512_permutexvar_ps(key_of_lane, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(static_cast<__mmask8>((1u << KPV) - 1), vscale + c))));
+      const __m256i b = (__m256i)_mm512_cvtneps_pbh(x);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pw + (c / 2) * NL), _mm256_shuffle_epi8(b, to_pairs));
+    }
+  }
+  for (; c < cols; c += 2) {
     const __m512i hi = c + 1 < cols ? _mm512_slli_epi32(bf16_lanes(c + 1), 16) : _mm512_setzero_si512();
     _mm512_mask_storeu_epi32(pw + (c / 2) * NL, kLanes, _mm512_or_si512(bf16_lanes(c), hi));
   }
@@ -584,7 +607,7 @@ inline void start_pairs_q4(const float* q, int nl, std::int64_t dk, std::uint16_
 
 // score_keys_pairs for 4-bit K rows: per key and span, t = q_even·k_even + q_odd·k_odd in lanes (a block's 8
 // lanes each), then acc += t · (the span's block scales).
-template <int NL, int KG>
+template <int NL, int KG, std::int64_t kRow>
 inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::int64_t dk, std::int64_t c,
                                   std::int64_t cols, float mult, float* st, const Q4Row* pk, std::int64_t kstep) {
   constexpr int NA = KG * NL;
@@ -616,24 +639,24 @@ inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::
           acc[g * NL + r] = Vec::fmadd(t, scale, acc[g * NL + r]);
         }
       }
-    for (int a0 = 0; a0 < NA; a0 += W) store_group_scores<NL, NA>(acc, a0, nullptr, k, dk, dk, c, mult, st);
+    for (int a0 = 0; a0 < NA; a0 += W) store_group_scores<NL, NA, kRow>(acc, a0, nullptr, k, dk, dk, c, mult, st);
   }
   return c;
 }
 
-template <int NL>
+template <int NL, std::int64_t kRow = BR>
 inline void scores_rows_pairs(const float*, const Q4Row* k, std::int64_t dk, std::int64_t cols, float mult,
                               float* st, const Q4Row* pk, const std::uint16_t* qb, std::int64_t kstep, const float*) {
   constexpr int KG = W / NL > 1 ? W / NL : 1;
-  std::int64_t c = score_keys_q4<NL, KG>(qb, k, dk, 0, cols, mult, st, pk, kstep);
-  if constexpr (KG > 2) c = score_keys_q4<NL, KG / 2>(qb, k, dk, c, cols, mult, st, pk, kstep);
-  if constexpr (KG > 1) score_keys_q4<NL, 1>(qb, k, dk, c, cols, mult, st, pk, kstep);
+  std::int64_t c = score_keys_q4<NL, KG, kRow>(qb, k, dk, 0, cols, mult, st, pk, kstep);
+  if constexpr (KG > 2) c = score_keys_q4<NL, KG / 2, kRow>(qb, k, dk, c, cols, mult, st, pk, kstep);
+  if constexpr (KG > 1) score_keys_q4<NL, 1, kRow>(qb, k, dk, c, cols, mult, st, pk, kstep);
 }
 
 // The weights of 4-bit V rows: pw[c/2][b][r] = the pair (Pᵀ[c][r]·scale_c(b), Pᵀ[c+1][r]·scale_c+1(b)) rounded to
 // bf16, for the nb blocks b of a row (scales adjacent), 16 (block, lane) entries of a key at a time; an odd last key
-// paired with 0.
-template <int NL>
+// paired with 0. Rows of Pᵀ of kRow floats (weight_pairs).
+template <int NL, std::int64_t kRow = BR>
 inline void weight_pairs_q4(const float* pt, const Q4Row* vrows, std::int64_t cols, std::int64_t nb,
                             std::uint32_t* pw) {
   static_assert(16 % NL == 0, "whole blocks of lanes per vector");
@@ -646,8 +669,8 @@ inline void weight_pairs_q4(const float* pt, const Q4Row* vrows, std::int64_t co
   const std::int64_t n = nb * NL;  // entries per key
   for (std::int64_t c = 0; c < cols; c += 2) {
     const bool pair = c + 1 < cols;
-    const V p0 = _mm512_permutexvar_ps(of_lane, Vec::load(pt + c * BR));
-    const V p1 = pair ? _mm512_permutexvar_ps(of_lane, Vec::load(pt + (c + 1) * BR)) : Vec::zero();
+    const V p0 = _mm512_permutexvar_ps(of_lane, Vec::load(pt + c * kRow));
+    const V p1 = pair ? _mm512_permutexvar_ps(of_lane, Vec::load(pt + (c + 1) * kRow)) : Vec::zero();
     for (std::int64_t e = 0; e < n; e += 16) {
       const std::int64_t b0 = e / NL, blocks = std::min<std::int64_t>(BPV, nb - b0);
       const __mmask16 in_row = static_cast<__mmask16>((1u << blocks) - 1);
@@ -737,13 +760,19 @@ inline void pv_rows_pairs_step(const std::uint32_t* pw, std::int64_t pair_stride
     }
 }
 
-// pv_rows for bf16 pairs: the weights Pᵀ[c][r] as bf16 pairs, then 32·DB value dims at a time (NL·2·DB <= 16
-// accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
+// The tile's weights (Pᵀ in rows of kRow) as the bf16 pairs pv_rows_pairs reads: of bf16 and i8 rows (weight_pairs),
+// of 4-bit rows with their block scales (weight_pairs_q4, below).
+template <int NL, std::int64_t kRow, class T>
+inline void pair_weights(const float* pt, std::int64_t cols, const T* const*, std::int64_t, const float* vscale,
+                         std::uint32_t* pw) {
+  weight_pairs<NL, std::is_same_v<T, std::int8_t>, kRow>(pt, cols, pw, vscale);
+}
+
+// pv_rows for bf16 pairs, from the weights Pᵀ[c][r] as bf16 pairs (pair_weights): 32·DB value dims at a time
+// (NL·2·DB <= 16 accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
 template <int NL, class T>
-inline void pv_rows_pairs(const float* pt, const T* const* vrows, std::int64_t dv, std::int64_t cols,
-                          const float* alpha, float* o, std::uint32_t* pw, const T* zero, const T* const* pv,
-                          const float* vscale) {
-  weight_pairs<NL, std::is_same_v<T, std::int8_t>>(pt, cols, pw, vscale);
+inline void pv_rows_pairs(const std::uint32_t* pw, const T* const* vrows, std::int64_t dv, std::int64_t cols,
+                          const float* alpha, float* o, const T* zero, const T* const* pv) {
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
   std::int64_t d = 0;
   for (; d + 32 * DB <= dv; d += 32 * DB) pv_rows_pairs_step<NL, DB>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, d, pv);
@@ -758,13 +787,17 @@ inline void pv_rows_pairs(const float* pt, const T* const* vrows, std::int64_t d
     }
 }
 
-// pv_rows_pairs for 4-bit V rows (dv a multiple of 32): the weights with their blocks' scales (pw: cols / 2 · dv / 32
-// · NL pairs), then 32·DB value dims at a time (an odd last key paired with the tile's first row).
+// pv_rows_pairs for 4-bit V rows (dv a multiple of 32), from the weights with their blocks' scales (pw: cols / 2 ·
+// dv / 32 · NL pairs: pair_weights), 32·DB value dims at a time (an odd last key paired with the tile's first row).
+template <int NL, std::int64_t kRow>
+inline void pair_weights(const float* pt, std::int64_t cols, const Q4Row* vrows, std::int64_t dv, const float*,
+                         std::uint32_t* pw) {
+  weight_pairs_q4<NL, kRow>(pt, vrows, cols, dv / 32, pw);
+}
 template <int NL>
-inline void pv_rows_pairs(const float* pt, const Q4Row* vrows, std::int64_t dv, std::int64_t cols,
-                          const float* alpha, float* o, std::uint32_t* pw, const Q4Row* pv) {
+inline void pv_rows_pairs(const std::uint32_t* pw, const Q4Row* vrows, std::int64_t dv, std::int64_t cols,
+                          const float* alpha, float* o, const Q4Row* pv) {
   const std::int64_t nb = dv / 32;
-  weight_pairs_q4<NL>(pt, vrows, cols, nb, pw);
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
   std::int64_t d = 0;
   for (; d + 32 * DB <= dv; d += 32 * DB)
@@ -994,8 +1027,10 @@ ATTN_INLINE __m128 packed_piece(const float* st) {
   else return _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(st))),
                            reinterpret_cast<const __m64*>(st + BR));
 }
-template <int NL>
+// Rows k .. k + W/NL − 1 of Sᵀ (rows of kRow: BR, or NL where they are packed already) as one vector, and back.
+template <int NL, std::int64_t kRow = BR>
 ATTN_INLINE V load_packed(const float* st) {
+  if constexpr (kRow == NL) return Vec::load(st);
   constexpr int R = 4 / NL;  // rows per piece
   const V x = _mm512_insertf32x4(_mm512_castps128_ps512(packed_piece<NL>(st)), packed_piece<NL>(st + R * BR), 1);
   return _mm512_insertf32x4(_mm512_insertf32x4(x, packed_piece<NL>(st + 2 * R * BR), 2), packed_piece<NL>(st + 3 * R * BR), 3);
@@ -1005,8 +1040,9 @@ ATTN_INLINE void store_piece(float* st, __m128 piece) {
   if constexpr (NL == 4) _mm_storeu_ps(st, piece);
   else _mm_storel_pi(reinterpret_cast<__m64*>(st), piece), _mm_storeh_pi(reinterpret_cast<__m64*>(st + BR), piece);
 }
-template <int NL>
+template <int NL, std::int64_t kRow = BR>
 ATTN_INLINE void store_packed(float* st, V x) {
+  if constexpr (kRow == NL) return Vec::store(st, x);
   constexpr int R = 4 / NL;
   store_piece<NL>(st, _mm512_castps512_ps128(x));
   store_piece<NL>(st + R * BR, _mm512_extractf32x4_ps(x, 1));
@@ -1027,16 +1063,16 @@ ATTN_INLINE V repeat_lanes(V x) {
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   return _mm512_permutexvar_ps(_mm512_and_si512(lane, _mm512_set1_epi32(NL - 1)), x);
 }
-template <int NL>
+template <int NL, std::int64_t kRow = BR>
 inline void tile_max_packed(const float* st, std::int64_t cols, V* mx) {
   constexpr int KPV = W / NL;
   V packed = Vec::set1(core::kNegInf), rest = packed;
   std::int64_t k = 0;
-  for (; k + KPV <= cols; k += KPV) packed = Vec::max(packed, load_packed<NL>(st + k * BR));
-  for (; k < cols; ++k) rest = Vec::max(rest, Vec::load(st + k * BR));
+  for (; k + KPV <= cols; k += KPV) packed = Vec::max(packed, load_packed<NL, kRow>(st + k * kRow));
+  for (; k < cols; ++k) rest = Vec::max(rest, Vec::load(st + k * kRow));
   mx[0] = Vec::max(fold_packed<NL>(packed, [](V a, V b) { return Vec::max(a, b); }), rest);
 }
-template <int NL, bool Log2Units>
+template <int NL, bool Log2Units, std::int64_t kRow = BR>
 inline void softmax_step_packed(float* st, std::int64_t cols, const V* mx, float c_log2, float* m, float* l,
                                 float* alpha_out) {
   using State = core::OnlineSoftmax<VecLanes>;
@@ -1049,15 +1085,16 @@ inline void softmax_step_packed(float* st, std::int64_t cols, const V* mx, float
   V packed = Vec::zero(), sum = Vec::zero();
   std::int64_t k = 0;
   for (; k + KPV <= cols; k += KPV) {
-    const V s = load_packed<NL>(st + k * BR);
+    const V s = load_packed<NL, kRow>(st + k * kRow);
     const V pw = Log2Units ? State::weight_log2(s, origin_packed) : State::weight(s, origin_packed, c);
-    store_packed<NL>(st + k * BR, pw);
+    store_packed<NL, kRow>(st + k * kRow, pw);
     packed = Vec::add(packed, pw);
   }
-  for (; k < cols; ++k) {
-    const V s = Vec::load(st + k * BR);
+  for (; k < cols; ++k) {  // (packed rows: lanes past NL are the next keys', written again by their own step)
+    const V s = Vec::load(st + k * kRow);
     const V pw = Log2Units ? State::weight_log2(s, origin) : State::weight(s, origin, c);
-    Vec::store(st + k * BR, pw);
+    if constexpr (kRow == NL) _mm512_mask_storeu_ps(st + k * kRow, static_cast<__mmask16>((1u << NL) - 1), pw);
+    else Vec::store(st + k * kRow, pw);
     sum = Vec::add(sum, pw);
   }
   state.add(Vec::add(fold_packed<NL>(packed, [](V a, V b) { return Vec::add(a, b); }), sum));
@@ -1067,9 +1104,9 @@ inline void softmax_step_packed(float* st, std::int64_t cols, const V* mx, float
 #else
 template <int NL>
 inline constexpr bool kPackedRows = false;
-template <int NL>
+template <int NL, std::int64_t kRow = BR>
 inline void tile_max_packed(const float*, std::int64_t, V*) {}
-template <int NL, bool Log2Units>
+template <int NL, bool Log2Units, std::int64_t kRow = BR>
 inline void softmax_step_packed(float*, std::int64_t, const V*, float, float*, float*, float*) {}
 #endif
 
@@ -1138,6 +1175,58 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
   }
 }
 
+#if ATTN_VEC_BF16_DOT
+// Where a tile's weights go as bf16 pairs: 4-bit rows' (cols / 2 · Dv / 32 · NL) in the workspace's V tile, the
+// others' (BC / 2 · NL) in the caller's `own`.
+template <class R>
+inline std::uint32_t* pair_buffer(Workspace& ws, std::uint32_t* own) {
+  if constexpr (std::is_same_v<R, Q4Row>) return reinterpret_cast<std::uint32_t*>(ws.v.data());
+  else return own;
+}
+// O = α·O + P V on the pair products, from the weights as bf16 pairs (pair_weights); bf16 and i8 rows pair an odd
+// last key with the zero row start_pairs put in the V tile, 4-bit rows with the tile's first row.
+template <int NL, class R>
+inline void pv_pairs(const std::uint32_t* pw, const R* vrows, std::int64_t dv, std::int64_t cols, Workspace& ws,
+                     const R* v_far) {
+  if constexpr (std::is_same_v<R, Q4Row>)
+    pv_rows_pairs<NL>(pw, vrows, dv, cols, ws.alpha.data(), ws.o.data(), v_far);
+  else
+    pv_rows_pairs<NL>(pw, vrows, dv, cols, ws.alpha.data(), ws.o.data(),
+                      reinterpret_cast<std::remove_cv_t<std::remove_pointer_t<R>>*>(ws.v.data()), v_far);
+}
+
+// rows_step on the pair products for a GQA group of 2 or 4 lanes (kPackedRows), in a tile every lane sees whole,
+// with no per-score variant and no dropout: decode's common tile. Sᵀ stays packed, key c's NL lanes at sp[c·NL]
+// (1 KiB, where rows of BR spread them over 64 lines): the lane-summing tree's vector of W / NL keys is stored as
+// it is, and the max, the weights and their rounding to bf16 pairs read and write whole vectors of keys, with none
+// of the shuffles that packed and unpacked rows of BR. The same operations on the same values as rows_step: the
+// same bits. A tile whose scores need the wide step (needs_wide) unpacks Sᵀ into rows of BR and takes that step.
+template <int NL, class Variant, class R>
+void rows_step_packed(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
+                      const float* vscale, std::int64_t j0, std::int64_t cols, const Units& u, Workspace& ws,
+                      const R* k_far, const R* v_far) {
+  alignas(64) float sp[BC * NL + W];  // (+ W: a last key's load reads a vector)
+  alignas(64) std::uint32_t own[BC / 2 * NL];
+  std::uint32_t* pw = pair_buffer<R>(ws, own);
+  scores_rows_pairs<NL, NL>(ws.q.data(), krows, p.Dk, cols, u.dot, sp, k_far,
+                            reinterpret_cast<const std::uint16_t*>(ws.k.data()), ws.k_step, kscale);  // Sᵀ = K Qᵀ
+  Vec::store(sp + cols * NL, Vec::zero());
+  V mx;
+  tile_max_packed<NL, NL>(sp, cols, &mx);                                                         // tile max
+  if (needs_wide<1>(&mx, ws.m.data(), u, lanes.n)) {
+    for (std::int64_t c = 0; c < cols; ++c) std::memcpy(ws.st.data() + c * BR, sp + c * NL, NL * sizeof(float));
+    softmax_step_wide<Variant>(p, lanes, j0, cols, ws.q.data(), true, krows, kscale, u, ws.st.data(), ws.m.data(),
+                               ws.l.data(), ws.alpha.data());                                      // Pᵀ; m, l
+    pair_weights<NL, BR>(ws.st.data(), cols, vrows, p.Dv, vscale, pw);                            // P as bf16 pairs
+  } else {
+    if (u.c == 1.0f) softmax_step_packed<NL, true, NL>(sp, cols, &mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
+    else softmax_step_packed<NL, false, NL>(sp, cols, &mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());  // Pᵀ; m, l
+    pair_weights<NL, NL>(sp, cols, vrows, p.Dv, vscale, pw);                                      // P as bf16 pairs
+  }
+  pv_pairs<NL>(pw, vrows, p.Dv, cols, ws, v_far);                                                 // O = α·O + P V
+}
+#endif
+
 // One tile of a row-major (decode) block, from K and V rows of any storage type. Decode streams K and V
 // from memory once, so the score loop prefetches the K rows k_far[c] and the P·V loop the V rows v_far[c]
 // (StoredTile: 32 KiB of K rows after key c) into L2 (prefetch_rows). Issued all at once before the scores, the
@@ -1157,6 +1246,9 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
                const float* vscale, std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws,
                const R* k_far = nullptr, const R* v_far = nullptr) {
 #if ATTN_VEC_BF16_DOT
+  if constexpr (Pairs && kPackedRows<NL> && QV == 1)
+    if (interior && !Variant::kPerElement && !Variant::dropout(p))
+      return rows_step_packed<NL, Variant>(p, lanes, krows, vrows, kscale, vscale, j0, cols, u, ws, k_far, v_far);
   if constexpr (Pairs)
     scores_rows_pairs<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), k_far,
                           reinterpret_cast<const std::uint16_t*>(ws.k.data()), ws.k_step, kscale);  // Sᵀ = K Qᵀ
@@ -1175,14 +1267,11 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
   if (exact_pv)
     pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), vrows, ws.alpha.data(), ws.o.data(), 1, p.Dv);
 #if ATTN_VEC_BF16_DOT
-  else if constexpr (Pairs && std::is_same_v<R, Q4Row>) {  // (the weights with their block scales: ws.v)
-    pv_rows_pairs<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(),
-                      reinterpret_cast<std::uint32_t*>(ws.v.data()), v_far);                    // O = α·O + P V
-  } else if constexpr (Pairs) {
-    alignas(64) std::uint32_t pw[BC / 2 * NL];
-    const auto* zero = reinterpret_cast<std::remove_cv_t<std::remove_pointer_t<R>>*>(ws.v.data());
-    pv_rows_pairs<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(), pw, zero, v_far,
-                      vscale);                                                                  // O = α·O + P V
+  else if constexpr (Pairs) {
+    alignas(64) std::uint32_t own[BC / 2 * NL];
+    std::uint32_t* pw = pair_buffer<R>(ws, own);
+    pair_weights<NL, BR>(ws.st.data(), cols, vrows, p.Dv, vscale, pw);                        // P as bf16 pairs
+    pv_pairs<NL>(pw, vrows, p.Dv, cols, ws, v_far);                                            // O = α·O + P V
   }
 #endif
   else

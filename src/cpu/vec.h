@@ -57,7 +57,7 @@ struct Vec {
   // The sums of W vectors at once (a transposing add tree, W - 1 adds): lane p of the result is the sum of
   // all lanes of v[kSumOrder[p]]. v is overwritten.
   static constexpr int kSumOrder[W] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
-  static T sum_each(T* v) {
+  ATTN_INLINE static T sum_each(T* v) {
     for (int i = 0; i < 8; ++i)
       v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xEE));
     for (int i = 0; i < 4; ++i)
@@ -117,7 +117,7 @@ struct Vec {
     odd = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), s, bias);
   }
   static constexpr int kSumOrder[W] = {0, 2, 1, 3, 4, 6, 5, 7};
-  static T sum_each(T* v) {
+  ATTN_INLINE static T sum_each(T* v) {
     for (int i = 0; i < 4; ++i)
       v[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[i], v[i + 4], 0x20), _mm256_permute2f128_ps(v[i], v[i + 4], 0x31));
     for (int i = 0; i < 2; ++i)
@@ -180,7 +180,7 @@ struct Vec {
     return _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(_mm_unpacklo_epi8(x, x), _mm_unpacklo_epi8(x, x)), 24));
   }
   static constexpr int kSumOrder[W] = {0, 2, 1, 3};
-  static T sum_each(T* v) {
+  ATTN_INLINE static T sum_each(T* v) {
     for (int i = 0; i < 2; ++i)
       v[i] = _mm_add_ps(_mm_shuffle_ps(v[i], v[i + 2], 0x44), _mm_shuffle_ps(v[i], v[i + 2], 0xEE));
     return _mm_add_ps(_mm_shuffle_ps(v[0], v[1], 0x88), _mm_shuffle_ps(v[0], v[1], 0xDD));
