@@ -1,0 +1,115 @@
+// The bits of the decode kernels, hashed: one line per configuration (its name and an FNV-1a hash of its bf16
+// output and fp32 LSE), then one hash over all of them. For a change meant to move no result bit (a reordering of
+// the kernel's memory, not of its arithmetic): build this at the commit before and after, run both on the same
+// machine, and compare (`diff`); the registry's tolerance tests say whether a result is right, this says whether
+// it is the same. Inputs are seeded, so a run is repeatable; the configurations are those the decode kernels treat
+// differently: bf16 Q over bf16, 8-bit and 4-bit K/V; GQA groups of 2, 4 and 8; 1-3 queries per head; key counts
+// of 1, 7, one tile, 113, 203 and 1,000; head dims 64, 96, 128 and MLA's 576/512; scores in log2 units, not in
+// them (scale 2), in the wide band (inputs ×40), padded (kv_lens) and causal; 1 and 2 threads.
+//
+//   cmake --build build --target micro_decode_bits && build/micro_decode_bits > bits.txt
+#include <attn/sdpa.h>
+#include <attn/tensor.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+std::uint16_t to_bf16(float x) {  // round to nearest even (inputs are finite)
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7FFF + ((u >> 16) & 1);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+constexpr std::uint64_t kFnvBasis = 1469598103934665603ull;
+
+}  // namespace
+
+int main() {
+  using namespace attn;
+  std::mt19937 rng(12345);
+  std::normal_distribution<float> normal(0, 1);
+  std::uint64_t total = kFnvBasis;
+  int cases = 0, failed = 0;
+  const char* names[3] = {"bf16", "i8", "i4"};
+  for (int kind = 0; kind < 3; ++kind)
+    for (int group : {4, 2, 8})
+      for (long sq : {1L, 2L, 3L})
+        for (long skv : {1L, 7L, 64L, 113L, 203L, 1000L})
+          for (long dk : {128L, 64L, 96L, 576L})
+            for (int variant = 0; variant < 6; ++variant) {
+              const long dv = dk == 576 ? 512 : dk, B = 2, Hkv = 2, Hq = Hkv * group;
+              const float mag = variant == 3 ? 40.0f : 1.0f;  // variant 3: scores in the wide band
+              const DType kv_dtype = kind == 0 ? DType::bf16 : kind == 1 ? DType::i8 : DType::i4;
+              std::vector<std::uint16_t> q(B * Hq * sq * dk);
+              for (auto& x : q) x = to_bf16(normal(rng) * mag);
+              // K or V rows of `dim` values (bytes) and, for i8 and i4, their scales (one per row, or per 32 values)
+              const auto fill = [&](std::vector<unsigned char>& t, std::vector<float>& scales, long dim) {
+                const long n = B * Hkv * skv * dim;
+                if (kind == 0) {
+                  t.resize(n * 2);
+                  auto* p = reinterpret_cast<std::uint16_t*>(t.data());
+                  for (long i = 0; i < n; ++i) p[i] = to_bf16(normal(rng) * mag);
+                } else if (kind == 1) {
+                  t.resize(n);
+                  for (auto& x : t) x = static_cast<unsigned char>(static_cast<signed char>(int(rng() % 255) - 127));
+                  scales.resize(B * Hkv * skv);
+                  for (auto& s : scales) s = mag * (0.005f + 0.01f * (rng() % 100) / 100.0f);
+                } else {
+                  t.resize(n / 2);
+                  for (auto& x : t) x = static_cast<unsigned char>(rng() & 0xFF);
+                  scales.resize(B * Hkv * skv * ((dim + 31) / 32));
+                  for (auto& s : scales) s = mag * (0.1f + 0.2f * (rng() % 100) / 100.0f);
+                }
+              };
+              std::vector<unsigned char> k, v;
+              std::vector<float> k_scale, v_scale;
+              fill(k, k_scale, dk);
+              fill(v, v_scale, dv);
+              std::vector<std::uint16_t> out(B * Hq * sq * dv, 0x7FC0);  // NaN: an unwritten element shows
+              std::vector<float> lse(B * Hq * sq, NAN);
+              std::vector<std::int32_t> lens = {int(skv), int(std::max(1L, skv - 5))};
+              Params p;
+              p.threads = variant % 2 + 1;
+              if (variant == 2) p.scale = 2.0;  // not log2 units
+              if (variant == 4) p.kv_lens = TensorView::contiguous(lens.data(), DType::i32, {B});
+              if (variant == 5) p.causal = Causal::bottom_right;
+              if (kind == 1) {
+                p.k_scale = TensorView::contiguous(k_scale.data(), DType::f32, {B, Hkv, skv});
+                p.v_scale = TensorView::contiguous(v_scale.data(), DType::f32, {B, Hkv, skv});
+              } else if (kind == 2) {
+                p.k_scale = TensorView::contiguous(k_scale.data(), DType::f32, {B, Hkv, skv, (dk + 31) / 32});
+                p.v_scale = TensorView::contiguous(v_scale.data(), DType::f32, {B, Hkv, skv, (dv + 31) / 32});
+              }
+              const Status st = attention(TensorView::contiguous(q.data(), DType::bf16, {B, Hq, sq, dk}),
+                                          TensorView::contiguous(k.data(), kv_dtype, {B, Hkv, skv, dk}),
+                                          TensorView::contiguous(v.data(), kv_dtype, {B, Hkv, skv, dv}),
+                                          TensorView::contiguous(out.data(), DType::bf16, {B, Hq, sq, dv}), p,
+                                          TensorView::contiguous(lse.data(), DType::f32, {B, Hq, sq}));
+              std::printf("%s group %d sq %ld skv %ld dk %ld variant %d ", names[kind], group, sq, skv, dk, variant);
+              if (!st.ok()) {
+                std::printf("error: %s\n", st.message().c_str());
+                ++failed;
+                continue;
+              }
+              const std::uint64_t h = fnv1a(lse.data(), lse.size() * 4, fnv1a(out.data(), out.size() * 2, kFnvBasis));
+              std::printf("%016llx\n", static_cast<unsigned long long>(h));
+              total = fnv1a(&h, sizeof h, total);
+              ++cases;
+            }
+  std::printf("cases %d, errors %d, all %016llx\n", cases, failed, static_cast<unsigned long long>(total));
+  return failed ? 1 : 0;
+}
