@@ -539,13 +539,16 @@ inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw, 
     constexpr int KPV = W / NL;  // keys per vector: lane i·NL + r is key c + i's lane r
     // per 128-bit lane, words (key a's NL lanes, key b's) to pairs (a_r, b_r): NL = 4: words 0 4 1 5 2 6 3 7; NL = 2
     // (two key pairs): 0 2 1 3 4 6 5 7
-    const __m256i to_pairs = NL == 4 ? _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15))
-                                     : _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
+    const __m128i lane_order = NL == 4 ? _mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
+                                       : _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    const __m256i to_pairs = _mm256_broadcastsi128_si256(lane_order);
     const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                   NL == 4 ? 2 : 1);
+    constexpr __mmask8 kKeys = static_cast<__mmask8>((1u << KPV) - 1);
     for (; c + KPV <= cols; c += KPV) {
       V x = Vec::load(pt + c * NL);
-      if constexpr (kScaled) x = Vec::mul(x, _mm512_permutexvar_ps(key_of_lane, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(static_cast<__mmask8>((1u << KPV) - 1), vscale + c))));
+      if constexpr (kScaled)  // lane i·NL + r times key c + i's scale
+        x = Vec::mul(x, _mm512_permutexvar_ps(key_of_lane, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(kKeys, vscale + c))));
       const __m256i b = (__m256i)_mm512_cvtneps_pbh(x);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pw + (c / 2) * NL), _mm256_shuffle_epi8(b, to_pairs));
     }
@@ -787,13 +790,14 @@ inline void pv_rows_pairs(const std::uint32_t* pw, const T* const* vrows, std::i
     }
 }
 
-// pv_rows_pairs for 4-bit V rows (dv a multiple of 32), from the weights with their blocks' scales (pw: cols / 2 ·
-// dv / 32 · NL pairs: pair_weights), 32·DB value dims at a time (an odd last key paired with the tile's first row).
+// pair_weights for 4-bit V rows: the weights with their blocks' scales (cols / 2 · dv / 32 · NL pairs).
 template <int NL, std::int64_t kRow>
 inline void pair_weights(const float* pt, std::int64_t cols, const Q4Row* vrows, std::int64_t dv, const float*,
                          std::uint32_t* pw) {
   weight_pairs_q4<NL, kRow>(pt, vrows, cols, dv / 32, pw);
 }
+// pv_rows_pairs for 4-bit V rows (dv a multiple of 32), from those weights (pw), 32·DB value dims at a time (an odd
+// last key paired with the tile's first row).
 template <int NL>
 inline void pv_rows_pairs(const std::uint32_t* pw, const Q4Row* vrows, std::int64_t dv, std::int64_t cols,
                           const float* alpha, float* o, const Q4Row* pv) {
@@ -1219,8 +1223,10 @@ void rows_step_packed(const core::Problem& p, const Lanes& lanes, const R* krows
                                ws.l.data(), ws.alpha.data());                                      // Pᵀ; m, l
     pair_weights<NL, BR>(ws.st.data(), cols, vrows, p.Dv, vscale, pw);                            // P as bf16 pairs
   } else {
-    if (u.c == 1.0f) softmax_step_packed<NL, true, NL>(sp, cols, &mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
-    else softmax_step_packed<NL, false, NL>(sp, cols, &mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());  // Pᵀ; m, l
+    if (u.c == 1.0f)
+      softmax_step_packed<NL, true, NL>(sp, cols, &mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());  // Pᵀ; m, l
+    else
+      softmax_step_packed<NL, false, NL>(sp, cols, &mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
     pair_weights<NL, NL>(sp, cols, vrows, p.Dv, vscale, pw);                                      // P as bf16 pairs
   }
   pv_pairs<NL>(pw, vrows, p.Dv, cols, ws, v_far);                                                 // O = α·O + P V
