@@ -301,10 +301,10 @@ inline void q4_split_rows(const float* q, int nl, std::int64_t dk, float* qs) {
   }
 }
 
-// Sᵀ[c][r] = q_r · k_c for KG keys c at a time and lanes r < NL (q rows [NL][dk], st rows of BR): per group, its
+// Sᵀ[c][r] = q_r · k_c for KG keys c at a time and lanes r < NL (q rows [NL][dk], st rows of kRow): per group, its
 // rows prefetched, then KG·NL dot-product vectors over whole vectors of d (one widened key vector feeds NL FMAs),
 // then their scores stored. Returns the first key not done (cols less the last cols % KG).
-template <int NL, int KG, class R>
+template <int NL, int KG, std::int64_t kRow = BR, class R>
 inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std::int64_t c, std::int64_t cols,
                                float mult, float* st, const R* pk, std::int64_t kstep) {
   constexpr int NA = KG * NL;
@@ -330,7 +330,7 @@ inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std:
         const V kv = load_as_float(k[c + g] + d);
         for (int r = 0; r < NL; ++r) acc[g * NL + r] = Vec::fmadd(Vec::load(q + r * dk + d), kv, acc[g * NL + r]);
       }
-    for (int a0 = 0; a0 < NA; a0 += W) store_group_scores<NL, NA>(acc, a0, q, k, dk, d_end, c, mult, st);
+    for (int a0 = 0; a0 < NA; a0 += W) store_group_scores<NL, NA, kRow>(acc, a0, q, k, dk, d_end, c, mult, st);
   }
   return c;
 }
@@ -342,8 +342,9 @@ inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std:
 // micro-benchmark, and 2 passes of 4 lanes ran 8 lanes 1.7x as fast as 1 key x 8 lanes; D2 and D3 decode from
 // bf16 and int8 caches ran 5-35 % faster. f32 rows keep W / NL keys x NL lanes (8 accumulators): with 4-byte
 // values a step's rows are twice the bytes, decode from them is bound by memory alone, and the larger groups
-// measured slower on D1 and D3. The last cols % KG keys take groups of KG / 2 keys, then single keys.
-template <int NL, class R>
+// measured slower on D1 and D3. The last cols % KG keys take groups of KG / 2 keys, then single keys. st rows of kRow
+// (BR; NL where the packed decode step keeps Sᵀ packed: rows_step_packed).
+template <int NL, std::int64_t kRow = BR, class R>
 inline void scores_rows(const float* q, const R* k, std::int64_t dk, std::int64_t cols, float mult, float* st,
                         const R* pk = nullptr, std::int64_t kstep = 64) {
   constexpr bool wide = W == 16 || std::is_same_v<R, const float*>;  // the W / NL x NL form
@@ -352,15 +353,15 @@ inline void scores_rows(const float* q, const R* k, std::int64_t dk, std::int64_
     const float* qs = q + r0 * dk;
     float* ss = st + r0;
     const R* pks = r0 == 0 ? pk : nullptr;
-    std::int64_t c = score_keys<NS, KG>(qs, k, dk, 0, cols, mult, ss, pks, kstep);
-    if constexpr (KG > 2) c = score_keys<NS, KG / 2>(qs, k, dk, c, cols, mult, ss, pks, kstep);
-    if constexpr (KG > 1) score_keys<NS, 1>(qs, k, dk, c, cols, mult, ss, pks, kstep);
+    std::int64_t c = score_keys<NS, KG, kRow>(qs, k, dk, 0, cols, mult, ss, pks, kstep);
+    if constexpr (KG > 2) c = score_keys<NS, KG / 2, kRow>(qs, k, dk, c, cols, mult, ss, pks, kstep);
+    if constexpr (KG > 1) score_keys<NS, 1, kRow>(qs, k, dk, c, cols, mult, ss, pks, kstep);
   }
 }
 
-// o_r = α_r·o_r + Σ_c Pᵀ[c][r] v_c for lanes r < NL (o rows [BR][dv]), DB vectors of value dims at a time
-// (NL·DB accumulators: enough independent FMA chains to hide their latency).
-template <int NL, int DB, class R>
+// o_r = α_r·o_r + Σ_c Pᵀ[c][r] v_c for lanes r < NL (o rows [BR][dv]; Pᵀ rows of kRow), DB vectors of value dims
+// at a time (NL·DB accumulators: enough independent FMA chains to hide their latency).
+template <int NL, int DB, std::int64_t kRow, class R>
 inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::int64_t cols,
                          const float* alpha, float* o, std::int64_t d, const R* pv = nullptr) {
   // kQ4Split (d a multiple of 2·W here): vectors e, e + 1 (e even) hold a span's even dims, then its odd ones
@@ -386,7 +387,7 @@ inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::
     else
       for (int e = 0; e < DB; ++e) vv[e] = load_as_float(vrows[c] + d + e * W);
     for (int r = 0; r < NL; ++r) {
-      const V pw = Vec::set1(pt[c * BR + r]);
+      const V pw = Vec::set1(pt[c * kRow + r]);
       for (int e = 0; e < DB; ++e) acc[r][e] = Vec::fmadd(pw, vv[e], acc[r][e]);
     }
   }
@@ -397,26 +398,26 @@ inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::
     for (int e = 0; e < DB; ++e) Vec::store(o + r * dv + d + e * W, acc[r][e]);
 }
 
-template <int NL, int DB, class R>
+template <int NL, int DB, std::int64_t kRow, class R>
 inline std::int64_t pv_rows_steps(const float* pt, const R* vrows, std::int64_t dv, std::int64_t cols,
                                   const float* alpha, float* o, std::int64_t d, const R* pv) {
-  for (; d + DB * W <= dv; d += DB * W) pv_rows_step<NL, DB>(pt, vrows, dv, cols, alpha, o, d, pv);
-  if constexpr (DB > 1) return pv_rows_steps<NL, DB / 2>(pt, vrows, dv, cols, alpha, o, d, pv);
+  for (; d + DB * W <= dv; d += DB * W) pv_rows_step<NL, DB, kRow>(pt, vrows, dv, cols, alpha, o, d, pv);
+  if constexpr (DB > 1) return pv_rows_steps<NL, DB / 2, kRow>(pt, vrows, dv, cols, alpha, o, d, pv);
   else return d;
 }
 
-// pv: the V rows far ahead (prefetch_rows), each step prefetching its own dims of them.
-template <int NL, class R>
+// pv: the V rows far ahead (prefetch_rows), each step prefetching its own dims of them. Pᵀ rows of kRow.
+template <int NL, std::int64_t kRow = BR, class R>
 inline void pv_rows(const float* pt, const R* vrows, std::int64_t dv, std::int64_t cols, const float* alpha,
                     float* o, const R* pv = nullptr) {
   // NL·DB accumulators, DB value vectors and a broadcast weight in registers: 16 accumulators with AVX-512's 32
   // registers, 8 with the 16 of AVX2 and SSE2 (16 there spilled to the stack: measured on D2).
   // The dims a step of DB vectors leaves take steps of DB / 2, DB / 4, .. 1 (each dim's sum is the same whichever).
   constexpr int kAcc = W == 16 ? 16 : 8, DB = NL >= kAcc ? 1 : kAcc / NL;
-  for (std::int64_t d = pv_rows_steps<NL, DB>(pt, vrows, dv, cols, alpha, o, 0, pv); d < dv; ++d)
+  for (std::int64_t d = pv_rows_steps<NL, DB, kRow>(pt, vrows, dv, cols, alpha, o, 0, pv); d < dv; ++d)
     for (int r = 0; r < NL; ++r) {
       float acc = o[r * dv + d] * alpha[r];
-      for (std::int64_t c = 0; c < cols; ++c) acc += pt[c * BR + r] * core::to_float(vrows[c][d]);
+      for (std::int64_t c = 0; c < cols; ++c) acc += pt[c * kRow + r] * core::to_float(vrows[c][d]);
       o[r * dv + d] = acc;
     }
 }
@@ -1178,6 +1179,23 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
     for (int r = 0; r < NL; r += W) Vec::store(st + c * BR + r, Vec::mul(Vec::load(st + c * BR + r), fc));
   }
 }
+#if defined(ATTN_VEC_AVX512)
+// The same for Sᵀ packed (rows of NL = 2 or 4: rows_step_packed), W / NL keys a vector, each lane i·NL + r times
+// key c + i's factor (the same products).
+template <int NL>
+inline void scale_keys_packed(float* st, const float* f, std::int64_t cols) {
+  constexpr int KPV = W / NL;
+  constexpr __mmask16 kKeys = static_cast<__mmask16>((1u << KPV) - 1), kLanes = static_cast<__mmask16>((1u << NL) - 1);
+  const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                NL == 4 ? 2 : 1);
+  std::int64_t c = 0;
+  for (; c + KPV <= cols; c += KPV)
+    Vec::store(st + c * NL, Vec::mul(Vec::load(st + c * NL),
+                                     _mm512_permutexvar_ps(key_of_lane, _mm512_maskz_loadu_ps(kKeys, f + c))));
+  for (; c < cols; ++c)
+    _mm512_mask_storeu_ps(st + c * NL, kLanes, Vec::mul(Vec::load(st + c * NL), Vec::set1(f[c])));
+}
+#endif
 
 #if ATTN_VEC_BF16_DOT
 // Where a tile's weights go as bf16 pairs: 4-bit rows' (cols / 2 · Dv / 32 · NL) in the workspace's V tile, the
@@ -1198,38 +1216,68 @@ inline void pv_pairs(const std::uint32_t* pw, const R* vrows, std::int64_t dv, s
     pv_rows_pairs<NL>(pw, vrows, dv, cols, ws.alpha.data(), ws.o.data(),
                       reinterpret_cast<std::remove_cv_t<std::remove_pointer_t<R>>*>(ws.v.data()), v_far);
 }
+#endif
 
-// rows_step on the pair products for a GQA group of 2 or 4 lanes (kPackedRows), in a tile every lane sees whole,
-// with no per-score variant and no dropout: decode's common tile. Sᵀ stays packed, key c's NL lanes at sp[c·NL]
-// (1 KiB, where rows of BR spread them over 64 lines): the lane-summing tree's vector of W / NL keys is stored as
-// it is, and the max, the weights and their rounding to bf16 pairs read and write whole vectors of keys, with none
-// of the shuffles that packed and unpacked rows of BR. The same operations on the same values as rows_step: the
-// same bits. A tile whose scores need the wide step (needs_wide) unpacks Sᵀ into rows of BR and takes that step.
-template <int NL, class Variant, class R>
+#if defined(ATTN_VEC_AVX512)
+// O = α·O + P V from the tile's weights Pᵀ (rows of kRow: BR, or NL packed): on the pair products from the weights
+// as bf16 pairs (Pairs), else by fp32 FMAs after i8 V rows' scales have multiplied the weights.
+template <int NL, bool Pairs, std::int64_t kRow, class R>
+inline void values_packed(float* pt, const R* vrows, const float* vscale, std::int64_t dv, std::int64_t cols,
+                          Workspace& ws, const R* v_far) {
+#if ATTN_VEC_BF16_DOT
+  if constexpr (Pairs) {
+    alignas(64) std::uint32_t own[BC / 2 * NL];
+    std::uint32_t* pw = pair_buffer<R>(ws, own);
+    pair_weights<NL, kRow>(pt, cols, vrows, dv, vscale, pw);                                       // P as bf16 pairs
+    pv_pairs<NL>(pw, vrows, dv, cols, ws, v_far);                                                  // O = α·O + P V
+  } else
+#endif
+  {
+    if constexpr (kRow == NL) {
+      if (vscale) scale_keys_packed<NL>(pt, vscale, cols);                                         // i8 V scales
+    } else if (vscale) {
+      scale_keys<NL>(pt, vscale, cols);
+    }
+    pv_rows<NL, kRow>(pt, vrows, dv, cols, ws.alpha.data(), ws.o.data(), v_far);                   // O = α·O + P V
+  }
+}
+
+// rows_step for a GQA group of 2 or 4 lanes on AVX-512 (kPackedRows), in a tile every lane sees whole, with no
+// per-score variant and no dropout: decode's common tile, on the pair products (Pairs) or fp32 FMAs. Sᵀ stays
+// packed, key c's NL lanes at sp[c·NL] (1 KiB, where rows of BR spread them over 64 lines): the lane-summing tree's
+// vector of W / NL keys is stored as it is, and the scales, the max, the weights and (on the pair products) their
+// rounding to bf16 pairs read and write whole vectors of keys, with none of the shuffles that packed and unpacked
+// rows of BR. The same operations on the same values as rows_step: the same bits. A tile whose scores need the wide
+// step (needs_wide) unpacks Sᵀ into rows of BR and takes that step.
+template <int NL, class Variant, bool Pairs, class R>
 void rows_step_packed(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
                       const float* vscale, std::int64_t j0, std::int64_t cols, const Units& u, Workspace& ws,
                       const R* k_far, const R* v_far) {
   alignas(64) float sp[BC * NL + W];  // (+ W: a last key's load reads a vector)
-  alignas(64) std::uint32_t own[BC / 2 * NL];
-  std::uint32_t* pw = pair_buffer<R>(ws, own);
-  scores_rows_pairs<NL, NL>(ws.q.data(), krows, p.Dk, cols, u.dot, sp, k_far,
-                            reinterpret_cast<const std::uint16_t*>(ws.k.data()), ws.k_step, kscale);  // Sᵀ = K Qᵀ
+#if ATTN_VEC_BF16_DOT
+  if constexpr (Pairs)
+    scores_rows_pairs<NL, NL>(ws.q.data(), krows, p.Dk, cols, u.dot, sp, k_far,
+                              reinterpret_cast<const std::uint16_t*>(ws.k.data()), ws.k_step, kscale);  // Sᵀ = K Qᵀ
+  else
+#endif
+    scores_rows<NL, NL>(kQ4Split<R> ? ws.k.data() : ws.q.data(), krows, p.Dk, cols, u.dot, sp, k_far,
+                        ws.k_step);                                                                     // Sᵀ = K Qᵀ
   Vec::store(sp + cols * NL, Vec::zero());
+  if (!Pairs && kscale) scale_keys_packed<NL>(sp, kscale, cols);                                  // i8 K scales
   V mx;
   tile_max_packed<NL, NL>(sp, cols, &mx);                                                         // tile max
   if (needs_wide<1>(&mx, ws.m.data(), u, lanes.n)) {
     for (std::int64_t c = 0; c < cols; ++c) std::memcpy(ws.st.data() + c * BR, sp + c * NL, NL * sizeof(float));
     softmax_step_wide<Variant>(p, lanes, j0, cols, ws.q.data(), true, krows, kscale, u, ws.st.data(), ws.m.data(),
                                ws.l.data(), ws.alpha.data());                                      // Pᵀ; m, l
-    pair_weights<NL, BR>(ws.st.data(), cols, vrows, p.Dv, vscale, pw);                            // P as bf16 pairs
+    values_packed<NL, Pairs, BR>(ws.st.data(), vrows, vscale, p.Dv, cols, ws, v_far);             // O = α·O + P V
   } else {
     if (u.c == 1.0f)
       softmax_step_packed<NL, true, NL>(sp, cols, &mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());  // Pᵀ; m, l
     else
       softmax_step_packed<NL, false, NL>(sp, cols, &mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
-    pair_weights<NL, NL>(sp, cols, vrows, p.Dv, vscale, pw);                                      // P as bf16 pairs
+    values_packed<NL, Pairs, NL>(sp, vrows, vscale, p.Dv, cols, ws, v_far);                       // O = α·O + P V
   }
-  pv_pairs<NL>(pw, vrows, p.Dv, cols, ws, v_far);                                                 // O = α·O + P V
 }
 #endif
 
@@ -1251,10 +1299,13 @@ template <int QV, int NL, class Variant, bool Pairs = false, class R>
 void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
                const float* vscale, std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws,
                const R* k_far = nullptr, const R* v_far = nullptr) {
-#if ATTN_VEC_BF16_DOT
-  if constexpr (Pairs && kPackedRows<NL> && QV == 1)
+#if defined(ATTN_VEC_AVX512)
+  if constexpr (kPackedRows<NL> && QV == 1)
     if (interior && !Variant::kPerElement && !Variant::dropout(p))
-      return rows_step_packed<NL, Variant>(p, lanes, krows, vrows, kscale, vscale, j0, cols, u, ws, k_far, v_far);
+      return rows_step_packed<NL, Variant, Pairs>(p, lanes, krows, vrows, kscale, vscale, j0, cols, u, ws, k_far,
+                                                  v_far);
+#endif
+#if ATTN_VEC_BF16_DOT
   if constexpr (Pairs)
     scores_rows_pairs<NL>(ws.q.data(), krows, p.Dk, cols, u.dot, ws.st.data(), k_far,
                           reinterpret_cast<const std::uint16_t*>(ws.k.data()), ws.k_step, kscale);  // Sᵀ = K Qᵀ
