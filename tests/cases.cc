@@ -141,6 +141,7 @@ std::vector<Case> registry() {
   add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 113, .Skv = 203, .Dk = 64, .Dv = 64, .causal = Causal::top_left,
        .mask = MaskCase::additive_full, .amplitude = 30, .scale = 1.0});
   add({.B = 1, .Hq = 1, .Hkv = 1, .Sq = 203, .Skv = 203, .Dk = 128, .Dv = 128, .amplitude = 30, .scale = 1.0});
+  add({.B = 1, .Hq = 8, .Hkv = 1, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 64, .amplitude = 30, .scale = 1.0});
   // Long dot products of large terms (the two near-misses of the tolerance rule, issue 28): scores of tens from
   // Dk = 256 terms of up to 64 each (scale 0.21, a float mask, key lengths, more queries than keys bottom-right),
   // and scale 19.2 on Dk = 64 with bf16 K/V and dropout 0.9 (each kept weight x10). A score's fp32 rounding grows
@@ -286,6 +287,11 @@ std::vector<Case> registry() {
        .dtype = DType::bf16, .kv_dtype = DType::i8, .softcap = 5.0, .alibi = 2, .sinks = true, .dropout = 0.2});
   add({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 64, .dtype = DType::bf16, .kv_dtype = DType::i8,
        .amplitude = 30, .scale = 1.0});
+  // a GQA group of 8 (its scores packed 2 keys to a vector on AVX-512) in the wide band, and over several tiles
+  add({.B = 1, .Hq = 8, .Hkv = 1, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 64, .dtype = DType::bf16, .kv_dtype = DType::i8,
+       .amplitude = 30, .scale = 1.0});
+  add({.B = 2, .Hq = 16, .Hkv = 2, .Sq = 1, .Skv = 1000, .Dk = 128, .Dv = 128, .kv_lens = true, .dtype = DType::bf16,
+       .kv_dtype = DType::i8});
   add({.B = 2, .Hq = 8, .Hkv = 1, .Sq = 2, .Skv = 1, .Dk = 128, .Dv = 96, .kv_lens = true, .dtype = DType::bf16,
        .kv_dtype = DType::i8});
   // 4-bit K/V (i4 values, a scale per block of 32 values of a row): prefill and decode, GQA, split-KV, paged pools,
@@ -323,6 +329,8 @@ std::vector<Case> registry() {
   add({.B = 2, .Hq = 4, .Hkv = 1, .Sq = 2, .Skv = 7, .Dk = 32, .Dv = 32, .causal = Causal::bottom_right,
        .dtype = DType::bf16, .kv_dtype = DType::i4});
   add({.B = 1, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 128, .dtype = DType::bf16,
+       .kv_dtype = DType::i4, .amplitude = 30, .scale = 1.0});
+  add({.B = 1, .Hq = 8, .Hkv = 1, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 128, .dtype = DType::bf16,
        .kv_dtype = DType::i4, .amplitude = 30, .scale = 1.0});
   add({.B = 2, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 1, .Dk = 128, .Dv = 96, .kv_lens = true, .dtype = DType::bf16,
        .kv_dtype = DType::i4});

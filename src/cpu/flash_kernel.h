@@ -524,8 +524,8 @@ inline void o_from_pair_order(V lo, V hi, V& x0, V& x1) {
 // core::from_float), as pairs pw[c/2][r] = (key c, key c + 1), an odd last key paired with 0: two rows of Pᵀ per
 // step (the scalar conversions took 9 % of bf16 decode's time).
 // i8 V rows' scales (vscale; null for bf16 rows) multiply row c before it is rounded (the bits scale_keys gives).
-// Rows of kRow floats: BR, or NL where the packed decode step (rows_step_packed) keeps Pᵀ packed (then, for NL = 2
-// and 4, W / NL keys are rounded at once and paired by one in-lane byte shuffle; the rest two rows at a time).
+// Rows of kRow floats: BR, or NL where the packed decode step (rows_step_packed) keeps Pᵀ packed (then W / NL keys
+// are rounded at once and paired by one byte shuffle or word permute; the rest two rows at a time).
 template <int NL, bool kScaled, std::int64_t kRow = BR>
 inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw, const float* vscale) {
   static_assert(NL <= 16, "a row of Pᵀ's lanes in one vector");
@@ -536,22 +536,25 @@ inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw, 
     return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(row));
   };
   std::int64_t c = 0;
-  if constexpr (kRow == NL && (NL == 2 || NL == 4)) {
+  if constexpr (kRow == NL && (NL == 2 || NL == 4 || NL == 8)) {
     constexpr int KPV = W / NL;  // keys per vector: lane i·NL + r is key c + i's lane r
-    // per 128-bit lane, words (key a's NL lanes, key b's) to pairs (a_r, b_r): NL = 4: words 0 4 1 5 2 6 3 7; NL = 2
-    // (two key pairs): 0 2 1 3 4 6 5 7
+    // bf16 words (key a's NL lanes, then key b's) to pairs (a_r, b_r): per 128-bit lane for NL = 4 (words 0 4 1 5
+    // 2 6 3 7) and NL = 2 (two key pairs: 0 2 1 3 4 6 5 7), across the two for NL = 8 (one word permute)
     const __m128i lane_order = NL == 4 ? _mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
                                        : _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
-    const __m256i to_pairs = _mm256_broadcastsi128_si256(lane_order);
+    const __m256i in_lanes = _mm256_broadcastsi128_si256(lane_order);
+    const __m256i across = _mm256_setr_epi16(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    const auto to_pairs = [&](__m256i b) {
+      return NL == 8 ? _mm256_permutexvar_epi16(across, b) : _mm256_shuffle_epi8(b, in_lanes);
+    };
     const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                  NL == 4 ? 2 : 1);
+                                                  NL == 8 ? 3 : NL == 4 ? 2 : 1);
     constexpr __mmask8 kKeys = static_cast<__mmask8>((1u << KPV) - 1);
     for (; c + KPV <= cols; c += KPV) {
       V x = Vec::load(pt + c * NL);
       if constexpr (kScaled)  // lane i·NL + r times key c + i's scale
         x = Vec::mul(x, _mm512_permutexvar_ps(key_of_lane, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(kKeys, vscale + c))));
-      const __m256i b = (__m256i)_mm512_cvtneps_pbh(x);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pw + (c / 2) * NL), _mm256_shuffle_epi8(b, to_pairs));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pw + (c / 2) * NL), to_pairs((__m256i)_mm512_cvtneps_pbh(x)));
     }
   }
   for (; c < cols; c += 2) {
@@ -1018,13 +1021,13 @@ void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t 
   }
 }
 
-// Row-major blocks of NL = 2 or 4 lanes on AVX-512 (decode of GQA groups of 2 and 4): the tile max and the softmax
-// step run on W / NL rows of Sᵀ packed into one vector (row k + i in lanes i·NL ..) instead of one row per vector
-// with W − NL lanes idle: the same operations on every score (the same weights) on a quarter or an eighth of the
-// vectors; a lane's weights are summed in another order (per row residue, then folded).
+// Row-major blocks of NL = 2, 4 or 8 lanes on AVX-512 (decode of GQA groups of 2, 4 and 8): the tile max and the
+// softmax step run on W / NL rows of Sᵀ packed into one vector (row k + i in lanes i·NL ..) instead of one row per
+// vector with W − NL lanes idle: the same operations on every score (the same weights) on an eighth, a quarter or
+// half of the vectors; a lane's weights are summed in another order (per row residue, then folded).
 #if defined(ATTN_VEC_AVX512)
 template <int NL>
-inline constexpr bool kPackedRows = NL == 2 || NL == 4;
+inline constexpr bool kPackedRows = NL == 2 || NL == 4 || NL == 8;
 // Rows k .. k + 4/NL − 1 (NL lanes each) as one __m128.
 template <int NL>
 ATTN_INLINE __m128 packed_piece(const float* st) {
@@ -1035,10 +1038,15 @@ ATTN_INLINE __m128 packed_piece(const float* st) {
 // Rows k .. k + W/NL − 1 of Sᵀ (rows of kRow: BR, or NL where they are packed already) as one vector, and back.
 template <int NL, std::int64_t kRow = BR>
 ATTN_INLINE V load_packed(const float* st) {
-  if constexpr (kRow == NL) return Vec::load(st);
-  constexpr int R = 4 / NL;  // rows per piece
-  const V x = _mm512_insertf32x4(_mm512_castps128_ps512(packed_piece<NL>(st)), packed_piece<NL>(st + R * BR), 1);
-  return _mm512_insertf32x4(_mm512_insertf32x4(x, packed_piece<NL>(st + 2 * R * BR), 2), packed_piece<NL>(st + 3 * R * BR), 3);
+  if constexpr (kRow == NL) {
+    return Vec::load(st);
+  } else if constexpr (NL == 8) {  // a row per 256-bit half
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(st)), _mm256_loadu_ps(st + BR), 1);
+  } else {
+    constexpr int R = 4 / NL;  // rows per piece
+    const V x = _mm512_insertf32x4(_mm512_castps128_ps512(packed_piece<NL>(st)), packed_piece<NL>(st + R * BR), 1);
+    return _mm512_insertf32x4(_mm512_insertf32x4(x, packed_piece<NL>(st + 2 * R * BR), 2), packed_piece<NL>(st + 3 * R * BR), 3);
+  }
 }
 template <int NL>
 ATTN_INLINE void store_piece(float* st, __m128 piece) {
@@ -1047,19 +1055,24 @@ ATTN_INLINE void store_piece(float* st, __m128 piece) {
 }
 template <int NL, std::int64_t kRow = BR>
 ATTN_INLINE void store_packed(float* st, V x) {
-  if constexpr (kRow == NL) return Vec::store(st, x);
-  constexpr int R = 4 / NL;
-  store_piece<NL>(st, _mm512_castps512_ps128(x));
-  store_piece<NL>(st + R * BR, _mm512_extractf32x4_ps(x, 1));
-  store_piece<NL>(st + 2 * R * BR, _mm512_extractf32x4_ps(x, 2));
-  store_piece<NL>(st + 3 * R * BR, _mm512_extractf32x4_ps(x, 3));
+  if constexpr (kRow == NL) {
+    Vec::store(st, x);
+  } else if constexpr (NL == 8) {
+    _mm256_storeu_ps(st, _mm512_castps512_ps256(x)), _mm256_storeu_ps(st + BR, _mm512_extractf32x8_ps(x, 1));
+  } else {
+    constexpr int R = 4 / NL;
+    store_piece<NL>(st, _mm512_castps512_ps128(x));
+    store_piece<NL>(st + R * BR, _mm512_extractf32x4_ps(x, 1));
+    store_piece<NL>(st + 2 * R * BR, _mm512_extractf32x4_ps(x, 2));
+    store_piece<NL>(st + 3 * R * BR, _mm512_extractf32x4_ps(x, 3));
+  }
 }
 // Lanes i·NL + r of a packed vector combined by op into lane r (every lane r + j·NL holds the result).
 template <int NL, class Op>
 ATTN_INLINE V fold_packed(V x, Op op) {
-  x = op(x, _mm512_shuffle_f32x4(x, x, 0x4E));                    // 256-bit halves
-  x = op(x, _mm512_shuffle_f32x4(x, x, 0xB1));                    // 128-bit quarters
-  if constexpr (NL == 2) x = op(x, _mm512_permute_ps(x, 0x4E));  // 64-bit halves
+  x = op(x, _mm512_shuffle_f32x4(x, x, 0x4E));                                   // 256-bit halves
+  if constexpr (NL <= 4) x = op(x, _mm512_shuffle_f32x4(x, x, 0xB1));            // 128-bit quarters
+  if constexpr (NL == 2) x = op(x, _mm512_permute_ps(x, 0x4E));                 // 64-bit halves
   return x;
 }
 // Lanes 0 .. NL − 1 of x repeated over the vector.
@@ -1180,14 +1193,14 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
   }
 }
 #if defined(ATTN_VEC_AVX512)
-// The same for Sᵀ packed (rows of NL = 2 or 4: rows_step_packed), W / NL keys a vector, each lane i·NL + r times
+// The same for Sᵀ packed (rows of NL = 2, 4 or 8: rows_step_packed), W / NL keys a vector, each lane i·NL + r times
 // key c + i's factor (the same products).
 template <int NL>
 inline void scale_keys_packed(float* st, const float* f, std::int64_t cols) {
   constexpr int KPV = W / NL;
   constexpr __mmask16 kKeys = static_cast<__mmask16>((1u << KPV) - 1), kLanes = static_cast<__mmask16>((1u << NL) - 1);
   const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                NL == 4 ? 2 : 1);
+                                                NL == 8 ? 3 : NL == 4 ? 2 : 1);
   std::int64_t c = 0;
   for (; c + KPV <= cols; c += KPV)
     Vec::store(st + c * NL, Vec::mul(Vec::load(st + c * NL),
@@ -1242,12 +1255,12 @@ inline void values_packed(float* pt, const R* vrows, const float* vscale, std::i
   }
 }
 
-// rows_step for a GQA group of 2 or 4 lanes on AVX-512 (kPackedRows), in a tile every lane sees whole, with no
+// rows_step for a GQA group of 2, 4 or 8 lanes on AVX-512 (kPackedRows), in a tile every lane sees whole, with no
 // per-score variant and no dropout: decode's common tile, on the pair products (Pairs) or fp32 FMAs. Sᵀ stays
-// packed, key c's NL lanes at sp[c·NL] (1 KiB, where rows of BR spread them over 64 lines): the lane-summing tree's
-// vector of W / NL keys is stored as it is, and the scales, the max, the weights and (on the pair products) their
-// rounding to bf16 pairs read and write whole vectors of keys, with none of the shuffles that packed and unpacked
-// rows of BR. The same operations on the same values as rows_step: the same bits. A tile whose scores need the wide
+// packed, key c's NL lanes at sp[c·NL] (0.5-2 KiB, where rows of BR spread them over 64 lines): the lane-summing
+// tree's vector of W / NL keys is stored as it is, and the scales, the max, the weights and (on the pair products)
+// their rounding to bf16 pairs read and write whole vectors of keys, with none of the shuffles that packed and
+// unpacked rows of BR. The same operations on the same values as rows_step: the same bits. A tile whose scores need the wide
 // step (needs_wide) unpacks Sᵀ into rows of BR and takes that step.
 template <int NL, class Variant, bool Pairs, class R>
 void rows_step_packed(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
