@@ -1057,8 +1057,9 @@ template <int NL, std::int64_t kRow = BR>
 ATTN_INLINE void store_packed(float* st, V x) {
   if constexpr (kRow == NL) {
     Vec::store(st, x);
-  } else if constexpr (NL == 8) {
-    _mm256_storeu_ps(st, _mm512_castps512_ps256(x)), _mm256_storeu_ps(st + BR, _mm512_extractf32x8_ps(x, 1));
+  } else if constexpr (NL == 8) {  // a row per 256-bit half
+    _mm256_storeu_ps(st, _mm512_castps512_ps256(x));
+    _mm256_storeu_ps(st + BR, _mm512_extractf32x8_ps(x, 1));
   } else {
     constexpr int R = 4 / NL;
     store_piece<NL>(st, _mm512_castps512_ps128(x));
