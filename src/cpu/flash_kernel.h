@@ -1021,13 +1021,13 @@ void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t 
   }
 }
 
-// Row-major blocks of NL = 2, 4 or 8 lanes on AVX-512 (decode of GQA groups of 2, 4 and 8): the tile max and the
-// softmax step run on W / NL rows of Sᵀ packed into one vector (row k + i in lanes i·NL ..) instead of one row per
-// vector with W − NL lanes idle: the same operations on every score (the same weights) on an eighth, a quarter or
-// half of the vectors; a lane's weights are summed in another order (per row residue, then folded).
-#if defined(ATTN_VEC_AVX512)
+// Row-major blocks of NL = 2, 4 or 8 lanes on AVX-512, 2 or 4 on AVX2 (decode of GQA groups of 2, 4 and 8): the
+// tile max and the softmax step run on W / NL rows of Sᵀ packed into one vector (row k + i in lanes i·NL ..) instead
+// of one row per vector with W − NL lanes idle: the same operations on every score (the same weights) on W / NL
+// times fewer vectors; a lane's weights are summed in another order (per row residue, then folded).
+#if defined(ATTN_VEC_AVX512) || defined(ATTN_VEC_AVX2)
 template <int NL>
-inline constexpr bool kPackedRows = NL == 2 || NL == 4 || NL == 8;
+inline constexpr bool kPackedRows = NL == 2 || NL == 4 || (W == 16 && NL == 8);
 // Rows k .. k + 4/NL − 1 (NL lanes each) as one __m128.
 template <int NL>
 ATTN_INLINE __m128 packed_piece(const float* st) {
@@ -1035,6 +1035,12 @@ ATTN_INLINE __m128 packed_piece(const float* st) {
   else return _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(st))),
                            reinterpret_cast<const __m64*>(st + BR));
 }
+template <int NL>
+ATTN_INLINE void store_piece(float* st, __m128 piece) {
+  if constexpr (NL == 4) _mm_storeu_ps(st, piece);
+  else _mm_storel_pi(reinterpret_cast<__m64*>(st), piece), _mm_storeh_pi(reinterpret_cast<__m64*>(st + BR), piece);
+}
+#if defined(ATTN_VEC_AVX512)
 // Rows k .. k + W/NL − 1 of Sᵀ (rows of kRow: BR, or NL where they are packed already) as one vector, and back.
 template <int NL, std::int64_t kRow = BR>
 ATTN_INLINE V load_packed(const float* st) {
@@ -1047,11 +1053,6 @@ ATTN_INLINE V load_packed(const float* st) {
     const V x = _mm512_insertf32x4(_mm512_castps128_ps512(packed_piece<NL>(st)), packed_piece<NL>(st + R * BR), 1);
     return _mm512_insertf32x4(_mm512_insertf32x4(x, packed_piece<NL>(st + 2 * R * BR), 2), packed_piece<NL>(st + 3 * R * BR), 3);
   }
-}
-template <int NL>
-ATTN_INLINE void store_piece(float* st, __m128 piece) {
-  if constexpr (NL == 4) _mm_storeu_ps(st, piece);
-  else _mm_storel_pi(reinterpret_cast<__m64*>(st), piece), _mm_storeh_pi(reinterpret_cast<__m64*>(st + BR), piece);
 }
 template <int NL, std::int64_t kRow = BR>
 ATTN_INLINE void store_packed(float* st, V x) {
@@ -1082,6 +1083,60 @@ ATTN_INLINE V repeat_lanes(V x) {
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   return _mm512_permutexvar_ps(_mm512_and_si512(lane, _mm512_set1_epi32(NL - 1)), x);
 }
+// Lanes 0 .. NL − 1 of x stored at p (the next keys' lanes of a packed row left as they are).
+template <int NL>
+ATTN_INLINE void store_lanes(float* p, V x) {
+  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << NL) - 1), x);
+}
+// Lane i·NL + r: key i's (the factor of key i of a packed vector's keys, W / NL factors from f).
+template <int NL>
+ATTN_INLINE V repeat_keys(const float* f) {
+  constexpr int KPV = W / NL;
+  const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                NL == 8 ? 3 : NL == 4 ? 2 : 1);
+  return _mm512_permutexvar_ps(key_of_lane, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << KPV) - 1), f));
+}
+#else  // AVX2: a vector is two 128-bit pieces
+template <int NL, std::int64_t kRow = BR>
+ATTN_INLINE V load_packed(const float* st) {
+  if constexpr (kRow == NL) {
+    return Vec::load(st);
+  } else {
+    constexpr int R = 4 / NL;  // rows per piece
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(packed_piece<NL>(st)), packed_piece<NL>(st + R * BR), 1);
+  }
+}
+template <int NL, std::int64_t kRow = BR>
+ATTN_INLINE void store_packed(float* st, V x) {
+  if constexpr (kRow == NL) {
+    Vec::store(st, x);
+  } else {
+    constexpr int R = 4 / NL;
+    store_piece<NL>(st, _mm256_castps256_ps128(x));
+    store_piece<NL>(st + R * BR, _mm256_extractf128_ps(x, 1));
+  }
+}
+template <int NL, class Op>
+ATTN_INLINE V fold_packed(V x, Op op) {
+  x = op(x, _mm256_permute2f128_ps(x, x, 0x01));                // 128-bit halves
+  if constexpr (NL == 2) x = op(x, _mm256_permute_ps(x, 0x4E));  // 64-bit halves
+  return x;
+}
+template <int NL>
+ATTN_INLINE V repeat_lanes(V x) {
+  return _mm256_permutevar8x32_ps(x, _mm256_and_si256(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(NL - 1)));
+}
+template <int NL>
+ATTN_INLINE void store_lanes(float* p, V x) {
+  _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(NL), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), x);
+}
+template <int NL>
+ATTN_INLINE V repeat_keys(const float* f) {
+  const __m128 keys = NL == 4 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(f))) : _mm_loadu_ps(f);
+  const __m256i key_of_lane = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), NL == 4 ? 2 : 1);
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(keys), key_of_lane);
+}
+#endif
 template <int NL, std::int64_t kRow = BR>
 inline void tile_max_packed(const float* st, std::int64_t cols, V* mx) {
   constexpr int KPV = W / NL;
@@ -1112,7 +1167,7 @@ inline void softmax_step_packed(float* st, std::int64_t cols, const V* mx, float
   for (; k < cols; ++k) {  // (packed rows: lanes past NL are the next keys', written again by their own step)
     const V s = Vec::load(st + k * kRow);
     const V pw = Log2Units ? State::weight_log2(s, origin) : State::weight(s, origin, c);
-    if constexpr (kRow == NL) _mm512_mask_storeu_ps(st + k * kRow, static_cast<__mmask16>((1u << NL) - 1), pw);
+    if constexpr (kRow == NL) store_lanes<NL>(st + k * kRow, pw);
     else Vec::store(st + k * kRow, pw);
     sum = Vec::add(sum, pw);
   }
@@ -1193,21 +1248,15 @@ inline void scale_keys(float* st, const float* f, std::int64_t cols) {
     for (int r = 0; r < NL; r += W) Vec::store(st + c * BR + r, Vec::mul(Vec::load(st + c * BR + r), fc));
   }
 }
-#if defined(ATTN_VEC_AVX512)
-// The same for Sᵀ packed (rows of NL = 2, 4 or 8: rows_step_packed), W / NL keys a vector, each lane i·NL + r times
-// key c + i's factor (the same products).
+#if defined(ATTN_VEC_AVX512) || defined(ATTN_VEC_AVX2)
+// The same for Sᵀ packed (rows of NL lanes: rows_step_packed), W / NL keys a vector, each lane i·NL + r times key
+// c + i's factor (the same products).
 template <int NL>
 inline void scale_keys_packed(float* st, const float* f, std::int64_t cols) {
   constexpr int KPV = W / NL;
-  constexpr __mmask16 kKeys = static_cast<__mmask16>((1u << KPV) - 1), kLanes = static_cast<__mmask16>((1u << NL) - 1);
-  const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                NL == 8 ? 3 : NL == 4 ? 2 : 1);
   std::int64_t c = 0;
-  for (; c + KPV <= cols; c += KPV)
-    Vec::store(st + c * NL, Vec::mul(Vec::load(st + c * NL),
-                                     _mm512_permutexvar_ps(key_of_lane, _mm512_maskz_loadu_ps(kKeys, f + c))));
-  for (; c < cols; ++c)
-    _mm512_mask_storeu_ps(st + c * NL, kLanes, Vec::mul(Vec::load(st + c * NL), Vec::set1(f[c])));
+  for (; c + KPV <= cols; c += KPV) Vec::store(st + c * NL, Vec::mul(Vec::load(st + c * NL), repeat_keys<NL>(f + c)));
+  for (; c < cols; ++c) store_lanes<NL>(st + c * NL, Vec::mul(Vec::load(st + c * NL), Vec::set1(f[c])));
 }
 #endif
 
@@ -1232,7 +1281,7 @@ inline void pv_pairs(const std::uint32_t* pw, const R* vrows, std::int64_t dv, s
 }
 #endif
 
-#if defined(ATTN_VEC_AVX512)
+#if defined(ATTN_VEC_AVX512) || defined(ATTN_VEC_AVX2)
 // O = α·O + P V from the tile's weights Pᵀ (rows of kRow: BR, or NL packed): on the pair products from the weights
 // as bf16 pairs (Pairs), else by fp32 FMAs after i8 V rows' scales have multiplied the weights.
 template <int NL, bool Pairs, std::int64_t kRow, class R>
@@ -1256,13 +1305,13 @@ inline void values_packed(float* pt, const R* vrows, const float* vscale, std::i
   }
 }
 
-// rows_step for a GQA group of 2, 4 or 8 lanes on AVX-512 (kPackedRows), in a tile every lane sees whole, with no
-// per-score variant and no dropout: decode's common tile, on the pair products (Pairs) or fp32 FMAs. Sᵀ stays
-// packed, key c's NL lanes at sp[c·NL] (0.5-2 KiB, where rows of BR spread them over 64 lines): the lane-summing
-// tree's vector of W / NL keys is stored as it is, and the scales, the max, the weights and (on the pair products)
-// their rounding to bf16 pairs read and write whole vectors of keys, with none of the shuffles that packed and
-// unpacked rows of BR. The same operations on the same values as rows_step: the same bits. A tile whose scores need the wide
-// step (needs_wide) unpacks Sᵀ into rows of BR and takes that step.
+// rows_step for a GQA group of 2, 4 or 8 lanes (AVX-512; 2 or 4 on AVX2: kPackedRows), in a tile every lane sees
+// whole, with no per-score variant and no dropout: decode's common tile, on the pair products (Pairs) or fp32 FMAs.
+// Sᵀ stays packed, key c's NL lanes at sp[c·NL] (0.25-2 KiB, where rows of BR spread them over 64 lines): the
+// lane-summing tree's vector of W / NL keys is stored as it is, and the scales, the max, the weights and (on the pair
+// products) their rounding to bf16 pairs read and write whole vectors of keys, with none of the shuffles that packed
+// and unpacked rows of BR. The same operations on the same values as rows_step: the same bits. A tile whose scores
+// need the wide step (needs_wide) unpacks Sᵀ into rows of BR and takes that step.
 template <int NL, class Variant, bool Pairs, class R>
 void rows_step_packed(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
                       const float* vscale, std::int64_t j0, std::int64_t cols, const Units& u, Workspace& ws,
@@ -1313,7 +1362,7 @@ template <int QV, int NL, class Variant, bool Pairs = false, class R>
 void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
                const float* vscale, std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws,
                const R* k_far = nullptr, const R* v_far = nullptr) {
-#if defined(ATTN_VEC_AVX512)
+#if defined(ATTN_VEC_AVX512) || defined(ATTN_VEC_AVX2)
   if constexpr (kPackedRows<NL> && QV == 1)
     if (interior && !Variant::kPerElement && !Variant::dropout(p))
       return rows_step_packed<NL, Variant, Pairs>(p, lanes, krows, vrows, kscale, vscale, j0, cols, u, ws, k_far,
