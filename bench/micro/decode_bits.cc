@@ -12,8 +12,6 @@
 #include <attn/sdpa.h>
 #include <attn/tensor.h>
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -22,18 +20,13 @@
 #include <random>
 #include <vector>
 
+#include "core/convert.h"
+
 namespace {
 
-std::uint16_t to_bf16(float x) {  // round to nearest even (inputs are finite)
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7FFF + ((u >> 16) & 1);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
-__attribute__((target("f16c"))) std::uint16_t to_f16(float x) {  // round to nearest even
-  return static_cast<std::uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
-}
+// The values as the library rounds them (round to nearest even).
+std::uint16_t to_bf16(float x) { return attn::core::from_float<attn::core::bf16>(x).bits; }
+std::uint16_t to_f16(float x) { return attn::core::from_float<attn::core::f16>(x).bits; }
 
 std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h) {
   const auto* b = static_cast<const unsigned char*>(p);
