@@ -193,6 +193,25 @@ ATTN_INLINE void prefetch_rows(const R* far, std::int64_t c, std::int64_t n, std
           __builtin_prefetch(static_cast<const char*>(row_address(far[g])) + off, 0, 1);
 }
 
+// A factor per key for a packed vector of W / NL keys (rows of NL lanes: rows_step_packed): lane i·NL + r holds
+// f[i], the factor of the vector's key i.
+#if defined(ATTN_VEC_AVX512)
+template <int NL>
+ATTN_INLINE V repeat_keys(const float* f) {
+  constexpr int KPV = W / NL;
+  const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                NL == 8 ? 3 : NL == 4 ? 2 : 1);
+  return _mm512_permutexvar_ps(key_of_lane, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << KPV) - 1), f));
+}
+#elif defined(ATTN_VEC_AVX2)
+template <int NL>
+ATTN_INLINE V repeat_keys(const float* f) {
+  const __m128 keys = NL == 4 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(f))) : _mm_loadu_ps(f);
+  const __m256i key_of_lane = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), NL == 4 ? 2 : 1);
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(keys), key_of_lane);
+}
+#endif
+
 // The scores of accumulators a0 .. a0+W-1 of a key group (accumulator a: key c + a / NL, lane a % NL; acc[a] holds
 // the lane sums of its dot product over the first d_end dims): their lanes summed by one transposing add tree
 // whose inputs are ordered so that lane a of its result is accumulator a0 + a, the last dk % W dims added one by
@@ -547,13 +566,9 @@ inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw, 
     const auto to_pairs = [&](__m256i b) {
       return NL == 8 ? _mm256_permutexvar_epi16(across, b) : _mm256_shuffle_epi8(b, in_lanes);
     };
-    const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                  NL == 8 ? 3 : NL == 4 ? 2 : 1);
-    constexpr __mmask8 kKeys = static_cast<__mmask8>((1u << KPV) - 1);
     for (; c + KPV <= cols; c += KPV) {
       V x = Vec::load(pt + c * NL);
-      if constexpr (kScaled)  // lane i·NL + r times key c + i's scale
-        x = Vec::mul(x, _mm512_permutexvar_ps(key_of_lane, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(kKeys, vscale + c))));
+      if constexpr (kScaled) x = Vec::mul(x, repeat_keys<NL>(vscale + c));  // lane i·NL + r times key c + i's scale
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pw + (c / 2) * NL), to_pairs((__m256i)_mm512_cvtneps_pbh(x)));
     }
   }
@@ -1088,14 +1103,6 @@ template <int NL>
 ATTN_INLINE void store_lanes(float* p, V x) {
   _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << NL) - 1), x);
 }
-// Lane i·NL + r: key i's (the factor of key i of a packed vector's keys, W / NL factors from f).
-template <int NL>
-ATTN_INLINE V repeat_keys(const float* f) {
-  constexpr int KPV = W / NL;
-  const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                NL == 8 ? 3 : NL == 4 ? 2 : 1);
-  return _mm512_permutexvar_ps(key_of_lane, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << KPV) - 1), f));
-}
 #else  // AVX2: a vector is two 128-bit pieces
 template <int NL, std::int64_t kRow = BR>
 ATTN_INLINE V load_packed(const float* st) {
@@ -1129,12 +1136,6 @@ ATTN_INLINE V repeat_lanes(V x) {
 template <int NL>
 ATTN_INLINE void store_lanes(float* p, V x) {
   _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(NL), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), x);
-}
-template <int NL>
-ATTN_INLINE V repeat_keys(const float* f) {
-  const __m128 keys = NL == 4 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(f))) : _mm_loadu_ps(f);
-  const __m256i key_of_lane = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), NL == 4 ? 2 : 1);
-  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(keys), key_of_lane);
 }
 #endif
 template <int NL, std::int64_t kRow = BR>
@@ -1261,23 +1262,23 @@ inline void scale_keys_packed(float* st, const float* f, std::int64_t cols) {
 #endif
 
 #if ATTN_VEC_BF16_DOT
-// Where a tile's weights go as bf16 pairs: 4-bit rows' (cols / 2 · Dv / 32 · NL) in the workspace's V tile, the
-// others' (BC / 2 · NL) in the caller's `own`.
-template <class R>
-inline std::uint32_t* pair_buffer(Workspace& ws, std::uint32_t* own) {
-  if constexpr (std::is_same_v<R, Q4Row>) return reinterpret_cast<std::uint32_t*>(ws.v.data());
-  else return own;
-}
-// O = α·O + P V on the pair products, from the weights as bf16 pairs (pair_weights); bf16 and i8 rows pair an odd
-// last key with the zero row start_pairs put in the V tile, 4-bit rows with the tile's first row.
-template <int NL, class R>
-inline void pv_pairs(const std::uint32_t* pw, const R* vrows, std::int64_t dv, std::int64_t cols, Workspace& ws,
-                     const R* v_far) {
-  if constexpr (std::is_same_v<R, Q4Row>)
+// O = α·O + P V on the pair products from the tile's weights Pᵀ (rows of kRow): the weights as bf16 pairs
+// (pair_weights), then the products. 4-bit rows' pairs (with their block scales: cols / 2 · Dv / 32 · NL) go in the
+// workspace's V tile and pair an odd last key with the tile's first row; bf16 and i8 rows' (BC / 2 · NL) go on the
+// stack and pair it with the zero row start_pairs put in the V tile.
+template <int NL, std::int64_t kRow, class R>
+inline void pv_pairs(const float* pt, const R* vrows, const float* vscale, std::int64_t dv, std::int64_t cols,
+                     Workspace& ws, const R* v_far) {
+  if constexpr (std::is_same_v<R, Q4Row>) {
+    auto* pw = reinterpret_cast<std::uint32_t*>(ws.v.data());
+    pair_weights<NL, kRow>(pt, cols, vrows, dv, vscale, pw);
     pv_rows_pairs<NL>(pw, vrows, dv, cols, ws.alpha.data(), ws.o.data(), v_far);
-  else
+  } else {
+    alignas(64) std::uint32_t pw[BC / 2 * NL];
+    pair_weights<NL, kRow>(pt, cols, vrows, dv, vscale, pw);
     pv_rows_pairs<NL>(pw, vrows, dv, cols, ws.alpha.data(), ws.o.data(),
                       reinterpret_cast<std::remove_cv_t<std::remove_pointer_t<R>>*>(ws.v.data()), v_far);
+  }
 }
 #endif
 
@@ -1288,12 +1289,9 @@ template <int NL, bool Pairs, std::int64_t kRow, class R>
 inline void values_packed(float* pt, const R* vrows, const float* vscale, std::int64_t dv, std::int64_t cols,
                           Workspace& ws, const R* v_far) {
 #if ATTN_VEC_BF16_DOT
-  if constexpr (Pairs) {
-    alignas(64) std::uint32_t own[BC / 2 * NL];
-    std::uint32_t* pw = pair_buffer<R>(ws, own);
-    pair_weights<NL, kRow>(pt, cols, vrows, dv, vscale, pw);                                       // P as bf16 pairs
-    pv_pairs<NL>(pw, vrows, dv, cols, ws, v_far);                                                  // O = α·O + P V
-  } else
+  if constexpr (Pairs)
+    pv_pairs<NL, kRow>(pt, vrows, vscale, dv, cols, ws, v_far);                                   // O = α·O + P V
+  else
 #endif
   {
     if constexpr (kRow == NL) {
@@ -1387,12 +1385,8 @@ void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const
   if (exact_pv)
     pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), vrows, ws.alpha.data(), ws.o.data(), 1, p.Dv);
 #if ATTN_VEC_BF16_DOT
-  else if constexpr (Pairs) {
-    alignas(64) std::uint32_t own[BC / 2 * NL];
-    std::uint32_t* pw = pair_buffer<R>(ws, own);
-    pair_weights<NL, BR>(ws.st.data(), cols, vrows, p.Dv, vscale, pw);                        // P as bf16 pairs
-    pv_pairs<NL>(pw, vrows, p.Dv, cols, ws, v_far);                                            // O = α·O + P V
-  }
+  else if constexpr (Pairs)
+    pv_pairs<NL, BR>(ws.st.data(), vrows, vscale, p.Dv, cols, ws, v_far);                    // O = α·O + P V
 #endif
   else
     pv_rows<NL>(ws.st.data(), vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(), v_far);           // O = α·O + P V
