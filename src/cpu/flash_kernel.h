@@ -199,6 +199,7 @@ ATTN_INLINE void prefetch_rows(const R* far, std::int64_t c, std::int64_t n, std
 template <int NL>
 ATTN_INLINE V repeat_keys(const float* f) {
   constexpr int KPV = W / NL;
+  if constexpr (NL == 1) return Vec::load(f);  // a key per lane
   const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                 NL == 8 ? 3 : NL == 4 ? 2 : 1);
   return _mm512_permutexvar_ps(key_of_lane, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << KPV) - 1), f));
@@ -206,6 +207,7 @@ ATTN_INLINE V repeat_keys(const float* f) {
 #elif defined(ATTN_VEC_AVX2)
 template <int NL>
 ATTN_INLINE V repeat_keys(const float* f) {
+  if constexpr (NL == 1) return Vec::load(f);  // a key per lane
   const __m128 keys = NL == 4 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(f))) : _mm_loadu_ps(f);
   const __m256i key_of_lane = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), NL == 4 ? 2 : 1);
   return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(keys), key_of_lane);
@@ -555,7 +557,14 @@ inline void weight_pairs(const float* pt, std::int64_t cols, std::uint32_t* pw, 
     return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(row));
   };
   std::int64_t c = 0;
-  if constexpr (kRow == NL && (NL == 2 || NL == 4 || NL == 8)) {
+  if constexpr (kRow == 1 && NL == 1) {  // a row of weights: 32 keys' bf16 in order are their 16 pairs
+    const auto scaled = [&](std::int64_t at) {
+      const V x = Vec::load(pt + at);
+      return kScaled ? Vec::mul(x, Vec::load(vscale + at)) : x;
+    };
+    for (; c + 32 <= cols; c += 32)
+      _mm512_storeu_si512(pw + c / 2, (__m512i)_mm512_cvtne2ps_pbh(scaled(c + 16), scaled(c)));
+  } else if constexpr (kRow == NL && (NL == 2 || NL == 4 || NL == 8)) {
     constexpr int KPV = W / NL;  // keys per vector: lane i·NL + r is key c + i's lane r
     // bf16 words (key a's NL lanes, then key b's) to pairs (a_r, b_r): per 128-bit lane for NL = 4 (words 0 4 1 5
     // 2 6 3 7) and NL = 2 (two key pairs: 0 2 1 3 4 6 5 7), across the two for NL = 8 (one word permute)
@@ -685,7 +694,7 @@ inline void weight_pairs_q4(const float* pt, const Q4Row* vrows, std::int64_t co
   constexpr int BPV = 16 / NL;  // blocks per vector
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   const __m512i of_lane = _mm512_and_si512(lane, _mm512_set1_epi32(NL - 1));    // entry i: lane i % NL
-  const __m512i of_block = _mm512_srli_epi32(lane, NL == 2 ? 1 : NL == 4 ? 2 : 3);  // and block i / NL
+  const __m512i of_block = _mm512_srli_epi32(lane, NL == 1 ? 0 : NL == 2 ? 1 : NL == 4 ? 2 : 3);  // and block i / NL
   const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
                                               22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const std::int64_t n = nb * NL;  // entries per key
@@ -798,6 +807,8 @@ inline void pv_rows_pairs(const std::uint32_t* pw, const T* const* vrows, std::i
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
   std::int64_t d = 0;
   for (; d + 32 * DB <= dv; d += 32 * DB) pv_rows_pairs_step<NL, DB>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, d, pv);
+  if constexpr (DB > 4)  // (one lane: 256 dims a pass, then 128, as two lanes take them)
+    for (; d + 128 <= dv; d += 128) pv_rows_pairs_step<NL, 4>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, d, pv);
   for (; d + 32 <= dv; d += 32) pv_rows_pairs_step<NL, 1>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, d, pv);
   for (; d < dv; ++d)
     for (int r = 0; r < NL; ++r) {
@@ -825,6 +836,8 @@ inline void pv_rows_pairs(const std::uint32_t* pw, const Q4Row* vrows, std::int6
   std::int64_t d = 0;
   for (; d + 32 * DB <= dv; d += 32 * DB)
     pv_rows_pairs_step<NL, DB>(pw, nb * NL, NL, vrows, vrows[0], dv, cols, alpha, o, d, pv);
+  if constexpr (DB > 4)
+    for (; d + 128 <= dv; d += 128) pv_rows_pairs_step<NL, 4>(pw, nb * NL, NL, vrows, vrows[0], dv, cols, alpha, o, d, pv);
   for (; d < dv; d += 32) pv_rows_pairs_step<NL, 1>(pw, nb * NL, NL, vrows, vrows[0], dv, cols, alpha, o, d, pv);
 }
 #else
@@ -1042,7 +1055,7 @@ void softmax_step_wide(const core::Problem& p, const Lanes& lanes, std::int64_t 
 // times fewer vectors; a lane's weights are summed in another order (per row residue, then folded).
 #if defined(ATTN_VEC_AVX512) || defined(ATTN_VEC_AVX2)
 template <int NL>
-inline constexpr bool kPackedRows = NL == 2 || NL == 4 || (W == 16 && NL == 8);
+inline constexpr bool kPackedRows = NL == 1 || NL == 2 || NL == 4 || (W == 16 && NL == 8);
 // Rows k .. k + 4/NL − 1 (NL lanes each) as one __m128.
 template <int NL>
 ATTN_INLINE __m128 packed_piece(const float* st) {
@@ -1089,7 +1102,8 @@ template <int NL, class Op>
 ATTN_INLINE V fold_packed(V x, Op op) {
   x = op(x, _mm512_shuffle_f32x4(x, x, 0x4E));                                   // 256-bit halves
   if constexpr (NL <= 4) x = op(x, _mm512_shuffle_f32x4(x, x, 0xB1));            // 128-bit quarters
-  if constexpr (NL == 2) x = op(x, _mm512_permute_ps(x, 0x4E));                 // 64-bit halves
+  if constexpr (NL <= 2) x = op(x, _mm512_permute_ps(x, 0x4E));                 // 64-bit halves
+  if constexpr (NL == 1) x = op(x, _mm512_permute_ps(x, 0xB1));                 // lanes
   return x;
 }
 // Lanes 0 .. NL − 1 of x repeated over the vector.
@@ -1126,7 +1140,8 @@ ATTN_INLINE void store_packed(float* st, V x) {
 template <int NL, class Op>
 ATTN_INLINE V fold_packed(V x, Op op) {
   x = op(x, _mm256_permute2f128_ps(x, x, 0x01));                // 128-bit halves
-  if constexpr (NL == 2) x = op(x, _mm256_permute_ps(x, 0x4E));  // 64-bit halves
+  if constexpr (NL <= 2) x = op(x, _mm256_permute_ps(x, 0x4E));  // 64-bit halves
+  if constexpr (NL == 1) x = op(x, _mm256_permute_ps(x, 0xB1));  // lanes
   return x;
 }
 template <int NL>
@@ -1192,12 +1207,12 @@ template <int QV, class Variant, int NL = 0, class R>
 inline void softmax_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool q_rows,
                          const R* krows, const float* kscale, const Units& u, Workspace& ws) {
   V mx[QV];
-  if constexpr (kPackedRows<NL> && QV == 1) tile_max_packed<NL>(ws.st.data(), cols, mx);
+  if constexpr (kPackedRows<NL> && NL > 1 && QV == 1) tile_max_packed<NL>(ws.st.data(), cols, mx);
   else tile_max<QV>(ws.st.data(), cols, mx);
   if (needs_wide<QV>(mx, ws.m.data(), u, lanes.n))
     softmax_step_wide<Variant>(p, lanes, j0, cols, ws.q.data(), q_rows, krows, kscale, u, ws.st.data(), ws.m.data(),
                                  ws.l.data(), ws.alpha.data());
-  else if constexpr (kPackedRows<NL> && QV == 1) {
+  else if constexpr (kPackedRows<NL> && NL > 1 && QV == 1) {
     if (u.c == 1.0f) softmax_step_packed<NL, true>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
     else softmax_step_packed<NL, false>(ws.st.data(), cols, mx, u.c, ws.m.data(), ws.l.data(), ws.alpha.data());
   } else if (u.c == 1.0f)
@@ -1430,8 +1445,14 @@ struct StoredTile {
     if constexpr (kScaled || kI4)
       for (std::int64_t c = 0; c < n; ++c) __builtin_prefetch(ks_at[c], 0, 3), __builtin_prefetch(vs_at[c], 0, 3);
   }
-  // Once per block, before its first tile: every far row null.
-  void start() {
+  // Once per block, before its first tile: every far row null; 4-bit rows' fields other than their pointers set (the
+  // block's rows share their scales' stride, and are located at offset 0), so that locating a tile writes only
+  // those pointers, and the far rows' bytes (MHA decode from a 4-bit cache spent a quarter of its time writing whole
+  // Q4Rows).
+  void start([[maybe_unused]] const RowSource<KVT>& keys, [[maybe_unused]] const RowSource<KVT>& values) {
+    if constexpr (kI4)
+      for (std::int64_t c = 0; c < BC; ++c) k[c].stride = keys.scale->stride[3], v[c].stride = values.scale->stride[3],
+                                            k[c].off = v[c].off = 0;
     for (std::int64_t c = 0; c < BC; ++c) null_row(k_far[c]), null_row(v_far[c]);
     far_null_from = 0;
   }
@@ -1441,18 +1462,24 @@ struct StoredTile {
   }
   static void locate_rows(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n,
                           Row* kr, Row* vr, const float** kscales, const float** vscales) {
-    if constexpr (kI4) {  // each Q4Row written whole as the runs are walked, not copied from arrays of pointers
+    if constexpr (kI4) {  // each Q4Row's pointers written as the runs are walked (its stride and offset: start)
       const auto fill = [n](const RowSource<KVT>& src, std::int64_t j, Row* rows, const float** scales) {
-        const std::int64_t stride = src.scale->stride[3];
         src.runs(j, n, scales != nullptr,
                  [&](std::int64_t c, std::int64_t m, const KVT* r0, std::int64_t step, const float* s0,
                      std::int64_t s_step) {
                    const auto* b0 = reinterpret_cast<const std::uint8_t*>(r0);
-                   if (s0)
-                     for (std::int64_t e = 0; e < m; ++e)
-                       rows[c + e] = {b0 + e * step, scales[c + e] = s0 + e * s_step, stride, 0};
-                   else
-                     for (std::int64_t e = 0; e < m; ++e) rows[c + e] = {b0 + e * step, nullptr, stride, 0};
+                   if (s0) {  // (bytes, scales) as one 16-byte vector, stepped by one add: GCC vectorised the
+                              // addresses 8 rows at a time, then extracted each to store it alone)
+                     static_assert(offsetof(Q4Row, scales) == sizeof(void*) && sizeof(void*) == 8, "two 64-bit fields");
+                     __m128i at = _mm_set_epi64x(reinterpret_cast<std::intptr_t>(s0), reinterpret_cast<std::intptr_t>(b0));
+                     const __m128i by = _mm_set_epi64x(s_step * std::int64_t{sizeof(float)}, step);
+                     for (std::int64_t e = 0; e < m; ++e, at = _mm_add_epi64(at, by)) {
+                       _mm_storeu_si128(reinterpret_cast<__m128i*>(&rows[c + e]), at);
+                       _mm_storeh_pd(reinterpret_cast<double*>(&scales[c + e]), _mm_castsi128_pd(at));
+                     }
+                   } else {
+                     for (std::int64_t e = 0; e < m; ++e) rows[c + e].bytes = b0 + e * step;
+                   }
                  });
       };
       fill(keys, j0, kr, kscales), fill(values, j0, vr, vscales);
@@ -1556,7 +1583,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
                   reinterpret_cast<core::bf16*>(ws.v.data()), p.Dv);
 #endif
     StoredTile<KVT> tile[2];  // this tile's rows and the next one's
-    tile[0].start(), tile[1].start();
+    tile[0].start(krows, vrows), tile[1].start(krows, vrows);
     // far rows: forward walks only, up to the block's last key (tiles walked backwards prefetch nothing)
     const std::int64_t far = StoredTile<KVT>::far_keys(p.Dk), far_end = keys.backwards ? 0 : keys.visible_hi;
     const auto locate = [&](StoredTile<KVT>& tl, std::int64_t t) {
@@ -1674,6 +1701,7 @@ template <class QT, class KVT, class Variant>
 std::pair<std::int64_t, std::int64_t> run_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
                                                 std::int64_t kv_hi, Workspace& ws) {
   constexpr int QV8 = (8 + W - 1) / W;  // vectors holding 8 lanes
+  if (lanes.n == 1) return flash_block<1, 1, QT, KVT, Variant>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
   if (lanes.n <= 2) return flash_block<1, 2, QT, KVT, Variant>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
   if (lanes.n <= 4) return flash_block<1, 4, QT, KVT, Variant>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
   if (lanes.n <= 8) return flash_block<QV8, 8, QT, KVT, Variant>(p, lanes, kv_lo, kv_hi, ws), std::pair{1L, p.Dv};
