@@ -644,6 +644,7 @@ inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::
   constexpr int NA = KG * NL;
   const std::int64_t spans = q4_spans(dk), whole = dk / 64;
   const __m512i table = q4_bf16_table();
+  const __m512i two_blocks = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);  // a span's 2 scales
   for (; c + KG <= cols; c += KG) {
     prefetch_rows(pk, c, KG, 0, row_bytes<Q4Row>(dk), kstep);
     V acc[NA];
@@ -652,12 +653,13 @@ inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::
       for (int g = 0; g < KG; ++g) {
         const Q4Row& row = k[c + g];
         const std::uint8_t* bytes = row.bytes + 32 * s;
-        const float* sc = row.scales + 2 * s * row.stride;
+        const float* sc = row.scales + 2 * s;  // (q4_pairs_usable: a row's block scales adjacent)
         __m512i w;
         V scale;
         if (s < whole) {
           w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
-          scale = _mm512_insertf32x8(_mm512_set1_ps(sc[0]), _mm256_set1_ps(sc[row.stride]), 1);
+          scale = _mm512_permutexvar_ps(two_blocks, _mm512_castpd_ps(_mm512_castpd128_pd512(
+                                                        _mm_load_sd(reinterpret_cast<const double*>(sc)))));
         } else {  // a last span of one block: its words 16-31 zero, as are q's there
           w = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))));
           scale = _mm512_set1_ps(sc[0]);
