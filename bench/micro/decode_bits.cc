@@ -6,8 +6,7 @@
 // differently: bf16 Q over bf16, 8-bit, 4-bit (the pair products where the CPU has them) and fp16 K/V, fp32 Q over
 // fp32, fp16, bf16, 8-bit and 4-bit K/V (fp32 FMAs); GQA groups of 2, 4, 8 and 1 (MHA); 1-3 queries per head; key
 // counts of 1, 7, one tile, 113, 203 and 1,000; head dims 64, 96, 128 and MLA's 576/512; scores in log2 units, not in
-// them (scale 2), in the wide band (inputs ×40), padded (kv_lens) and causal; 1 and 2 threads. (Group 1 came last,
-// so the first 11,664 configurations' lines are those of the groups of 2, 4 and 8 alone.)
+// them (scale 2), in the wide band (inputs ×40), padded (kv_lens) and causal; 1 and 2 threads.
 //
 //   cmake --build build --target micro_decode_bits && build/micro_decode_bits > bits.txt
 #include <attn/sdpa.h>
