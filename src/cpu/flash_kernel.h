@@ -1422,7 +1422,7 @@ struct StoredTile {
   std::int64_t cols = 0;
   Row k[BC];
   Row v[BC];
-  const float* ks_at[BC];  // i8: where each row's scale is; i4: its first block scale
+  const float* ks_at[BC];  // i8: where each row's scale is (4-bit rows' block scales: in their Q4Rows)
   const float* vs_at[BC];
   alignas(64) float ks[BC], vs[BC];  // i8: the scales themselves
   Row k_far[BC], v_far[BC];
@@ -1444,8 +1444,27 @@ struct StoredTile {
     if (n_far > 0) locate_rows(keys, values, j_far, n_far, k_far, v_far, nullptr, nullptr);  // (rows only)
     for (std::int64_t c = n_far; c < far_null_from; ++c) null_row(k_far[c]), null_row(v_far[c]);
     far_null_from = n_far;
-    if constexpr (kScaled || kI4)
-      for (std::int64_t c = 0; c < n; ++c) __builtin_prefetch(ks_at[c], 0, 3), __builtin_prefetch(vs_at[c], 0, 3);
+    if constexpr (kScaled) {  // (4-bit rows' scales: as their rows are located)
+      const auto scales = [](std::int64_t, std::int64_t m, const KVT*, std::int64_t, const float* s0,
+                             std::int64_t s_step) { prefetch_scales(s0, m, s_step); };
+      keys.runs(j0, n, true, scales), values.runs(j0, n, true, scales);
+    }
+  }
+  // The scales of a run of m rows (the first at s0, then every s_step floats) prefetched into L1: every line of the
+  // run's span where rows share lines (s_step below a line: contiguous rows, 4 rows' block scales a line for 4-bit
+  // d128, 16 rows' for 8-bit), else each row's first. (A prefetch per row and array, 3 in 4 or 15 in 16 of them to
+  // a line already asked for, and the pointer loads they need, were a third of locating a 4-bit MHA decode's tiles.)
+  // Always inlined, as prefetch_rows is (else GCC may delete its calls).
+  ATTN_INLINE static void prefetch_scales(const float* s0, std::int64_t m, std::int64_t s_step) {
+    if (m <= 0) return;
+    if (s_step > 0 && s_step < 16) {
+      const auto first = reinterpret_cast<std::uintptr_t>(s0);
+      const std::uintptr_t last = first + static_cast<std::uintptr_t>(m * s_step) * sizeof(float) - 1;
+      for (std::uintptr_t line = first & ~std::uintptr_t{63}; line <= last; line += 64)
+        __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
+    } else {
+      for (std::int64_t e = 0; e < m; ++e) __builtin_prefetch(s0 + e * s_step, 0, 3);
+    }
   }
   // Once per block, before its first tile: every far row null; 4-bit rows' fields other than their pointers set (the
   // block's rows share their scales' stride, and are located at offset 0), so that locating a tile writes only
@@ -1475,10 +1494,9 @@ struct StoredTile {
                      static_assert(offsetof(Q4Row, scales) == sizeof(void*) && sizeof(void*) == 8, "two 64-bit fields");
                      __m128i at = _mm_set_epi64x(reinterpret_cast<std::intptr_t>(s0), reinterpret_cast<std::intptr_t>(b0));
                      const __m128i by = _mm_set_epi64x(s_step * std::int64_t{sizeof(float)}, step);
-                     for (std::int64_t e = 0; e < m; ++e, at = _mm_add_epi64(at, by)) {
+                     for (std::int64_t e = 0; e < m; ++e, at = _mm_add_epi64(at, by))
                        _mm_storeu_si128(reinterpret_cast<__m128i*>(&rows[c + e]), at);
-                       _mm_storeh_pd(reinterpret_cast<double*>(&scales[c + e]), _mm_castsi128_pd(at));
-                     }
+                     prefetch_scales(s0, m, s_step);
                    } else {
                      for (std::int64_t e = 0; e < m; ++e) rows[c + e].bytes = b0 + e * step;
                    }
