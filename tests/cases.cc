@@ -336,15 +336,17 @@ std::vector<Case> registry() {
        .kv_dtype = DType::i4});
   // Blocks of one lane (MHA decode: Sq 1, a group of 1), packed rows of one lane: bf16, 8- and 4-bit K/V under bf16
   // Q (the pair products at avx512bf16) and fp32 Q, several tiles, odd key counts, value dims past 256 (passes of
-  // 256, 128 and 32 dims), the wide band.
+  // 256, 128 and 32 dims) and of 4 blocks (4-bit weights 4 key pairs a vector), the wide band.
   for (DType kd : {DType::bf16, DType::i8, DType::i4})
     for (DType qd : {DType::bf16, DType::f32}) {
       add({.B = 2, .Hq = 3, .Hkv = 3, .Sq = 1, .Skv = 203, .Dk = 128, .Dv = 416, .kv_lens = true, .dtype = qd,
            .kv_dtype = kd});
       add({.B = 1, .Hq = 2, .Hkv = 2, .Sq = 1, .Skv = 1000, .Dk = 64, .Dv = 96, .causal = Causal::bottom_right,
            .dtype = qd, .kv_dtype = kd, .page_size = 16});
-      add({.B = 1, .Hq = 2, .Hkv = 2, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 64, .dtype = qd, .kv_dtype = kd,
+      add({.B = 1, .Hq = 2, .Hkv = 2, .Sq = 1, .Skv = 203, .Dk = 64, .Dv = 128, .dtype = qd, .kv_dtype = kd,
            .amplitude = 30, .scale = 1.0});
+      add({.B = 2, .Hq = 2, .Hkv = 2, .Sq = 1, .Skv = 157, .Dk = 128, .Dv = 128, .kv_lens = true, .dtype = qd,
+           .kv_dtype = kd});
     }
   // bf16 prefill runs on its own kernel where the CPU has AMX, and bf16 rows are widened in registers by
   // the decode micro-kernels: every fp32 case above again in bf16 (every head dim, mask, window,
