@@ -756,9 +756,9 @@ ATTN_INLINE void key_pairs(const std::int8_t* a, const std::int8_t* b, BH& lo, B
   lo = (BH)_mm512_permutex2var_epi16(i8_as_f32(a), pairs, i8_as_f32(b));            // dims 0-15
   hi = (BH)_mm512_permutex2var_epi16(i8_as_f32(a + 16), pairs, i8_as_f32(b + 16));  // dims 16-31
 }
-ATTN_INLINE void key_pairs(const Q4Row& a, const Q4Row& b, BH& lo, BH& hi) {
-  const __m128i x = _mm_loadu_si128(static_cast<const __m128i*>(row_address(a)));
-  const __m128i y = _mm_loadu_si128(static_cast<const __m128i*>(row_address(b)));
+ATTN_INLINE void key_pairs_q4(const std::uint8_t* a, const std::uint8_t* b, BH& lo, BH& hi) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+  const __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
   q4_nibbles(_mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(x, y), _mm_unpacklo_epi8(x, y))), q4_bf16_table(),
              lo, hi);
 }
@@ -792,11 +792,25 @@ inline void pv_rows_pairs_step(const std::uint32_t* pw, std::int64_t pair_stride
       to_order(Vec::mul(Vec::load(x), a), Vec::mul(Vec::load(x + 16), a), acc[r][2 * e], acc[r][2 * e + 1]);
     }
   const std::uint32_t* wc = pw + (d / 32) * block_stride;
+  // the pass's bytes of a row: where one line starts in them (4-bit rows, 128 dims), its prefetch needs no loop
+  const std::int64_t from = row_bytes<R>(d), to = row_bytes<R>(d + 32 * DB), line = (from + 63) & ~std::int64_t{63};
+  const bool one_line = line < to && to - line <= 64;
   for (std::int64_t c = 0; c < cols; c += 2, wc += pair_stride) {
-    prefetch_rows(pv, c, std::min<std::int64_t>(2, cols - c), row_bytes<R>(d), row_bytes<R>(d + 32 * DB));
+    if (one_line && pv) {
+      if (pv[c]) __builtin_prefetch(static_cast<const char*>(row_address(pv[c])) + line, 0, 1);
+      if (c + 1 < cols && pv[c + 1]) __builtin_prefetch(static_cast<const char*>(row_address(pv[c + 1])) + line, 0, 1);
+    } else {
+      prefetch_rows(pv, c, std::min<std::int64_t>(2, cols - c), from, to);
+    }
     const R v1 = c + 1 < cols ? vrows[c + 1] : partner;
     BH lo[DB], hi[DB];
-    for (int e = 0; e < DB; ++e) key_pairs(vrows[c] + (d + 32 * e), v1 + (d + 32 * e), lo[e], hi[e]);
+    if constexpr (kQ4) {  // (the rows' bytes found once, not per 32 dims from each Q4Row's offset)
+      const auto* a = static_cast<const std::uint8_t*>(row_address(vrows[c] + d));
+      const auto* b = static_cast<const std::uint8_t*>(row_address(v1 + d));
+      for (int e = 0; e < DB; ++e) key_pairs_q4(a + 16 * e, b + 16 * e, lo[e], hi[e]);
+    } else {
+      for (int e = 0; e < DB; ++e) key_pairs(vrows[c] + (d + 32 * e), v1 + (d + 32 * e), lo[e], hi[e]);
+    }
     for (int e = 0; e < DB; ++e)
       for (int r = 0; r < NL; ++r) {
         const BH w = (BH)_mm512_set1_epi32(static_cast<int>(wc[e * block_stride + r]));
