@@ -1523,16 +1523,18 @@ struct StoredTile {
                  [&](std::int64_t c, std::int64_t m, const KVT* r0, std::int64_t step, const float* s0,
                      std::int64_t s_step) {
                    const auto* b0 = reinterpret_cast<const std::uint8_t*>(r0);
+                   Row* const out = rows + c;  // (a local: stores through rows + c + e, which might alias the
+                                               // captured pointer for the compiler, made it reload that per row)
                    if (s0) {  // (bytes, scales) as one 16-byte vector, stepped by one add: GCC vectorised the
                               // addresses 8 rows at a time, then extracted each to store it alone)
                      static_assert(offsetof(Q4Row, scales) == sizeof(void*) && sizeof(void*) == 8, "two 64-bit fields");
                      __m128i at = _mm_set_epi64x(reinterpret_cast<std::intptr_t>(s0), reinterpret_cast<std::intptr_t>(b0));
                      const __m128i by = _mm_set_epi64x(s_step * std::int64_t{sizeof(float)}, step);
                      for (std::int64_t e = 0; e < m; ++e, at = _mm_add_epi64(at, by))
-                       _mm_storeu_si128(reinterpret_cast<__m128i*>(&rows[c + e]), at);
+                       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + e), at);
                      prefetch_scales(s0, m, s_step);
                    } else {
-                     for (std::int64_t e = 0; e < m; ++e) rows[c + e].bytes = b0 + e * step;
+                     for (std::int64_t e = 0; e < m; ++e) out[e].bytes = b0 + e * step;
                    }
                  });
       };
