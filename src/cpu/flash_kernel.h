@@ -186,11 +186,17 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 template <class R>
 ATTN_INLINE void prefetch_rows(const R* far, std::int64_t c, std::int64_t n, std::int64_t from, std::int64_t to,
                                std::int64_t step = 64) {
-  if (far)
+  if (!far) return;
+  const std::int64_t first = (from + step - 1) & ~(step - 1);
+  if (first < to && to - first <= step) {  // one line a row (a 4-bit P·V pass at d128): no loop per row
     for (std::int64_t g = c; g < c + n; ++g)
-      if (far[g])
-        for (std::int64_t off = (from + step - 1) & ~(step - 1); off < to; off += step)
-          __builtin_prefetch(static_cast<const char*>(row_address(far[g])) + off, 0, 1);
+      if (far[g]) __builtin_prefetch(static_cast<const char*>(row_address(far[g])) + first, 0, 1);
+    return;
+  }
+  for (std::int64_t g = c; g < c + n; ++g)
+    if (far[g])
+      for (std::int64_t off = first; off < to; off += step)
+        __builtin_prefetch(static_cast<const char*>(row_address(far[g])) + off, 0, 1);
 }
 
 // A factor per key for a packed vector of W / NL keys (rows of NL lanes: rows_step_packed): lane i·NL + r holds
@@ -199,18 +205,24 @@ ATTN_INLINE void prefetch_rows(const R* far, std::int64_t c, std::int64_t n, std
 template <int NL>
 ATTN_INLINE V repeat_keys(const float* f) {
   constexpr int KPV = W / NL;
-  if constexpr (NL == 1) return Vec::load(f);  // a key per lane
-  const __m512i key_of_lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                NL == 8 ? 3 : NL == 4 ? 2 : 1);
-  return _mm512_permutexvar_ps(key_of_lane, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << KPV) - 1), f));
+  if constexpr (NL == 1) {
+    return Vec::load(f);  // a key per lane
+  } else {
+    const __m512i key_of_lane = _mm512_srli_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), NL == 8 ? 3 : NL == 4 ? 2 : 1);
+    return _mm512_permutexvar_ps(key_of_lane, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << KPV) - 1), f));
+  }
 }
 #elif defined(ATTN_VEC_AVX2)
 template <int NL>
 ATTN_INLINE V repeat_keys(const float* f) {
-  if constexpr (NL == 1) return Vec::load(f);  // a key per lane
-  const __m128 keys = NL == 4 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(f))) : _mm_loadu_ps(f);
-  const __m256i key_of_lane = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), NL == 4 ? 2 : 1);
-  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(keys), key_of_lane);
+  if constexpr (NL == 1) {
+    return Vec::load(f);  // a key per lane
+  } else {
+    const __m128 keys = NL == 4 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(f))) : _mm_loadu_ps(f);
+    const __m256i key_of_lane = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), NL == 4 ? 2 : 1);
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(keys), key_of_lane);
+  }
 }
 #endif
 
@@ -795,16 +807,8 @@ inline void pv_rows_pairs_step(const std::uint32_t* pw, std::int64_t pair_stride
       to_order(Vec::mul(Vec::load(x), a), Vec::mul(Vec::load(x + 16), a), acc[r][2 * e], acc[r][2 * e + 1]);
     }
   const std::uint32_t* wc = pw + (d / 32) * block_stride;
-  // the pass's bytes of a row: where one line starts in them (4-bit rows, 128 dims), its prefetch needs no loop
-  const std::int64_t from = row_bytes<R>(d), to = row_bytes<R>(d + 32 * DB), line = (from + 63) & ~std::int64_t{63};
-  const bool one_line = line < to && to - line <= 64;
   for (std::int64_t c = 0; c < cols; c += 2, wc += pair_stride) {
-    if (one_line && pv) {
-      if (pv[c]) __builtin_prefetch(static_cast<const char*>(row_address(pv[c])) + line, 0, 1);
-      if (c + 1 < cols && pv[c + 1]) __builtin_prefetch(static_cast<const char*>(row_address(pv[c + 1])) + line, 0, 1);
-    } else {
-      prefetch_rows(pv, c, std::min<std::int64_t>(2, cols - c), from, to);
-    }
+    prefetch_rows(pv, c, std::min<std::int64_t>(2, cols - c), row_bytes<R>(d), row_bytes<R>(d + 32 * DB));
     const R v1 = c + 1 < cols ? vrows[c + 1] : partner;
     BH lo[DB], hi[DB];
     if constexpr (kQ4) {  // (the rows' bytes found once, not per 32 dims from each Q4Row's offset)
@@ -838,17 +842,27 @@ inline void pair_weights(const float* pt, std::int64_t cols, const T* const*, st
   weight_pairs<NL, std::is_same_v<T, std::int8_t>, kRow>(pt, cols, pw, vscale);
 }
 
+// Passes of 32·DB value dims while they fit, then of DB / 2, .. 1 (each dim's sum is the same whichever: one lane's
+// 256-dim passes leave d128 to one pass of 128, not four of 32). Returns the first dim not done.
+template <int NL, int DB, class R>
+inline std::int64_t pv_rows_pairs_steps(const std::uint32_t* pw, std::int64_t pair_stride, std::int64_t block_stride,
+                                        const R* vrows, R partner, std::int64_t dv, std::int64_t cols,
+                                        const float* alpha, float* o, std::int64_t d, const R* pv) {
+  for (; d + 32 * DB <= dv; d += 32 * DB)
+    pv_rows_pairs_step<NL, DB>(pw, pair_stride, block_stride, vrows, partner, dv, cols, alpha, o, d, pv);
+  if constexpr (DB > 1)
+    return pv_rows_pairs_steps<NL, DB / 2>(pw, pair_stride, block_stride, vrows, partner, dv, cols, alpha, o, d, pv);
+  else
+    return d;
+}
+
 // pv_rows for bf16 pairs, from the weights Pᵀ[c][r] as bf16 pairs (pair_weights): 32·DB value dims at a time
 // (NL·2·DB <= 16 accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
 template <int NL, class T>
 inline void pv_rows_pairs(const std::uint32_t* pw, const T* const* vrows, std::int64_t dv, std::int64_t cols,
                           const float* alpha, float* o, const T* zero, const T* const* pv) {
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
-  std::int64_t d = 0;
-  for (; d + 32 * DB <= dv; d += 32 * DB) pv_rows_pairs_step<NL, DB>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, d, pv);
-  if constexpr (DB > 4)  // (one lane: 256 dims a pass, then 128, as two lanes take them)
-    for (; d + 128 <= dv; d += 128) pv_rows_pairs_step<NL, 4>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, d, pv);
-  for (; d + 32 <= dv; d += 32) pv_rows_pairs_step<NL, 1>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, d, pv);
+  std::int64_t d = pv_rows_pairs_steps<NL, DB>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, 0, pv);
   for (; d < dv; ++d)
     for (int r = 0; r < NL; ++r) {
       float acc = o[r * dv + d] * alpha[r];
@@ -872,12 +886,7 @@ inline void pv_rows_pairs(const std::uint32_t* pw, const Q4Row* vrows, std::int6
                           const float* alpha, float* o, const Q4Row* pv) {
   const std::int64_t nb = dv / 32;
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
-  std::int64_t d = 0;
-  for (; d + 32 * DB <= dv; d += 32 * DB)
-    pv_rows_pairs_step<NL, DB>(pw, nb * NL, NL, vrows, vrows[0], dv, cols, alpha, o, d, pv);
-  if constexpr (DB > 4)
-    for (; d + 128 <= dv; d += 128) pv_rows_pairs_step<NL, 4>(pw, nb * NL, NL, vrows, vrows[0], dv, cols, alpha, o, d, pv);
-  for (; d < dv; d += 32) pv_rows_pairs_step<NL, 1>(pw, nb * NL, NL, vrows, vrows[0], dv, cols, alpha, o, d, pv);
+  pv_rows_pairs_steps<NL, DB>(pw, nb * NL, NL, vrows, vrows[0], dv, cols, alpha, o, 0, pv);
 }
 #else
 inline constexpr bool kBf16Dot = false;

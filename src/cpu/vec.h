@@ -205,7 +205,7 @@ inline Vec::T load_q4_scaled(const std::uint8_t* p, float f) {
 // (`scales`, `stride` apart) carried along, so that the kernels written over `row + d` and `row[d]` read 4-bit rows
 // as they read the others. Null (a value-initialised Q4Row{}, or null bytes) where a pointer would be. No default
 // member initialisers: like a pointer, a default-initialised one is left unset (decode's row tables of a block's tiles,
-// StoredTile, are written as they are located instead of zeroed first).
+// StoredTile, get their stride and offset once per block and their pointers as they are located, not zeroed first).
 struct Q4Row {
   const std::uint8_t* bytes;
   const float* scales;
