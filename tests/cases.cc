@@ -336,7 +336,7 @@ std::vector<Case> registry() {
        .kv_dtype = DType::i4});
   // Blocks of one lane (MHA decode: Sq 1, a group of 1), packed rows of one lane: bf16, 8- and 4-bit K/V under bf16
   // Q (the pair products at avx512bf16) and fp32 Q, several tiles, odd key counts, value dims past 256 (passes of
-  // 256, 128 and 32 dims) and of 4 blocks (4-bit weights 4 key pairs a vector), the wide band.
+  // 256, 128, 64 and 32 dims) and of 4 blocks (4-bit weights 4 key pairs a vector), the wide band.
   for (DType kd : {DType::bf16, DType::i8, DType::i4})
     for (DType qd : {DType::bf16, DType::f32}) {
       add({.B = 2, .Hq = 3, .Hkv = 3, .Sq = 1, .Skv = 203, .Dk = 128, .Dv = 416, .kv_lens = true, .dtype = qd,
