@@ -168,6 +168,11 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // storage type (fp32, bf16, f16, i8, or i4 through Q4Row) and widened in registers: decode is bound by the bytes of
 // K and V. R, the type of a row: a pointer to its stored values, or a Q4Row.
 
+// A row far ahead of the keys in use, which is only prefetched: its first byte (null for none). Whatever the row type,
+// 8 bytes (a 4-bit tile's far rows as Q4Rows of 32 bytes were 4 KiB of its tables' 8, each line holding a quarter
+// of what was read of it).
+using FarRow = const void*;
+
 // Prefetches bytes [from, to) (the cache lines starting there) of the rows far[c] .. far[c + n - 1] (null entries
 // skipped, a null list for none) into L2 (prefetcht2). The score loop prefetches the whole K rows far ahead of its
 // keys, a key group at a time; each pass of the P·V loop over the tile (a slice of value dims) the same slice of the V
@@ -183,20 +188,19 @@ inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64
 // (bench/results_zen4_prefetch_tuner.md); one line in two of the V slices too was slower in both. Always inlined: as a
 // function of its own GCC finds it free of side effects (a prefetch is not one) and deletes its calls, every
 // prefetch with them (measured: decode 25-35 % slower until this was seen).
-template <class R>
-ATTN_INLINE void prefetch_rows(const R* far, std::int64_t c, std::int64_t n, std::int64_t from, std::int64_t to,
+ATTN_INLINE void prefetch_rows(const FarRow* far, std::int64_t c, std::int64_t n, std::int64_t from, std::int64_t to,
                                std::int64_t step = 64) {
   if (!far) return;
   const std::int64_t first = (from + step - 1) & ~(step - 1);
   if (first < to && to - first <= step) {  // one line a row (a 4-bit P·V pass at d128): no loop per row
     for (std::int64_t g = c; g < c + n; ++g)
-      if (far[g]) __builtin_prefetch(static_cast<const char*>(row_address(far[g])) + first, 0, 1);
+      if (far[g]) __builtin_prefetch(static_cast<const char*>(far[g]) + first, 0, 1);
     return;
   }
   for (std::int64_t g = c; g < c + n; ++g)
     if (far[g])
       for (std::int64_t off = first; off < to; off += step)
-        __builtin_prefetch(static_cast<const char*>(row_address(far[g])) + off, 0, 1);
+        __builtin_prefetch(static_cast<const char*>(far[g]) + off, 0, 1);
 }
 
 // A factor per key for a packed vector of W / NL keys (rows of NL lanes: rows_step_packed): lane i·NL + r holds
@@ -339,7 +343,7 @@ inline void q4_split_rows(const float* q, int nl, std::int64_t dk, float* qs) {
 // then their scores stored. Returns the first key not done (cols less the last cols % KG).
 template <int NL, int KG, std::int64_t kRow = BR, class R>
 inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std::int64_t c, std::int64_t cols,
-                               float mult, float* st, const R* pk, std::int64_t kstep) {
+                               float mult, float* st, const FarRow* pk, std::int64_t kstep) {
   constexpr int NA = KG * NL;
   const std::int64_t d_end = dk / W * W, d_split = kQ4Split<R> ? q4_split_end(dk) : 0;
   for (; c + KG <= cols; c += KG) {
@@ -379,7 +383,7 @@ inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std:
 // (BR; NL where the packed decode step keeps Sᵀ packed: rows_step_packed).
 template <int NL, std::int64_t kRow = BR, class R>
 inline void scores_rows(const float* q, const R* k, std::int64_t dk, std::int64_t cols, float mult, float* st,
-                        const R* pk = nullptr, std::int64_t kstep = 64) {
+                        const FarRow* pk = nullptr, std::int64_t kstep = 64) {
   constexpr bool wide = W == 16 || std::is_same_v<R, const float*>;  // the W / NL x NL form
   constexpr int kAcc = wide ? W : 12, NS = wide ? NL : (NL < 4 ? NL : 4);
   // One lane on 16-register ISAs takes the key groups of two (6 keys of 8- and 16-bit rows, 4 of fp32): its own 12
@@ -388,7 +392,7 @@ inline void scores_rows(const float* q, const R* k, std::int64_t dk, std::int64_
   for (int r0 = 0; r0 < NL; r0 += NS) {
     const float* qs = q + r0 * dk;
     float* ss = st + r0;
-    const R* pks = r0 == 0 ? pk : nullptr;
+    const FarRow* pks = r0 == 0 ? pk : nullptr;
     std::int64_t c = score_keys<NS, KG, kRow>(qs, k, dk, 0, cols, mult, ss, pks, kstep);
     if constexpr (KG > 2) c = score_keys<NS, KG / 2, kRow>(qs, k, dk, c, cols, mult, ss, pks, kstep);
     if constexpr (KG > 1) score_keys<NS, 1, kRow>(qs, k, dk, c, cols, mult, ss, pks, kstep);
@@ -399,7 +403,7 @@ inline void scores_rows(const float* q, const R* k, std::int64_t dk, std::int64_
 // at a time (NL·DB accumulators: enough independent FMA chains to hide their latency).
 template <int NL, int DB, std::int64_t kRow, class R>
 inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::int64_t cols,
-                         const float* alpha, float* o, std::int64_t d, const R* pv = nullptr) {
+                         const float* alpha, float* o, std::int64_t d, const FarRow* pv = nullptr) {
   // kQ4Split (d a multiple of 2·W here): vectors e, e + 1 (e even) hold a span's even dims, then its odd ones
   constexpr bool split = kQ4Split<R> && DB % 2 == 0;
   V acc[NL][DB];
@@ -414,7 +418,7 @@ inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::
   // The pass prefetches the lines of the V rows that start within its bytes: none when its slice is narrower than a
   // line and holds no line's start (then no per-key checks either: AVX2 8-bit rows, three passes in four).
   const std::int64_t from = row_bytes<R>(d), to = row_bytes<R>(d + DB * W);
-  const R* pf = ((from + 63) & ~std::int64_t{63}) < to ? pv : nullptr;
+  const FarRow* pf = ((from + 63) & ~std::int64_t{63}) < to ? pv : nullptr;
   for (std::int64_t c = 0; c < cols; ++c) {
     prefetch_rows(pf, c, 1, from, to);
     V vv[DB];
@@ -436,7 +440,7 @@ inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::
 
 template <int NL, int DB, std::int64_t kRow, class R>
 inline std::int64_t pv_rows_steps(const float* pt, const R* vrows, std::int64_t dv, std::int64_t cols,
-                                  const float* alpha, float* o, std::int64_t d, const R* pv) {
+                                  const float* alpha, float* o, std::int64_t d, const FarRow* pv) {
   for (; d + DB * W <= dv; d += DB * W) pv_rows_step<NL, DB, kRow>(pt, vrows, dv, cols, alpha, o, d, pv);
   if constexpr (DB > 1) return pv_rows_steps<NL, DB / 2, kRow>(pt, vrows, dv, cols, alpha, o, d, pv);
   else return d;
@@ -445,7 +449,7 @@ inline std::int64_t pv_rows_steps(const float* pt, const R* vrows, std::int64_t 
 // pv: the V rows far ahead (prefetch_rows), each step prefetching its own dims of them. Pᵀ rows of kRow.
 template <int NL, std::int64_t kRow = BR, class R>
 inline void pv_rows(const float* pt, const R* vrows, std::int64_t dv, std::int64_t cols, const float* alpha,
-                    float* o, const R* pv = nullptr) {
+                    float* o, const FarRow* pv = nullptr) {
   // NL·DB accumulators, DB value vectors and a broadcast weight in registers: 16 accumulators with AVX-512's 32
   // registers, 8 with the 16 of AVX2 and SSE2 (16 there spilled to the stack: measured on D2).
   // The dims a step of DB vectors leaves take steps of DB / 2, DB / 4, .. 1 (each dim's sum is the same whichever).
@@ -513,7 +517,7 @@ inline BH load_pairs(const std::int8_t* p) {  // values 0-15 from p, 16-31 from 
 template <int NL, int KG, std::int64_t kRow, class T>
 inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, const T* const* k,
                                      std::int64_t dk, std::int64_t c, std::int64_t cols, float mult, float* st,
-                                     const T* const* pk, std::int64_t kstep, const float* kscale) {
+                                     const FarRow* pk, std::int64_t kstep, const float* kscale) {
   constexpr int NA = KG * NL;
   const std::int64_t d_end = dk / 32 * 32;
   for (; c + KG <= cols; c += KG) {
@@ -535,7 +539,7 @@ inline std::int64_t score_keys_pairs(const std::uint16_t* qb, const float* q, co
 // (kscale; null for bf16 rows) multiply the scores as they are stored, in st rows of kRow (store_group_scores).
 template <int NL, std::int64_t kRow = BR, class T>
 inline void scores_rows_pairs(const float* q, const T* const* k, std::int64_t dk, std::int64_t cols,
-                              float mult, float* st, const T* const* pk, const std::uint16_t* qb,
+                              float mult, float* st, const FarRow* pk, const std::uint16_t* qb,
                               std::int64_t kstep, const float* kscale) {
   constexpr int KG = W / NL > 1 ? W / NL : 1;
   std::int64_t c = score_keys_pairs<NL, KG, kRow>(qb, q, k, dk, 0, cols, mult, st, pk, kstep, kscale);
@@ -655,7 +659,7 @@ inline void start_pairs_q4(const float* q, int nl, std::int64_t dk, std::uint16_
 // lanes each), then acc += t · (the span's block scales).
 template <int NL, int KG, std::int64_t kRow>
 inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::int64_t dk, std::int64_t c,
-                                  std::int64_t cols, float mult, float* st, const Q4Row* pk, std::int64_t kstep) {
+                                  std::int64_t cols, float mult, float* st, const FarRow* pk, std::int64_t kstep) {
   constexpr int NA = KG * NL;
   const std::int64_t spans = q4_spans(dk), whole = dk / 64;
   const __m512i table = q4_bf16_table();
@@ -694,7 +698,7 @@ inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::
 
 template <int NL, std::int64_t kRow = BR>
 inline void scores_rows_pairs(const float*, const Q4Row* k, std::int64_t dk, std::int64_t cols, float mult,
-                              float* st, const Q4Row* pk, const std::uint16_t* qb, std::int64_t kstep, const float*) {
+                              float* st, const FarRow* pk, const std::uint16_t* qb, std::int64_t kstep, const float*) {
   constexpr int KG = W / NL > 1 ? W / NL : 1;
   std::int64_t c = score_keys_q4<NL, KG, kRow>(qb, k, dk, 0, cols, mult, st, pk, kstep);
   if constexpr (KG > 2) c = score_keys_q4<NL, KG / 2, kRow>(qb, k, dk, c, cols, mult, st, pk, kstep);
@@ -786,7 +790,7 @@ ATTN_INLINE void key_pairs_q4(const std::uint8_t* a, const std::uint8_t* b, BH& 
 template <int NL, int DB, class R>
 inline void pv_rows_pairs_step(const std::uint32_t* pw, std::int64_t pair_stride, std::int64_t block_stride,
                                const R* vrows, R partner, std::int64_t dv, std::int64_t cols, const float* alpha,
-                               float* o, std::int64_t d, const R* pv) {
+                               float* o, std::int64_t d, const FarRow* pv) {
   constexpr bool kQ4 = std::is_same_v<R, Q4Row>;
   constexpr bool kI8 = std::is_same_v<R, const std::int8_t*>;  // (natural order: key_pairs)
   const auto to_order = [](V x0, V x1, V& lo, V& hi) {
@@ -847,7 +851,7 @@ inline void pair_weights(const float* pt, std::int64_t cols, const T* const*, st
 template <int NL, int DB, class R>
 inline std::int64_t pv_rows_pairs_steps(const std::uint32_t* pw, std::int64_t pair_stride, std::int64_t block_stride,
                                         const R* vrows, R partner, std::int64_t dv, std::int64_t cols,
-                                        const float* alpha, float* o, std::int64_t d, const R* pv) {
+                                        const float* alpha, float* o, std::int64_t d, const FarRow* pv) {
   for (; d + 32 * DB <= dv; d += 32 * DB)
     pv_rows_pairs_step<NL, DB>(pw, pair_stride, block_stride, vrows, partner, dv, cols, alpha, o, d, pv);
   if constexpr (DB > 1)
@@ -860,7 +864,7 @@ inline std::int64_t pv_rows_pairs_steps(const std::uint32_t* pw, std::int64_t pa
 // (NL·2·DB <= 16 accumulators), the last dv % 32 dims as the fp32 form does them (from the same rounded weights).
 template <int NL, class T>
 inline void pv_rows_pairs(const std::uint32_t* pw, const T* const* vrows, std::int64_t dv, std::int64_t cols,
-                          const float* alpha, float* o, const T* zero, const T* const* pv) {
+                          const float* alpha, float* o, const T* zero, const FarRow* pv) {
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
   std::int64_t d = pv_rows_pairs_steps<NL, DB>(pw, NL, 0, vrows, zero, dv, cols, alpha, o, 0, pv);
   for (; d < dv; ++d)
@@ -883,7 +887,7 @@ inline void pair_weights(const float* pt, std::int64_t cols, const Q4Row* vrows,
 // last key paired with the tile's first row).
 template <int NL>
 inline void pv_rows_pairs(const std::uint32_t* pw, const Q4Row* vrows, std::int64_t dv, std::int64_t cols,
-                          const float* alpha, float* o, const Q4Row* pv) {
+                          const float* alpha, float* o, const FarRow* pv) {
   const std::int64_t nb = dv / 32;
   constexpr int DB = NL >= 8 ? 1 : 8 / NL;
   pv_rows_pairs_steps<NL, DB>(pw, nb * NL, NL, vrows, vrows[0], dv, cols, alpha, o, 0, pv);
@@ -1331,7 +1335,7 @@ inline void scale_keys_packed(float* st, const float* f, std::int64_t cols) {
 // stack and pair it with the zero row start_pairs put in the V tile.
 template <int NL, std::int64_t kRow, class R>
 inline void pv_pairs(const float* pt, const R* vrows, const float* vscale, std::int64_t dv, std::int64_t cols,
-                     Workspace& ws, const R* v_far) {
+                     Workspace& ws, const FarRow* v_far) {
   if constexpr (std::is_same_v<R, Q4Row>) {
     auto* pw = reinterpret_cast<std::uint32_t*>(ws.v.data());
     pair_weights<NL, kRow>(pt, cols, vrows, dv, vscale, pw);
@@ -1350,7 +1354,7 @@ inline void pv_pairs(const float* pt, const R* vrows, const float* vscale, std::
 // as bf16 pairs (Pairs), else by fp32 FMAs after i8 V rows' scales have multiplied the weights.
 template <int NL, bool Pairs, std::int64_t kRow, class R>
 inline void values_packed(float* pt, const R* vrows, const float* vscale, std::int64_t dv, std::int64_t cols,
-                          Workspace& ws, const R* v_far) {
+                          Workspace& ws, const FarRow* v_far) {
 #if ATTN_VEC_BF16_DOT
   if constexpr (Pairs)
     pv_pairs<NL, kRow>(pt, vrows, vscale, dv, cols, ws, v_far);                                   // O = α·O + P V
@@ -1376,7 +1380,7 @@ inline void values_packed(float* pt, const R* vrows, const float* vscale, std::i
 template <int NL, class Variant, bool Pairs, class R>
 void rows_step_packed(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
                       const float* vscale, std::int64_t j0, std::int64_t cols, const Units& u, Workspace& ws,
-                      const R* k_far, const R* v_far) {
+                      const FarRow* k_far, const FarRow* v_far) {
   alignas(64) float sp[BC * NL + W];  // (+ W: a last key's load reads a vector)
 #if ATTN_VEC_BF16_DOT
   if constexpr (Pairs)
@@ -1422,7 +1426,7 @@ void rows_step_packed(const core::Problem& p, const Lanes& lanes, const R* krows
 template <int QV, int NL, class Variant, bool Pairs = false, class R>
 void rows_step(const core::Problem& p, const Lanes& lanes, const R* krows, const R* vrows, const float* kscale,
                const float* vscale, std::int64_t j0, std::int64_t cols, bool interior, const Units& u, Workspace& ws,
-               const R* k_far = nullptr, const R* v_far = nullptr) {
+               const FarRow* k_far = nullptr, const FarRow* v_far = nullptr) {
 #if defined(ATTN_VEC_AVX512) || defined(ATTN_VEC_AVX2)
   if constexpr (kPackedRows<NL> && QV == 1)
     if (interior && !Variant::kPerElement && !Variant::dropout(p))
@@ -1471,7 +1475,7 @@ struct StoredTile {
   const float* ks_at[BC];  // i8: where each row's scale is (4-bit rows' block scales: in their Q4Rows)
   const float* vs_at[BC];
   alignas(64) float ks[BC], vs[BC];  // i8: the scales themselves
-  Row k_far[BC], v_far[BC];
+  FarRow k_far[BC], v_far[BC];
   std::int64_t far_null_from = 0;  // k_far[c] and v_far[c] are null rows for c >= far_null_from
 
   // How far ahead the score loop prefetches: kFarBytes of K rows, 64 to 512 keys.
@@ -1487,8 +1491,8 @@ struct StoredTile {
     cols = n;
     locate_rows(keys, values, j0, n, k, v, ks_at, vs_at);
     const std::int64_t n_far = std::clamp<std::int64_t>(j_end - j_far, 0, n);
-    if (n_far > 0) locate_rows(keys, values, j_far, n_far, k_far, v_far, nullptr, nullptr);  // (rows only)
-    for (std::int64_t c = n_far; c < far_null_from; ++c) null_row(k_far[c]), null_row(v_far[c]);
+    if (n_far > 0) locate_far(keys, j_far, n_far, k_far), locate_far(values, j_far, n_far, v_far);
+    for (std::int64_t c = n_far; c < far_null_from; ++c) k_far[c] = v_far[c] = nullptr;
     far_null_from = n_far;
     if constexpr (kScaled) {  // (4-bit rows' scales: as their rows are located)
       const auto scales = [](std::int64_t, std::int64_t m, const KVT*, std::int64_t, const float* s0,
@@ -1520,37 +1524,37 @@ struct StoredTile {
     if constexpr (kI4)
       for (std::int64_t c = 0; c < BC; ++c) k[c].stride = keys.scale->stride[3], v[c].stride = values.scale->stride[3],
                                             k[c].off = v[c].off = 0;
-    for (std::int64_t c = 0; c < BC; ++c) null_row(k_far[c]), null_row(v_far[c]);
+    for (std::int64_t c = 0; c < BC; ++c) k_far[c] = v_far[c] = nullptr;
     far_null_from = 0;
   }
-  static void null_row(Row& r) {
-    if constexpr (kI4) r.bytes = nullptr, r.off = 0;
-    else r = nullptr;
+  // far[c] = where row j + c starts, for c < n.
+  static void locate_far(const RowSource<KVT>& src, std::int64_t j, std::int64_t n, FarRow* far) {
+    src.runs(j, n, false, [far](std::int64_t c, std::int64_t m, const KVT* r0, std::int64_t step, const float*,
+                                std::int64_t) {
+      for (std::int64_t e = 0; e < m; ++e) far[c + e] = r0 + e * step;
+    });
   }
   static void locate_rows(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n,
-                          Row* kr, Row* vr, const float** kscales, const float** vscales) {
+                          Row* kr, Row* vr, [[maybe_unused]] const float** kscales,
+                          [[maybe_unused]] const float** vscales) {
     if constexpr (kI4) {  // each Q4Row's pointers written as the runs are walked (its stride and offset: start)
-      const auto fill = [n](const RowSource<KVT>& src, std::int64_t j, Row* rows, const float** scales) {
-        src.runs(j, n, scales != nullptr,
+      const auto fill = [n](const RowSource<KVT>& src, std::int64_t j, Row* rows) {
+        src.runs(j, n, true,
                  [&](std::int64_t c, std::int64_t m, const KVT* r0, std::int64_t step, const float* s0,
                      std::int64_t s_step) {
-                   const auto* b0 = reinterpret_cast<const std::uint8_t*>(r0);
-                   Row* const out = rows + c;  // (a local: stores through rows + c + e, which might alias the
-                                               // captured pointer for the compiler, made it reload that per row)
-                   if (s0) {  // (bytes, scales) as one 16-byte vector, stepped by one add: GCC vectorised the
-                              // addresses 8 rows at a time, then extracted each to store it alone)
-                     static_assert(offsetof(Q4Row, scales) == sizeof(void*) && sizeof(void*) == 8, "two 64-bit fields");
-                     __m128i at = _mm_set_epi64x(reinterpret_cast<std::intptr_t>(s0), reinterpret_cast<std::intptr_t>(b0));
-                     const __m128i by = _mm_set_epi64x(s_step * std::int64_t{sizeof(float)}, step);
-                     for (std::int64_t e = 0; e < m; ++e, at = _mm_add_epi64(at, by))
-                       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + e), at);
-                     prefetch_scales(s0, m, s_step);
-                   } else {
-                     for (std::int64_t e = 0; e < m; ++e) out[e].bytes = b0 + e * step;
-                   }
+                   // (bytes, scales) as one 16-byte vector, stepped by one add (GCC vectorised the addresses 8 rows at
+                   // a time, then extracted each to store it alone); through a local `out` (stores through rows + c +
+                   // e, which might alias the captured pointer for the compiler, made it reload that per row)
+                   Row* const out = rows + c;
+                   static_assert(offsetof(Q4Row, scales) == sizeof(void*) && sizeof(void*) == 8, "two 64-bit fields");
+                   __m128i at = _mm_set_epi64x(reinterpret_cast<std::intptr_t>(s0), reinterpret_cast<std::intptr_t>(r0));
+                   const __m128i by = _mm_set_epi64x(s_step * std::int64_t{sizeof(float)}, step);
+                   for (std::int64_t e = 0; e < m; ++e, at = _mm_add_epi64(at, by))
+                     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + e), at);
+                   prefetch_scales(s0, m, s_step);
                  });
       };
-      fill(keys, j0, kr, kscales), fill(values, j0, vr, vscales);
+      fill(keys, j0, kr), fill(values, j0, vr);
     } else {
       keys.locate(j0, n, kr, kscales);
       values.locate(j0, n, vr, vscales);
