@@ -321,7 +321,7 @@ std::vector<Case> registry() {
   add({.B = 1, .Hq = 16, .Hkv = 1, .Sq = 2, .Skv = 203, .Dk = 576, .Dv = 512, .causal = Causal::bottom_right,
        .dtype = DType::bf16, .kv_dtype = DType::i4});
   // bf16 Q over 4-bit rows on the pair products (avx512bf16; head dims of whole blocks): 2, 4 and 8 lanes, a last
-  // span of one block (Dk 96, 160), Dk != Dv, one block (32), odd key counts, paged, the variants, the wide band.
+  // span shorter than the others (Dk 96, 160), Dk != Dv, one block (32), odd key counts, paged, the variants, the wide band.
   add({.B = 3, .Hq = 2, .Hkv = 1, .Sq = 1, .Skv = 113, .Dk = 96, .Dv = 32, .causal = Causal::bottom_right,
        .kv_lens = true, .dtype = DType::bf16, .kv_dtype = DType::i4, .page_size = 16});
   add({.B = 2, .Hq = 8, .Hkv = 2, .Sq = 1, .Skv = 203, .Dk = 160, .Dv = 64, .mask = MaskCase::additive_full,
@@ -334,6 +334,16 @@ std::vector<Case> registry() {
        .kv_dtype = DType::i4, .amplitude = 30, .scale = 1.0});
   add({.B = 2, .Hq = 4, .Hkv = 1, .Sq = 1, .Skv = 1, .Dk = 128, .Dv = 96, .kv_lens = true, .dtype = DType::bf16,
        .kv_dtype = DType::i4});
+  // One and two lanes read K rows in spans of 4 blocks: a whole span and a last one of 1 or 3 blocks (Dk 160, 224),
+  // one block alone (32), two spans and one block (288).
+  add({.B = 2, .Hq = 3, .Hkv = 3, .Sq = 1, .Skv = 203, .Dk = 160, .Dv = 64, .kv_lens = true, .dtype = DType::bf16,
+       .kv_dtype = DType::i4});
+  add({.B = 1, .Hq = 4, .Hkv = 2, .Sq = 1, .Skv = 113, .Dk = 224, .Dv = 96, .causal = Causal::bottom_right,
+       .dtype = DType::bf16, .kv_dtype = DType::i4, .page_size = 16});
+  add({.B = 2, .Hq = 2, .Hkv = 2, .Sq = 1, .Skv = 77, .Dk = 32, .Dv = 32, .dtype = DType::bf16,
+       .kv_dtype = DType::i4});
+  add({.B = 1, .Hq = 2, .Hkv = 1, .Sq = 1, .Skv = 203, .Dk = 288, .Dv = 128, .dtype = DType::bf16,
+       .kv_dtype = DType::i4, .amplitude = 30, .scale = 1.0});
   // Blocks of one lane (MHA decode: Sq 1, a group of 1), packed rows of one lane: bf16, 8- and 4-bit K/V under bf16
   // Q (the pair products at avx512bf16) and fp32 Q, several tiles, odd key counts, value dims past 256 (passes of
   // 256, 128, 64 and 32 dims) and of 4 blocks (4-bit weights 4 key pairs a vector), the wide band.

@@ -614,13 +614,20 @@ inline void start_pairs(const float* q, std::int64_t n, std::uint16_t* qb, core:
 }
 
 // 4-bit rows on the pair products (bf16 Q over i4 K/V; Dk and Dv multiples of 32, each row's block scales adjacent:
-// q4_pairs_usable). A nibble u becomes its value u − 8 as bf16 by one table lookup (vpermw, exact: |x| <= 8), so
-// 64 values take a zero-extension, a shift and two lookups, where the fp32 form spent four instructions per 16 and
-// twice the FMAs. The scores read a span of two blocks (64 dims, 32 bytes) at once: its low nibbles are its even
-// dims and its high nibbles its odd ones, q's bf16 rows are laid out to match (start_pairs_q4), and a block's scale
-// multiplies its lanes of the two products' sums (lanes 0-7 the first block, 8-15 the second) once per key and
-// lane. P·V pairs keys as the bf16 form does, each block's V scale folded into its own weights (rounded to bf16
-// after the scale, as the i8 form's). The accumulators hold a block's even dims, then its odd ones.
+// q4_pairs_usable). A nibble u becomes its value u − 8 as bf16 by one table lookup (vpermw, exact: |x| <= 8; the
+// table repeats its 16 entries, so the bit above a nibble is ignored), where the fp32 form spent four instructions
+// per 16 values and twice the FMAs. The scores read a row in spans of J blocks (32·J dims, 16·J bytes): each word of
+// the span's vector holds J dims (J = 4: two bytes as stored; J = 2: a byte, zero-extended to its word), the j-th
+// of J lookups (the words shifted by 4j) gives each word w its dim J·w + j, and q's bf16 rows are laid out to match
+// (start_pairs_q4). Lane l of each of the J products then sums 2·J dims of one block, the block's lanes take its
+// scale, and one FMA per key, lane and span multiplies the span's sums by its block scales. One or two lanes take
+// spans of 4 blocks: 4 lookups, 4 products and 1 FMA per 128 dims where spans of 2 took 4, 4 and 2 and a scale
+// permute more (MHA decode 1.09x, GQA 2 1.12x as fast in cache). Four and eight lanes take spans of 2: their
+// products outnumber the lookups, and the 4-product chains of a span of 4 waited on each other (1.2x as long).
+// P·V pairs keys as the bf16 form does, each block's V scale folded into its own weights (rounded to bf16 after the
+// scale, as the i8 form's); its accumulators hold a block's even dims, then its odd ones.
+template <int NL>
+inline constexpr int kQ4Lookups = NL <= 2 ? 4 : 2;  // J, the blocks of a span of the scores
 inline __m512i q4_bf16_table() {  // entry i: bf16 of (i & 15) − 8 (vpermw reads 5 bits of each index word)
   alignas(64) static constexpr std::uint16_t kValues[16] = {0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040,
                                                             0xC000, 0xBF80, 0x0000, 0x3F80, 0x4000, 0x4040,
@@ -632,65 +639,81 @@ inline __m512i q4_bf16_table() {  // entry i: bf16 of (i & 15) − 8 (vpermw rea
 ATTN_INLINE void q4_nibbles(__m512i w, __m512i table, BH& lo, BH& hi) {
   lo = (BH)_mm512_permutexvar_epi16(w, table), hi = (BH)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), table);
 }
-constexpr std::int64_t q4_spans(std::int64_t dk) { return (dk + 63) / 64; }
 
-// q's rows [NL][dk] (fp32, widened from bf16: exact, so each bf16 is its fp32's upper half) as bf16 in the scores'
-// order: per row and span of 64 dims, its even dims, then its odd ones (32 words each; a last span of one block,
-// dk being whole blocks, zero in words 16-31). Four word permutes per span (the element-wise form took 2.5 % of a
-// 4-bit decode's time).
+// q's rows [nl][dk] (fp32, widened from bf16: exact, so each bf16 is its fp32's upper half) as bf16 in the scores'
+// order: per row and span of 32·J dims, J vectors of 32 words, the j-th holding dims J·w + j (w = 0 .. 31; zero past
+// dk). One or two word permutes (and a blend) per vector.
+template <int J>
 inline void start_pairs_q4(const float* q, int nl, std::int64_t dk, std::uint16_t* qb) {
-  const __m512i even = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24,
-                                        22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
-  const auto dims = [](const float* x) {  // 32 dims as bf16, in order
-    return upper_halves(_mm512_castps_si512(Vec::load(x)), _mm512_castps_si512(Vec::load(x + 16)));
+  static_assert(J == 2 || J == 4, "spans of 2 or 4 blocks");
+  constexpr std::int64_t SD = 32 * J;
+  const __m512i word = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
+                                        11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i jw = _mm512_and_si512(_mm512_mullo_epi16(word, _mm512_set1_epi16(J)), _mm512_set1_epi16(63));
+  const auto dims = [](const float* x, std::int64_t left) {  // 32 dims as bf16, in order (none left: zero)
+    return left > 0 ? upper_halves(_mm512_castps_si512(Vec::load(x)), _mm512_castps_si512(Vec::load(x + 16)))
+                    : _mm512_setzero_si512();
   };
-  const std::int64_t spans = q4_spans(dk);
+  const std::int64_t spans = (dk + SD - 1) / SD;
   for (int r = 0; r < nl; ++r)
-    for (std::int64_t s = 0; s < spans; ++s, qb += 64) {
-      const float* x = q + r * dk + 64 * s;
-      const __m512i a = dims(x), b = 64 * s + 64 <= dk ? dims(x + 32) : _mm512_setzero_si512();
-      _mm512_storeu_si512(qb, _mm512_permutex2var_epi16(a, even, b));
-      _mm512_storeu_si512(qb + 32, _mm512_permutex2var_epi16(a, odd, b));
+    for (std::int64_t s = 0; s < spans; ++s, qb += SD) {
+      const float* x = q + r * dk + SD * s;
+      const std::int64_t left = dk - SD * s;  // (a multiple of 32)
+      const __m512i a0 = dims(x, left), a1 = dims(x + 32, left - 32);
+      for (int j = 0; j < J; ++j) {
+        const __m512i at = _mm512_add_epi16(jw, _mm512_set1_epi16(static_cast<short>(j)));
+        __m512i v = _mm512_permutex2var_epi16(a0, at, a1);
+        if constexpr (J == 4)  // words 16-31: dims 64 + 4(w − 16) + j
+          v = _mm512_mask_blend_epi16(0xFFFF0000u, v,
+                                      _mm512_permutex2var_epi16(dims(x + 64, left - 64), at, dims(x + 96, left - 96)));
+        _mm512_storeu_si512(qb + 32 * j, v);
+      }
     }
 }
 
-// score_keys_pairs for 4-bit K rows: per key and span, t = q_even·k_even + q_odd·k_odd in lanes (a block's 8
-// lanes each), then acc += t · (the span's block scales).
+// score_keys_pairs for 4-bit K rows: per key and span of J blocks, t = Σ_j q_j·k_j in lanes (block b's sums in lanes
+// 16b/J .. 16(b + 1)/J − 1), then acc += t · (the span's block scales). A last span of fewer blocks reads only its
+// own bytes and scales (masked loads: zero bytes, looked up as −8, meet q's zeros).
 template <int NL, int KG, std::int64_t kRow>
 inline std::int64_t score_keys_q4(const std::uint16_t* qb, const Q4Row* k, std::int64_t dk, std::int64_t c,
                                   std::int64_t cols, float mult, float* st, const FarRow* pk, std::int64_t kstep) {
-  constexpr int NA = KG * NL;
-  const std::int64_t spans = q4_spans(dk), whole = dk / 64;
+  constexpr int NA = KG * NL, J = kQ4Lookups<NL>;
+  constexpr std::int64_t SD = 32 * J;
+  const std::int64_t spans = (dk + SD - 1) / SD, whole = dk / SD, last_blocks = dk / 32 - J * whole;
+  const __mmask64 last_bytes = (std::uint64_t{1} << (16 * last_blocks)) - 1;  // (last_blocks < J)
+  const __mmask8 last_scales = static_cast<__mmask8>((1u << last_blocks) - 1);
   const __m512i table = q4_bf16_table();
-  const __m512i two_blocks = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);  // a span's 2 scales
+  const __m512i of_block = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             J == 4 ? 2 : 3);  // lane l: block l·J / 16
   for (; c + KG <= cols; c += KG) {
     prefetch_rows(pk, c, KG, 0, row_bytes<Q4Row>(dk), kstep);
     V acc[NA];
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
-    for (std::int64_t s = 0; s < spans; ++s)
+    for (std::int64_t s = 0; s < spans; ++s) {
+      const __mmask64 in_bytes = s < whole ? ~__mmask64{0} : last_bytes;  // (J = 4)
+      const __mmask8 in_scales = s < whole ? static_cast<__mmask8>((1u << J) - 1) : last_scales;
       for (int g = 0; g < KG; ++g) {
         const Q4Row& row = k[c + g];
-        const std::uint8_t* bytes = row.bytes + 32 * s;
-        const float* sc = row.scales + 2 * s;  // (q4_pairs_usable: a row's block scales adjacent)
+        const std::uint8_t* bytes = row.bytes + 16 * J * s;
         __m512i w;
-        V scale;
-        if (s < whole) {
+        if constexpr (J == 4)
+          w = _mm512_maskz_loadu_epi8(in_bytes, bytes);
+        else if (s < whole)  // (zero-extended as loaded: a masked load first took 1.5 % more of GQA 4's time)
           w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
-          scale = _mm512_permutexvar_ps(two_blocks, _mm512_castpd_ps(_mm512_castpd128_pd512(
-                                                        _mm_load_sd(reinterpret_cast<const double*>(sc)))));
-        } else {  // a last span of one block: its words 16-31 zero, as are q's there
-          w = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))));
-          scale = _mm512_set1_ps(sc[0]);
-        }
-        BH lo, hi;
-        q4_nibbles(w, table, lo, hi);
+        else
+          w = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(static_cast<__mmask32>(last_bytes), bytes));
+        const V scale =  // (q4_pairs_usable: a row's block scales adjacent)
+            _mm512_permutexvar_ps(of_block, _mm512_castps128_ps512(_mm_maskz_loadu_ps(in_scales, row.scales + J * s)));
+        BH kj[J];
+        for (int j = 0; j < J; ++j) kj[j] = (BH)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4 * j), table);
         for (int r = 0; r < NL; ++r) {
-          const std::uint16_t* qe = qb + (r * spans + s) * 64;
-          const V t = _mm512_dpbf16_ps(_mm512_dpbf16_ps(Vec::zero(), load_pairs(qe), lo), load_pairs(qe + 32), hi);
+          const std::uint16_t* qs = qb + (r * spans + s) * SD;
+          V t = _mm512_dpbf16_ps(Vec::zero(), load_pairs(qs), kj[0]);
+          for (int j = 1; j < J; ++j) t = _mm512_dpbf16_ps(t, load_pairs(qs + 32 * j), kj[j]);
           acc[g * NL + r] = Vec::fmadd(t, scale, acc[g * NL + r]);
         }
       }
+    }
     for (int a0 = 0; a0 < NA; a0 += W) store_group_scores<NL, NA, kRow>(acc, a0, nullptr, k, dk, dk, c, mult, st);
   }
   return c;
@@ -1649,7 +1672,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
       if (!pairs) q4_split_rows(ws.q.data(), NL, p.Dk, ws.k.data());  // q's rows as kQ4Split's scores read them
 #if ATTN_VEC_BF16_DOT
     if (pairs && kI4)
-      start_pairs_q4(ws.q.data(), NL, p.Dk, reinterpret_cast<std::uint16_t*>(ws.k.data()));
+      start_pairs_q4<kQ4Lookups<NL>>(ws.q.data(), NL, p.Dk, reinterpret_cast<std::uint16_t*>(ws.k.data()));
     else if (pairs)
       start_pairs(ws.q.data(), NL * p.Dk, reinterpret_cast<std::uint16_t*>(ws.k.data()),
                   reinterpret_cast<core::bf16*>(ws.v.data()), p.Dv);
