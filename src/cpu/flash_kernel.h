@@ -622,8 +622,8 @@ inline void start_pairs(const float* q, std::int64_t n, std::uint16_t* qb, core:
 // (start_pairs_q4). Lane l of each of the J products then sums 2·J dims of one block, the block's lanes take its
 // scale, and one FMA per key, lane and span multiplies the span's sums by its block scales. One or two lanes take
 // spans of 4 blocks: 4 lookups, 4 products and 1 FMA per 128 dims where spans of 2 took 4, 4 and 2 and a scale
-// permute more (MHA decode 1.09x, GQA 2 1.12x as fast in cache). Four and eight lanes take spans of 2: their
-// products outnumber the lookups, and the 4-product chains of a span of 4 waited on each other (1.2x as long).
+// permute more (MHA decode 1.07x, GQA 2 1.12x as fast in cache, Zen 4). Four and eight lanes take spans of 2: their
+// products outnumber the lookups, and the 4-product chains of a span of 4 waited on each other (1.1-1.3x as long).
 // P·V pairs keys as the bf16 form does, each block's V scale folded into its own weights (rounded to bf16 after the
 // scale, as the i8 form's); its accumulators hold a block's even dims, then its odd ones.
 template <int NL>
