@@ -519,6 +519,42 @@ TEST(I4KV, SameBitsAsTheirFp32Values) {
   }
 }
 
+// 4-bit rows whose block scales lie apart (a scale view [B, Hkv, Skv, blocks] over [B, Hkv, blocks, Skv] memory):
+// decode reads such rows widened into fp32 tiles (flash_block: RowSource::scales_adjacent; in registers a Q4Row
+// reads adjacent scales only), and gives what the same values with adjacent scales give, to within the summation
+// order's rounding, at every level, under fp32 and bf16 queries (the pair products for bf16 at avx512bf16).
+TEST(I4KV, BlockScalesApartReadAsAdjacent) {
+  for (DType qd : {DType::f32, DType::bf16})
+    for (std::int64_t D : {128, 96}) {
+      const Case c{.B = 2, .Hq = 4, .Hkv = 2, .Sq = 1, .Skv = 203, .Dk = D, .Dv = D, .dtype = qd,
+                   .kv_dtype = DType::i4};
+      for (cpu::Isa isa : supported_isas()) {
+        ForceIsa force(isa);
+        SCOPED_TRACE(std::string(cpu::isa_name(isa)) + ", " + c.name());
+        Instance adjacent = instantiate(c), apart = instantiate(c);
+        Tensor scales_apart[2];
+        for (int t = 0; t < 2; ++t) {
+          const Tensor& from = t == 0 ? adjacent.k_scale : adjacent.v_scale;
+          const std::int64_t blocks = from.view.shape[3];
+          Tensor& to = scales_apart[t];
+          to = Tensor::plain(DType::f32, {c.B, c.Hkv, blocks, c.Skv});
+          to.view.shape = {c.B, c.Hkv, c.Skv, blocks};
+          to.view.strides = {c.Hkv * blocks * c.Skv, blocks * c.Skv, 1, c.Skv};
+          to.for_each_index([&](auto b, auto h, auto j, auto e) { to.set(from.get(b, h, j, e), b, h, j, e); });
+          (t == 0 ? apart.params.k_scale : apart.params.v_scale) = to.view;
+        }
+        const Outputs a = run_poisoned(adjacent, [&](Instance& in) { return in.run(Backend::flash, 1); });
+        const Outputs b = run_poisoned(apart, [&](Instance& in) { return in.run(Backend::flash, 1); });
+        ASSERT_EQ(a.out.size(), b.out.size());
+        double worst = 0;
+        for (std::size_t i = 0; i < a.out.size(); ++i) worst = std::max(worst, std::fabs(a.out[i] - b.out[i]));
+        for (std::size_t i = 0; i < a.lse.size(); ++i) worst = std::max(worst, std::fabs(a.lse[i] - b.lse[i]));
+        // bf16: the pair products round the weights to bf16 (2^-9 relative), the widened path keeps them fp32
+        EXPECT_LT(worst, qd == DType::f32 ? 1e-5 : 2e-2);
+      }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Registry, AttentionCase, ::testing::ValuesIn(registry()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
 

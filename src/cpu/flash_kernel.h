@@ -296,7 +296,7 @@ template <class R>
 inline constexpr bool kQ4Split = false;
 inline void load_q4_split(const Q4Row&, std::int64_t, std::int64_t, V&, V&) {}
 #endif
-inline std::int64_t q4_scale_at(const Q4Row& r, std::int64_t d) { return d / kI4Block * r.stride; }
+inline std::int64_t q4_scale_at(const Q4Row&, std::int64_t d) { return d / kI4Block; }  // (scales adjacent)
 // The first dims of a row of `dim` values that whole spans of 2·W cover: kQ4Split reads those split, the rest in order.
 inline constexpr std::int64_t q4_split_end(std::int64_t dim) { return dim / (2 * W) * (2 * W); }
 
@@ -1539,14 +1539,8 @@ struct StoredTile {
       for (std::int64_t e = 0; e < m; ++e) __builtin_prefetch(s0 + e * s_step, 0, 3);
     }
   }
-  // Once per block, before its first tile: every far row null; 4-bit rows' fields other than their pointers set (the
-  // block's rows share their scales' stride, and are located at offset 0), so that locating a tile writes only
-  // those pointers, and the far rows' bytes (MHA decode from a 4-bit cache spent a quarter of its time writing whole
-  // Q4Rows).
-  void start([[maybe_unused]] const RowSource<KVT>& keys, [[maybe_unused]] const RowSource<KVT>& values) {
-    if constexpr (kI4)
-      for (std::int64_t c = 0; c < BC; ++c) k[c].stride = keys.scale->stride[3], v[c].stride = values.scale->stride[3],
-                                            k[c].off = v[c].off = 0;
+  // Once per block, before its first tile: every far row null.
+  void start() {
     for (std::int64_t c = 0; c < BC; ++c) k_far[c] = v_far[c] = nullptr;
     far_null_from = 0;
   }
@@ -1560,20 +1554,29 @@ struct StoredTile {
   static void locate_rows(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n,
                           Row* kr, Row* vr, [[maybe_unused]] const float** kscales,
                           [[maybe_unused]] const float** vscales) {
-    if constexpr (kI4) {  // each Q4Row's pointers written as the runs are walked (its stride and offset: start)
+    if constexpr (kI4) {  // each Q4Row (bytes, scales) written as the runs are walked, two rows a 32-byte store
       const auto fill = [n](const RowSource<KVT>& src, std::int64_t j, Row* rows) {
         src.runs(j, n, true,
                  [&](std::int64_t c, std::int64_t m, const KVT* r0, std::int64_t step, const float* s0,
                      std::int64_t s_step) {
-                   // (bytes, scales) as one 16-byte vector, stepped by one add (GCC vectorised the addresses 8 rows at
-                   // a time, then extracted each to store it alone); through a local `out` (stores through rows + c +
-                   // e, which might alias the captured pointer for the compiler, made it reload that per row)
+                   // stepped by one add (GCC vectorised the addresses 8 rows at a time, then extracted each to store
+                   // it alone); through a local `out` (stores through rows + c + e, which might alias the captured
+                   // pointer for the compiler, made it reload that per row)
                    Row* const out = rows + c;
-                   static_assert(offsetof(Q4Row, scales) == sizeof(void*) && sizeof(void*) == 8, "two 64-bit fields");
-                   __m128i at = _mm_set_epi64x(reinterpret_cast<std::intptr_t>(s0), reinterpret_cast<std::intptr_t>(r0));
-                   const __m128i by = _mm_set_epi64x(s_step * std::int64_t{sizeof(float)}, step);
-                   for (std::int64_t e = 0; e < m; ++e, at = _mm_add_epi64(at, by))
-                     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + e), at);
+                   static_assert(sizeof(Q4Row) == 16 && offsetof(Q4Row, scales) == 8, "two 64-bit fields");
+                   const std::int64_t s_bytes = s_step * std::int64_t{sizeof(float)};
+                   const auto b0 = reinterpret_cast<std::intptr_t>(r0), f0 = reinterpret_cast<std::intptr_t>(s0);
+                   std::int64_t e = 0;
+#if defined(ATTN_VEC_AVX512) || defined(ATTN_VEC_AVX2)
+                   __m256i two = _mm256_set_epi64x(f0 + s_bytes, b0 + step, f0, b0);
+                   const __m256i by2 = _mm256_set_epi64x(2 * s_bytes, 2 * step, 2 * s_bytes, 2 * step);
+                   for (; e + 2 <= m; e += 2, two = _mm256_add_epi64(two, by2))
+                     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + e), two);
+#endif
+                   __m128i one = _mm_set_epi64x(f0 + e * s_bytes, b0 + e * step);
+                   const __m128i by = _mm_set_epi64x(s_bytes, step);
+                   for (; e < m; ++e, one = _mm_add_epi64(one, by))
+                     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + e), one);
                    prefetch_scales(s0, m, s_step);
                  });
       };
@@ -1650,8 +1653,8 @@ void lanes_step(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std
 // One block of lanes over keys [kv_lo, kv_hi) only (all keys, or one split of them): leaves the
 // unnormalised state of every lane in ws (m, l, and O: Oᵀ [Dv][BR] when NL = 0, else rows [BR][Dv]).
 // NL = 0: lanes across vectors (QV vectors of lanes). NL > 0: row-major for at most NL lanes, K and V rows read as
-// stored and widened in registers (unit-stride rows; 4-bit rows always are), or widened into the workspace first
-// (strided rows).
+// stored and widened in registers (unit-stride rows, 4-bit ones with their block scales adjacent), or widened into
+// the workspace first (strided rows).
 template <int QV, int NL, class QT, class KVT, class Variant>
 void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo, std::int64_t kv_hi, Workspace& ws) {
   const BlockKeys keys(p, lanes, kv_lo, kv_hi, Variant::from_far_side(p));
@@ -1661,7 +1664,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
   if constexpr (NL == 0) {
     for (std::int64_t t = 0; t < keys.tiles; ++t)
       lanes_step<QV, KVT, Variant>(p, lanes, keys.j0(t), keys.cols(t), keys.interior(t), u, ws);
-  } else if (krows.unit_stride() && vrows.unit_stride()) {
+  } else if (krows.unit_stride() && vrows.unit_stride() && krows.scales_adjacent() && vrows.scales_adjacent()) {
     // bf16 Q, K and V on a level with pair products, where the dispatcher prefers them (cpu::bf16_dot_preferred)
     // (and bf16 Q over i8 K/V: the rows widened to bf16 exactly, their scales applied as the vector form does)
     constexpr bool kI4 = RowSource<KVT>::kI4;
@@ -1678,7 +1681,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
                   reinterpret_cast<core::bf16*>(ws.v.data()), p.Dv);
 #endif
     StoredTile<KVT> tile[2];  // this tile's rows and the next one's
-    tile[0].start(krows, vrows), tile[1].start(krows, vrows);
+    tile[0].start(), tile[1].start();
     // far rows: forward walks only, up to the block's last key (tiles walked backwards prefetch nothing)
     const std::int64_t far = StoredTile<KVT>::far_keys(p.Dk), far_end = keys.backwards ? 0 : keys.visible_hi;
     const auto locate = [&](StoredTile<KVT>& tl, std::int64_t t) {

@@ -35,6 +35,8 @@ struct RowSource {
   static constexpr bool kI4 = std::is_same_v<T, core::q4x2>;  // 4-bit rows: a scale per block of kI4Block values
   static constexpr bool kScaled = std::is_same_v<T, std::int8_t> || kI4;
   bool unit_stride() const { return t->stride[3] == 1; }
+  // Whether a row's block scales are adjacent (or it has one block), as a Q4Row reads them: true for other rows.
+  bool scales_adjacent() const { return !kI4 || dim <= kI4Block || scale->stride[3] == 1; }
 
   // Where the element at offset `off` (in elements) lies; 4-bit rows start on a byte (validate: even strides).
   const T* at(std::int64_t off) const { return static_cast<const T*>(t->data) + (kI4 ? off >> 1 : off); }

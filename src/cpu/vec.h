@@ -201,27 +201,34 @@ inline Vec::T load_q4_scaled(const std::uint8_t* p, float f) {
 }
 
 // A 4-bit row (attn/tensor.h's i4) as the row-major micro-kernels read it: like a pointer to the row's first value
-// (`+ d` moves it d values on; `[d]` is value d as fp32, its block's scale applied), with the row's block scales
-// (`scales`, `stride` apart) carried along, so that the kernels written over `row + d` and `row[d]` read 4-bit rows
-// as they read the others. Null (a value-initialised Q4Row{}, or null bytes) where a pointer would be. No default
-// member initialisers: like a pointer, a default-initialised one is left unset (decode's row tables of a block's tiles,
-// StoredTile, get their stride and offset once per block and their pointers as they are located, not zeroed first).
+// (`[d]` is value d as fp32, its block's scale applied; `+ d` gives a Q4At, d values on), with the row's block
+// scales (`scales`, adjacent: the kernels take 4-bit rows in place only when they are) carried along, so that the
+// kernels written over `row + d` and `row[d]` read 4-bit rows as they read the others. 16 bytes: decode's tables of
+// a tile's rows (StoredTile) write two a store (as 32-byte rows with a scale stride and an offset, their stores were
+// 5 % of a 4-bit MHA decode's time, and the tables 4 KiB of L1 a tile). Null (a value-initialised Q4Row{}, or null
+// bytes) where a pointer would be. No default member initialisers: like a pointer, a default-initialised one is left
+// unset.
+struct Q4At;
 struct Q4Row {
   const std::uint8_t* bytes;
   const float* scales;
-  std::int64_t stride, off;
-  Q4Row operator+(std::int64_t d) const { return {bytes, scales, stride, off + d}; }
-  // The scale of value e >= 0 of the row (unsigned: a shift, not a signed division).
-  float scale_at(std::int64_t e) const {
-    return scales[static_cast<std::int64_t>(static_cast<std::uint64_t>(e) / kI4Block) * stride];
-  }
-  float operator[](std::int64_t d) const {
-    const std::int64_t e = off + d;
-    return static_cast<float>(core::q4_at(bytes, e)) * scale_at(e);
+  Q4At operator+(std::int64_t d) const;
+  float operator[](std::int64_t d) const {  // (unsigned: a shift, not a signed division)
+    return static_cast<float>(core::q4_at(bytes, d)) * scales[static_cast<std::uint64_t>(d) / kI4Block];
   }
   explicit operator bool() const { return bytes != nullptr; }
 };
-inline const void* row_address(const Q4Row& r) { return r.bytes + (r.off >> 1); }
+// A 4-bit row `off` values on (Q4Row + d): what `+` and `[]` give stay relative to the row's start, whose blocks
+// the scales follow.
+struct Q4At {
+  Q4Row row;
+  std::int64_t off;
+  Q4At operator+(std::int64_t d) const { return {row, off + d}; }
+  float operator[](std::int64_t d) const { return row[off + d]; }
+};
+inline Q4At Q4Row::operator+(std::int64_t d) const { return {*this, d}; }
+inline const void* row_address(const Q4Row& r) { return r.bytes; }
+inline const void* row_address(const Q4At& r) { return r.row.bytes + (r.off >> 1); }
 template <class T>
 inline const void* row_address(const T* p) { return p; }
 // Bytes of `dim` stored values of rows of type R (a pointer to stored values, or Q4Row).
@@ -233,7 +240,9 @@ inline std::int64_t row_bytes(std::int64_t dim) {
 
 // W values from a 4-bit row at a whole vector of one block (off a multiple of W; kI4Block is a multiple of every
 // W): the values times their block's scale, each rounded once, as Q4Row's [] gives them.
-inline Vec::T load_as_float(const Q4Row& r) { return load_q4_scaled(r.bytes + (r.off >> 1), r.scale_at(r.off)); }
+inline Vec::T load_as_float(const Q4At& r) {
+  return load_q4_scaled(r.row.bytes + (r.off >> 1), r.row.scales[static_cast<std::uint64_t>(r.off) / kI4Block]);
+}
 
 // W storage values (fp32, bf16, f16, or i8 before its row's scale) as one vector of fp32.
 template <class T>
