@@ -296,7 +296,8 @@ template <class R>
 inline constexpr bool kQ4Split = false;
 inline void load_q4_split(const Q4Row&, std::int64_t, std::int64_t, V&, V&) {}
 #endif
-inline std::int64_t q4_scale_at(const Q4Row&, std::int64_t d) { return d / kI4Block; }  // (scales adjacent)
+// Where the block scale of value d of a 4-bit row lies among the row's scales (adjacent: flash_block reads only such).
+inline constexpr std::int64_t q4_scale_at(std::int64_t d) { return d / kI4Block; }
 // The first dims of a row of `dim` values that whole spans of 2·W cover: kQ4Split reads those split, the rest in order.
 inline constexpr std::int64_t q4_split_end(std::int64_t dim) { return dim / (2 * W) * (2 * W); }
 
@@ -352,7 +353,7 @@ inline std::int64_t score_keys(const float* q, const R* k, std::int64_t dk, std:
     for (int a = 0; a < NA; ++a) acc[a] = Vec::zero();
     if constexpr (kQ4Split<R>)
       for (std::int64_t d = 0; d < d_split; d += 2 * W) {  // whole spans, even then odd dims (q's rows so too)
-        const std::int64_t at = q4_scale_at(k[c], d);
+        const std::int64_t at = q4_scale_at(d);
         for (int g = 0; g < KG; ++g) {
           V even, odd;
           load_q4_split(k[c + g], d, at, even, odd);
@@ -409,10 +410,10 @@ inline void pv_rows_step(const float* pt, const R* vrows, std::int64_t dv, std::
   V acc[NL][DB];
   for (int r = 0; r < NL; ++r)
     for (int e = 0; e < DB; ++e) acc[r][e] = Vec::mul(Vec::load(o + r * dv + d + e * W), Vec::set1(alpha[r]));
-  std::int64_t at[DB / 2 + 1] = {};  // split: each span's scale index (the tile's rows share their stride)
+  std::int64_t at[DB / 2 + 1] = {};  // split: each span's scale index
   if constexpr (split)
     for (int e = 0; e < DB; e += 2) {
-      if (cols > 0) at[e / 2] = q4_scale_at(vrows[0], d + e * W);
+      at[e / 2] = q4_scale_at(d + e * W);
       for (int r = 0; r < NL; ++r) o_to_q4_order(acc[r][e], acc[r][e + 1], acc[r][e], acc[r][e + 1]);
     }
   // The pass prefetches the lines of the V rows that start within its bytes: none when its slice is narrower than a
@@ -838,9 +839,9 @@ inline void pv_rows_pairs_step(const std::uint32_t* pw, std::int64_t pair_stride
     prefetch_rows(pv, c, std::min<std::int64_t>(2, cols - c), row_bytes<R>(d), row_bytes<R>(d + 32 * DB));
     const R v1 = c + 1 < cols ? vrows[c + 1] : partner;
     BH lo[DB], hi[DB];
-    if constexpr (kQ4) {  // (the rows' bytes found once, not per 32 dims from each Q4Row's offset)
-      const auto* a = static_cast<const std::uint8_t*>(row_address(vrows[c] + d));
-      const auto* b = static_cast<const std::uint8_t*>(row_address(v1 + d));
+    if constexpr (kQ4) {  // (the rows' bytes found once, not per 32 dims; d a multiple of 32)
+      const std::uint8_t* a = vrows[c].bytes + d / 2;
+      const std::uint8_t* b = v1.bytes + d / 2;
       for (int e = 0; e < DB; ++e) key_pairs_q4(a + 16 * e, b + 16 * e, lo[e], hi[e]);
     } else {
       for (int e = 0; e < DB; ++e) key_pairs(vrows[c] + (d + 32 * e), v1 + (d + 32 * e), lo[e], hi[e]);

@@ -227,10 +227,6 @@ struct Q4At {
   float operator[](std::int64_t d) const { return row[off + d]; }
 };
 inline Q4At Q4Row::operator+(std::int64_t d) const { return {*this, d}; }
-inline const void* row_address(const Q4Row& r) { return r.bytes; }
-inline const void* row_address(const Q4At& r) { return r.row.bytes + (r.off >> 1); }
-template <class T>
-inline const void* row_address(const T* p) { return p; }
 // Bytes of `dim` stored values of rows of type R (a pointer to stored values, or Q4Row).
 template <class R>
 inline std::int64_t row_bytes(std::int64_t dim) {
