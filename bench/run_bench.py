@@ -79,7 +79,8 @@ CONFIGS = [
 BENCH_KEYS = (
     "tool label shape backend isa kernel B Hq Hkv Sq Skv Dk Dv causal dtype kv_dtype page_size kv_len_min kv_tokens "
     "threads warmup reps kv_sets kv_set_bytes huge_pages time_median_s time_min_s time_max_s times_s flops flops_nominal "
-    "gflops bytes gbps ceilings frac_fma frac_amx frac_bf16_dot frac_read_bw bound frac_bound rss_before_inputs_bytes "
+    "gflops bytes gbps ceilings frac_fma frac_amx frac_bf16_dot frac_read_bw paged_read frac_paged_read bound frac_bound "
+    "rss_before_inputs_bytes "
     "rss_with_inputs_bytes peak_rss_bytes extra_rss_bytes peak_rss_scope maxrss_bytes inputs_huge_page_fraction "
     "output_finite cpu"
 ).split()
@@ -602,15 +603,20 @@ def fmt_time(s):
     return f"{s * 1e3:.1f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
 
 
-def throughput(r, seconds):
-    """GFLOP/s for compute-bound runs, GB/s for memory-bound ones (attn's useful counts)."""
+def throughput(r, seconds, paged_note=True):
+    """GFLOP/s for compute-bound runs, GB/s for memory-bound ones (attn's useful counts); attn's paged rows also
+    against reading their pages scattered (paged_note)."""
     if seconds is None:
         return "—", None
-    memory = r["bound"] == "memory" or (r["ceilings"] is None and r["Sq"] <= 16)
+    memory = r["bound"].startswith("memory") or (r["ceilings"] is None and r["Sq"] <= 16)
     c = r["ceilings"]
     if memory:
         rate = r["bytes"] / seconds / 1e9
-        return f"{rate:.1f} GB/s", (rate / c["read_gbps"] if c else None)
+        # paged rows: also the share of reading their pages scattered (attn bench's paged_read ceiling)
+        paged = r.get("paged_read") if paged_note else None
+        extra = f" ({100 * rate / paged['gbps']:.0f}% of scattered {paged['chunk_bytes'] // 1024 or paged['chunk_bytes']}" \
+                f"{' KiB' if paged['chunk_bytes'] >= 1024 else ' B'} pages)" if paged and paged.get("gbps") else ""
+        return f"{rate:.1f} GB/s{extra}", (rate / c["read_gbps"] if c else None)
     rate = r["flops"] / seconds / 1e9
     ceiling = None
     if c:
@@ -638,7 +644,7 @@ def markdown(rows, info, threads, torch_version, peer_notes, scaling_png, huge_p
         t = row["torch_s"]
         ratio = f"{t / r['time_median_s']:.2f}×" if t else ("error" if row.get("torch_error") else "—")
         a_rate, a_frac = throughput(r, r["time_median_s"])
-        p_rate, p_frac = throughput(r, t)
+        p_rate, p_frac = throughput(r, t, paged_note=False)
         extra = r["extra_rss_bytes"] / 2**20
         peer_cols = ""
         for _, key in peers:

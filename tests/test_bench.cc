@@ -180,8 +180,8 @@ const char* const kBenchKeys[] = {
     "tool", "label", "shape", "backend", "isa", "B", "Hq", "Hkv", "Sq", "Skv", "Dk", "Dv", "causal", "dtype",
     "kv_dtype", "page_size", "kv_len_min", "kv_tokens", "threads", "warmup", "reps", "kv_sets", "kv_set_bytes",
     "huge_pages", "time_median_s", "time_min_s", "time_max_s", "times_s", "flops", "flops_nominal", "gflops",
-    "bytes", "gbps", "ceilings", "frac_fma", "frac_amx", "frac_bf16_dot", "frac_read_bw", "bound", "frac_bound",
-    "rss_before_inputs_bytes", "rss_with_inputs_bytes", "peak_rss_bytes", "extra_rss_bytes", "peak_rss_scope",
+    "bytes", "gbps", "ceilings", "frac_fma", "frac_amx", "frac_bf16_dot", "frac_read_bw", "paged_read",
+    "frac_paged_read", "bound", "frac_bound", "rss_before_inputs_bytes", "rss_with_inputs_bytes", "peak_rss_bytes", "extra_rss_bytes", "peak_rss_scope",
     "maxrss_bytes", "inputs_huge_page_fraction", "output_finite", "latent", "cpu"};
 // clang-format on
 
@@ -204,6 +204,7 @@ TEST(CliBench, TinyShapeJson) {
   expect_bench_json(l[0]);
   EXPECT_TRUE(has(l[0], "\"reps\":1,"));
   EXPECT_TRUE(has(l[0], "\"ceilings\":null"));
+  EXPECT_TRUE(has(l[0], "\"paged_read\":null"));
   EXPECT_TRUE(has(l[0], "\"shape\":\"custom\""));
   EXPECT_TRUE(has(l[0], "\"threads\":2,"));
   EXPECT_TRUE(has(l[0], "\"kv_sets\":1,"));  // a prefill shape is not rotated
@@ -259,7 +260,12 @@ TEST(CliBench, PagedRaggedMixedDtypesWithQuickCeilings) {
   EXPECT_TRUE(has(l[0], "\"dtype\":\"f32\",\"kv_dtype\":\"bf16\""));
   // Which ceiling binds depends on the ceilings measured in this run (a sanitizer build or a busy machine
   // lowers the FMA rate and moves the ridge point), so only the field's form is checked, never its value.
-  EXPECT_TRUE(has(l[0], "\"bound\":\"memory\"") || has(l[0], "\"bound\":\"compute (fp32 FMA)\"")) << l[0];
+  EXPECT_TRUE(has(l[0], "\"bound\":\"memory (scattered pages)\"") || has(l[0], "\"bound\":\"compute (fp32 FMA)\""))
+      << l[0];
+  // Paged: also judged against reading its pages (4 keys of 8 bf16 values: 64 bytes, read in chunks of 256) in a
+  // shuffled order.
+  EXPECT_TRUE(has(l[0], "\"paged_read\":{\"chunk_bytes\":256,\"gbps\":")) << l[0];
+  EXPECT_FALSE(has(l[0], "\"frac_paged_read\":null")) << l[0];
   EXPECT_TRUE(has(l[0], "\"ceilings\":{\"threads\":2,\"fma_gflops\":"));
   EXPECT_FALSE(has(l[0], "\"fma_gflops\":null"));
   EXPECT_FALSE(has(l[0], "\"read_gbps\":null"));

@@ -48,6 +48,20 @@ double spread(const std::vector<double>& trials);
 // Measured on the first call for a given `options`, then cached for the life of the process.
 const Ceilings& measure_ceilings(const CeilingOptions& options);
 
+// Reading a paged cache: its pages are chunks of page_size rows at scattered places, and on a VM reading 2 KiB chunks
+// in a shuffled order ran at a third of the streaming rate (2-core Zen 4, bench/results_zen4_paged_read.md), so a
+// paged decode is judged against this too: every thread sums whole chunks of chunk_bytes (rounded up to 256) of a
+// buffer as large as the streaming one's, in one shuffled order, on the hardware prefetchers alone and prefetching
+// every line 32 KiB ahead; the best of several trials.
+struct ScatteredRead {
+  std::int64_t chunk_bytes = 0;
+  double gbps = 0;
+  std::vector<double> trials;
+  double seconds = 0, setup_seconds = 0;
+};
+// Measured on the first call for given options and chunk size, then cached for the life of the process.
+const ScatteredRead& measure_scattered_read(const CeilingOptions& options, std::int64_t chunk_bytes);
+
 // Bytes of memory the kernel says are free for new allocations (MemAvailable), 0 if unknown.
 std::int64_t available_memory_bytes();
 
