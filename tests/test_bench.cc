@@ -181,8 +181,8 @@ const char* const kBenchKeys[] = {
     "kv_dtype", "page_size", "kv_len_min", "kv_tokens", "threads", "warmup", "reps", "kv_sets", "kv_set_bytes",
     "huge_pages", "time_median_s", "time_min_s", "time_max_s", "times_s", "flops", "flops_nominal", "gflops",
     "bytes", "gbps", "ceilings", "frac_fma", "frac_amx", "frac_bf16_dot", "frac_read_bw", "paged_read",
-    "frac_paged_read", "bound", "frac_bound", "rss_before_inputs_bytes", "rss_with_inputs_bytes", "peak_rss_bytes", "extra_rss_bytes", "peak_rss_scope",
-    "maxrss_bytes", "inputs_huge_page_fraction", "output_finite", "latent", "cpu"};
+    "frac_paged_read", "bound", "frac_bound", "rss_before_inputs_bytes", "rss_with_inputs_bytes", "peak_rss_bytes",
+    "extra_rss_bytes", "peak_rss_scope", "maxrss_bytes", "inputs_huge_page_fraction", "output_finite", "latent", "cpu"};
 // clang-format on
 
 void expect_bench_json(const std::string& line) {

@@ -15,9 +15,9 @@
 #include <fstream>
 #include <initializer_list>
 #include <map>
-#include <random>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -199,7 +199,8 @@ std::vector<double> read_bandwidth(int threads, std::int64_t bytes, bool huge_pa
 // The bandwidth buffer's size: twice the last-level cache and at least 256 MiB, but never more than a quarter of the
 // free memory (8 MiB for quick ceilings), a multiple of 256 bytes per thread.
 std::int64_t read_buffer_bytes(const CeilingOptions& options, int threads) {
-  std::int64_t bytes = std::max<std::int64_t>(2 * cpu::cpu_features().last_level_cache_bytes(), std::int64_t{256} << 20);
+  const std::int64_t llc = cpu::cpu_features().last_level_cache_bytes();
+  std::int64_t bytes = std::max<std::int64_t>(2 * llc, std::int64_t{256} << 20);
   if (const std::int64_t avail = available_memory_bytes(); avail > 0) bytes = std::min(bytes, avail / 4);
   if (options.quick) bytes = std::int64_t{8} << 20;
   return std::max<std::int64_t>(bytes, std::int64_t{1} << 20) / (std::int64_t{256} * threads) * 256 * threads;
@@ -220,9 +221,11 @@ std::vector<double> scattered_read_bandwidth(int threads, std::int64_t bytes, st
   for (std::int64_t i = 0; i < n; ++i) order[i] = i;
   std::shuffle(order.begin(), order.end(), std::mt19937_64(12345));
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (std::int64_t i = 0; i < n; ++i)  // first touched by the thread that reads it
+  for (std::int64_t i = 0; i < n; ++i) {  // first touched by the thread that reads it
+    std::uint64_t* words = reinterpret_cast<std::uint64_t*>(p + order[i] * chunk);
     for (std::int64_t w = 0; w < chunk / 8; ++w)
-      reinterpret_cast<std::uint64_t*>(p + order[i] * chunk)[w] = static_cast<std::uint64_t>(i * chunk + w) * 0x9e3779b97f4a7c15ull;
+      words[w] = static_cast<std::uint64_t>(i * chunk + w) * 0x9e3779b97f4a7c15ull;
+  }
   *setup_seconds = seconds_since(setup_start);
   const std::int64_t ahead = std::max<std::int64_t>(1, (std::int64_t{32} << 10) / chunk);  // chunks
   std::vector<double> rates;
@@ -235,8 +238,10 @@ std::vector<double> scattered_read_bandwidth(int threads, std::int64_t bytes, st
       {
         const std::int64_t t = omp_get_thread_num(), lo = n * t / threads, hi = n * (t + 1) / threads;
         for (std::int64_t i = lo; i < hi; ++i) {
-          if (prefetch && i + ahead < hi)
-            for (std::int64_t off = 0; off < chunk; off += 64) __builtin_prefetch(p + order[i + ahead] * chunk + off, 0, 1);
+          if (prefetch && i + ahead < hi) {
+            const char* next = p + order[i + ahead] * chunk;
+            for (std::int64_t off = 0; off < chunk; off += 64) __builtin_prefetch(next + off, 0, 1);
+          }
           total += sum(reinterpret_cast<const std::uint64_t*>(p + order[i] * chunk), chunk / 8);
         }
       }

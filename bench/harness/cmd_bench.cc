@@ -776,7 +776,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     // A paged cache is read a page of one head's rows at a time, at scattered places: judged also against reading
     // chunks of that size in a shuffled order (measured once per page size), which bounds it where streaming does
     // not (on a Zen 4 VM 2 KiB chunks read at about a third of the streaming rate).
-    if (s.page_size > 0 && !s.latent) {
+    if (s.page_size > 0) {
       paged_read = &measure_scattered_read(CeilingOptions{setup.threads, a.quick_ceilings, setup.huge_pages},
                                            checked_mul({s.page_size, dtype_bytes(setup.kv_dtype, s.D)}));
       if (paged_read->gbps > 0) frac_paged = gbps / paged_read->gbps;
