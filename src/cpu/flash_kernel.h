@@ -1523,7 +1523,8 @@ struct StoredTile {
   // run's span where rows share lines (s_step below a line: contiguous rows, 4 rows' block scales a line for 4-bit
   // d128, 16 rows' for 8-bit), else each row's first. (A prefetch per row and array, 3 in 4 or 15 in 16 of them to
   // a line already asked for, and the pointer loads they need, were a third of locating a 4-bit MHA decode's tiles.)
-  // Always inlined, as prefetch_rows is (else GCC may delete its calls).
+  // Always inlined, as prefetch_rows is (else GCC may delete its calls), and called only where the caller has effects
+  // of its own (the row walks of locate_rows): a walk that only prefetched was deleted whole, its prefetches with it.
   ATTN_INLINE static void prefetch_scales(const float* s0, std::int64_t m, std::int64_t s_step) {
     if (m <= 0) return;
     if (s_step > 0 && s_step < 16) {
