@@ -324,31 +324,49 @@ class Peer:
 # ---- the canonical shapes --------------------------------------------------------------------------------
 
 
-def measure_ceilings(attn, threads, args):
+def page_bytes(shape, kv_dtype):
+    """Bytes of one page of one KV head's K rows as stored (attn bench's scattered-read chunk)."""
+    d = shape["D"]
+    row = {"f32": 4 * d, "bf16": 2 * d, "f16": 2 * d, "i8": d, "i4": (d + 1) // 2}[kv_dtype]
+    return shape["page"] * row
+
+
+def measure_ceilings(attn, threads, args, page_chunks=()):
     """The machine's ceilings, measured once for the whole run (`attn bench --ceilings-only`: best of 7 trials
-    each, the trials and their spread kept), so that every row is judged against the same ones."""
+    each, the trials and their spread kept), so that every row is judged against the same ones; with them the
+    scattered-read ceilings of the paged rows' page sizes (the ceilings' "paged_read", a list)."""
     cmd = [str(attn), "bench", "--json", "--ceilings-only", "--threads", str(threads)] + hp_flag(args)
+    if page_chunks:
+        cmd += ["--paged-read-chunks", ",".join(str(c) for c in sorted(set(page_chunks)))]
     log("  $ " + " ".join(cmd))
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()}")
-    c = json.loads(p.stdout.strip().splitlines()[-1])["ceilings"]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    c = out["ceilings"]
     missing = [k for k in CEILING_KEYS if k not in c]
     if missing:
         raise RuntimeError(f"attn bench --ceilings-only lacks {missing}: {c}")
+    c["paged_read"] = out.get("paged_read", [])
     log(f"  ceilings: FMA {c['fma_gflops']:.0f} GFLOP/s (spread {100 * c['fma_spread']:.0f}%), read "
-        f"{c['read_gbps']:.1f} GB/s (spread {100 * c['read_spread']:.0f}%)")
+        f"{c['read_gbps']:.1f} GB/s (spread {100 * c['read_spread']:.0f}%)" +
+        "".join(f", {r['chunk_bytes']} B pages scattered {r['gbps']:.1f} GB/s" for r in c["paged_read"]))
     return c
 
 
 def ceiling_values_arg(c):
-    return ["--ceiling-values",
+    args = ["--ceiling-values",
             f"{c['fma_gflops']},{c['amx_bf16_gflops'] or 0},{c['read_gbps']},{c.get('bf16_dot_gflops') or 0}"]
+    if c.get("paged_read"):
+        args += ["--paged-read-values", ",".join(f"{r['chunk_bytes']}:{r['gbps']}" for r in c["paged_read"])]
+    return args
 
 
 def run_shapes(args, attn, peer, shapes_table, ids, threads):
     rows = []
-    measured = None if args.self_test else measure_ceilings(attn, threads, args)
+    chunks = [page_bytes(shapes_table[s], kvd) for _, _, kvd, only in CONFIGS for s in ids
+              if (only is None or s in only) and shapes_table[s]["page"]]
+    measured = None if args.self_test else measure_ceilings(attn, threads, args, chunks)
     for label, qd, kvd, only in CONFIGS:
         chosen = [s for s in ids if only is None or s in only]
         if not chosen:

@@ -311,6 +311,36 @@ TEST(CliBench, CeilingsOnceAndGiven) {
   expect_error(both, "--ceiling-values");
 }
 
+// The scattered-read ceilings of paged runs, measured up front with the ceilings (what run_bench.py does once per
+// run) and then given to a paged run, which is judged by the given value (rounded up to the 256-byte chunk the
+// measurement reads) instead of measuring it.
+TEST(CliBench, PagedReadCeilingsOnceAndGiven) {
+  const Outcome c = cli({"bench", "--ceilings-only", "--json", "--quick-ceilings", "--threads", "1",
+                         "--paged-read-chunks", "1000,4096"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_TRUE(has(c.out, "\"paged_read\":[{\"chunk_bytes\":1024,\"gbps\":")) << c.out;
+  EXPECT_TRUE(has(c.out, "},{\"chunk_bytes\":4096,\"gbps\":")) << c.out;
+  EXPECT_TRUE(has(c.out, "\"given\":false")) << c.out;
+  // 4 keys of 8 f32 values: 128 bytes a page, judged by the value given for 256
+  const std::vector<std::string> paged = {"bench", "--heads", "2", "--kv-heads", "1", "--q-len", "1", "--kv-len",
+                                          "64", "--head-dim", "8", "--paged", "4", "--reps", "1", "--threads", "1"};
+  std::vector<std::string> given = paged;
+  given.insert(given.end(), {"--json", "--ceiling-values", "10,0,5", "--paged-read-values", "200:7.5,4096:9"});
+  const Outcome g = cli(given);
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_TRUE(has(g.out, "\"paged_read\":{\"chunk_bytes\":256,\"gbps\":7.5,\"trials\":[],")) << g.out;
+  EXPECT_TRUE(has(g.out, "\"given\":true")) << g.out;
+  for (const std::string& bad : {"256", "0:3", "256:0", "256:x", "x:3", "256:3:1"}) {
+    std::vector<std::string> args = paged;
+    args.insert(args.end(), {"--quick-ceilings", "--paged-read-values", bad});
+    expect_error(args, "--paged-read-values");
+  }
+  std::vector<std::string> unjudged = paged;
+  unjudged.insert(unjudged.end(), {"--no-ceilings", "--paged-read-values", "256:3"});
+  expect_error(unjudged, "--paged-read-values");
+  expect_error({"bench", "--ceilings-only", "--quick-ceilings", "--paged-read-chunks", "0"}, "--paged-read-chunks");
+}
+
 TEST(CliBench, RaggedWithoutPagesUsesKeyLengths) {
   const Outcome r = cli({"bench", "--batch", "2", "--heads", "2", "--q-len", "3", "--kv-len", "9", "--kv-len-min", "2",
                          "--head-dim", "8", "--dtype", "bf16", "--reps", "1", "--json", "--no-ceilings"});

@@ -315,12 +315,30 @@ const Ceilings& measure_ceilings(const CeilingOptions& options) {
   return *slot;
 }
 
+namespace {
+std::mutex g_scattered_mutex;
+std::map<std::tuple<int, bool, bool, std::int64_t>, std::unique_ptr<ScatteredRead>> g_scattered;
+
+// The cache's slot for a chunk size, rounded up to a multiple of 256 bytes (the read loop's unit).
+std::unique_ptr<ScatteredRead>& scattered_slot(const CeilingOptions& options, std::int64_t chunk_bytes,
+                                               std::int64_t* chunk) {
+  *chunk = std::max<std::int64_t>(256, (chunk_bytes + 255) / 256 * 256);
+  return g_scattered[{options.threads, options.quick, options.huge_pages, *chunk}];
+}
+}  // namespace
+
+void give_scattered_read(const CeilingOptions& options, std::int64_t chunk_bytes, double gbps) {
+  const std::lock_guard<std::mutex> lock(g_scattered_mutex);
+  std::int64_t chunk = 0;
+  auto& slot = scattered_slot(options, chunk_bytes, &chunk);
+  slot = std::make_unique<ScatteredRead>();
+  slot->chunk_bytes = chunk, slot->gbps = gbps, slot->given = true;
+}
+
 const ScatteredRead& measure_scattered_read(const CeilingOptions& options, std::int64_t chunk_bytes) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, bool, bool, std::int64_t>, std::unique_ptr<ScatteredRead>> cache;
-  const std::lock_guard<std::mutex> lock(mutex);
-  const std::int64_t chunk = std::max<std::int64_t>(256, (chunk_bytes + 255) / 256 * 256);
-  auto& slot = cache[{options.threads, options.quick, options.huge_pages, chunk}];
+  const std::lock_guard<std::mutex> lock(g_scattered_mutex);
+  std::int64_t chunk = 0;
+  auto& slot = scattered_slot(options, chunk_bytes, &chunk);
   if (!slot) {
     const auto start = Clock::now();
     slot = std::make_unique<ScatteredRead>();

@@ -56,11 +56,15 @@ const Ceilings& measure_ceilings(const CeilingOptions& options);
 struct ScatteredRead {
   std::int64_t chunk_bytes = 0;
   double gbps = 0;
-  std::vector<double> trials;
+  std::vector<double> trials;  // empty when given
+  bool given = false;          // from --paged-read-values (run_bench.py measures once per run), not measured here
   double seconds = 0, setup_seconds = 0;
 };
-// Measured on the first call for given options and chunk size, then cached for the life of the process.
+// Measured on the first call for given options and chunk size (unless given first), then cached for the life of
+// the process.
 const ScatteredRead& measure_scattered_read(const CeilingOptions& options, std::int64_t chunk_bytes);
+// The value later calls for this chunk size return instead of measuring it.
+void give_scattered_read(const CeilingOptions& options, std::int64_t chunk_bytes, double gbps);
 
 // Bytes of memory the kernel says are free for new allocations (MemAvailable), 0 if unknown.
 std::int64_t available_memory_bytes();

@@ -48,6 +48,13 @@ namespace attn::tools {
 namespace {
 
 // The ceilings as JSON: the values, every trial and their spread ((max - min) / max), and whether they were given.
+JsonObject paged_read_json(const ScatteredRead& pr) {
+  JsonObject o;
+  o.add("chunk_bytes", pr.chunk_bytes).add("gbps", pr.gbps).add("trials", pr.trials);
+  o.add("spread", spread(pr.trials)).add("given", pr.given).add("seconds", pr.seconds);
+  return o;
+}
+
 JsonObject ceilings_json(const Ceilings& ceil) {
   JsonObject c;
   c.add("threads", ceil.threads).add("fma_gflops", ceil.fma_gflops).add("fma_isa", ceil.fma_isa);
@@ -287,6 +294,8 @@ struct BenchArgs {
   bool backward = false;
   bool ceilings_only = false;      // measure the ceilings, print them, run nothing
   std::vector<double> ceiling_values;  // given ceilings: FMA GFLOP/s, AMX bf16 GFLOP/s (0: none), read GB/s
+  std::vector<std::int64_t> paged_read_chunks;  // scattered-read ceilings to measure up front (chunk bytes)
+  std::vector<std::string> paged_read_values;   // given scattered-read ceilings, "BYTES:GBPS" each
   double softcap = 0;              // score variants: softcap (0 = off),
   bool alibi = false, sinks = false;  // ALiBi's geometric slopes, a sink of 0.5 per head
   double dropout = 0;                 // attention dropout probability (seed 1)
@@ -812,10 +821,7 @@ Status run_one(const Shape& s, const Setup& setup, const BenchArgs& a, const Cei
     }
     o.add("frac_fma", frac_fma).add("frac_amx", frac_amx).add("frac_bf16_dot", frac_dot).add("frac_read_bw", frac_read);
     if (paged_read) {
-      JsonObject pr;
-      pr.add("chunk_bytes", paged_read->chunk_bytes).add("gbps", paged_read->gbps).add("trials", paged_read->trials);
-      pr.add("spread", spread(paged_read->trials)).add("seconds", paged_read->seconds);
-      o.add("paged_read", pr);
+      o.add("paged_read", paged_read_json(*paged_read));
     } else {
       o.add_null("paged_read");
     }
@@ -931,10 +937,35 @@ Status bench(const BenchArgs& a, std::ostream& out) {
   } else if (!a.no_ceilings) {
     ceil = &measure_ceilings(CeilingOptions{setup.threads, a.quick_ceilings, setup.huge_pages});
   }
+  // Scattered-read ceilings of paged runs: given (BYTES:GBPS), or measured up front for the chunk sizes asked.
+  const CeilingOptions options{setup.threads, a.quick_ceilings, setup.huge_pages};
+  for (const std::string& v : a.paged_read_values) {
+    const std::size_t colon = v.find(':');
+    char* end = nullptr;
+    const long long bytes = colon == std::string::npos ? 0 : std::strtoll(v.c_str(), &end, 10);
+    const bool bytes_ok = colon != std::string::npos && end == v.c_str() + colon && bytes >= 1;
+    const double gbps = bytes_ok ? std::strtod(v.c_str() + colon + 1, &end) : 0;
+    if (!bytes_ok || end != v.c_str() + v.size() || !(gbps > 0) || !std::isfinite(gbps))
+      return Status::Invalid("--paged-read-values", "'" + v + "'; expected BYTES:GBPS (a page's bytes >= 1, GB/s > 0)");
+    if (!ceil) return Status::Invalid("--paged-read-values", "given with --no-ceilings; expected one of them");
+    give_scattered_read(options, bytes, gbps);
+  }
+  std::vector<const ScatteredRead*> asked;
+  for (const std::int64_t bytes : a.paged_read_chunks) {
+    if (bytes < 1 || bytes > (std::int64_t{1} << 30))
+      return Status::Invalid("--paged-read-chunks", std::to_string(bytes) + "; expected 1 to 2^30 bytes");
+    if (!ceil) return Status::Invalid("--paged-read-chunks", "given with --no-ceilings; expected one of them");
+    asked.push_back(&measure_scattered_read(options, bytes));
+  }
   if (a.ceilings_only) {
     if (!ceil) return Status::Invalid("--ceilings-only", "given with --no-ceilings; expected one of them");
     if (a.json) {
-      out << JsonObject().add("tool", "attn").add("ceilings", ceilings_json(*ceil)).str() << std::endl;
+      JsonObject o;
+      o.add("tool", "attn").add("ceilings", ceilings_json(*ceil));
+      std::string list = "[";
+      for (const ScatteredRead* pr : asked) list += (list.size() > 1 ? "," : "") + paged_read_json(*pr).str();
+      o.raw("paged_read", list + "]");
+      out << o.str() << std::endl;
       return Status::Ok();
     }
   }
@@ -951,6 +982,10 @@ Status bench(const BenchArgs& a, std::ostream& out) {
         << " trials, spread " << fmt("%.0f", 100 * spread(ceil->fma_trials)) << " % (FMA), "
         << fmt("%.0f", 100 * spread(ceil->read_trials)) << " % (read)" << (ceil->given ? "; given, not measured" : "")
         << "\n";
+  if (!a.json)
+    for (const ScatteredRead* pr : asked)
+      out << "scattered read of " << bytes_text(static_cast<double>(pr->chunk_bytes)) << " pages: "
+          << fmt("%.1f", pr->gbps) << " GB/s" << (pr->given ? " (given)" : "") << "\n";
   if (a.ceilings_only) return Status::Ok();
   for (const Shape& s : shapes)
     if (Status st = run_one(s, setup, a, ceil, out); !st) return st;
@@ -1015,6 +1050,16 @@ void add_bench_command(CLI::App& app, std::ostream& out) {
                   "GFLOP/s (0 or left out: none)]")
       ->delimiter(',')
       ->type_name("FMA,AMX,READ[,DOT]");
+  sub->add_option("--paged-read-chunks", a->paged_read_chunks,
+                  "Measure the scattered-read ceilings of pages of these sizes up front (with --ceilings-only: "
+                  "print them; bench/run_bench.py measures them once per run)")
+      ->delimiter(',')
+      ->type_name("BYTES,...");
+  sub->add_option("--paged-read-values", a->paged_read_values,
+                  "Judge paged runs against these scattered-read ceilings instead of measuring them: a page's bytes "
+                  "and GB/s each")
+      ->delimiter(',')
+      ->type_name("BYTES:GBPS,...");
   sub->add_flag("--no-huge-pages", a->no_huge_pages,
                 "Do not ask for transparent huge pages for the inputs and the bandwidth buffer");
   sub->add_flag("--quick-ceilings", a->quick_ceilings, "Measure the ceilings with tiny loops and buffer (for tests)")
