@@ -330,7 +330,7 @@ TEST(CliBench, PagedReadCeilingsOnceAndGiven) {
   ASSERT_EQ(g.code, 0) << g.err;
   EXPECT_TRUE(has(g.out, "\"paged_read\":{\"chunk_bytes\":256,\"gbps\":7.5,\"trials\":[],")) << g.out;
   EXPECT_TRUE(has(g.out, "\"given\":true")) << g.out;
-  for (const std::string& bad : {"256", "0:3", "256:0", "256:x", "x:3", "256:3:1"}) {
+  for (const std::string& bad : {"256", "0:3", "256:0", "256:x", "x:3", "256:3:1", "2000000000:3"}) {
     std::vector<std::string> args = paged;
     args.insert(args.end(), {"--quick-ceilings", "--paged-read-values", bad});
     expect_error(args, "--paged-read-values");

@@ -47,7 +47,7 @@
 namespace attn::tools {
 namespace {
 
-// The ceilings as JSON: the values, every trial and their spread ((max - min) / max), and whether they were given.
+// A scattered-read ceiling as JSON: the page's bytes, the value, every trial and their spread, whether it was given.
 JsonObject paged_read_json(const ScatteredRead& pr) {
   JsonObject o;
   o.add("chunk_bytes", pr.chunk_bytes).add("gbps", pr.gbps).add("trials", pr.trials);
@@ -55,6 +55,7 @@ JsonObject paged_read_json(const ScatteredRead& pr) {
   return o;
 }
 
+// The ceilings as JSON: the values, every trial and their spread ((max - min) / max), and whether they were given.
 JsonObject ceilings_json(const Ceilings& ceil) {
   JsonObject c;
   c.add("threads", ceil.threads).add("fma_gflops", ceil.fma_gflops).add("fma_isa", ceil.fma_isa);
@@ -943,10 +944,11 @@ Status bench(const BenchArgs& a, std::ostream& out) {
     const std::size_t colon = v.find(':');
     char* end = nullptr;
     const long long bytes = colon == std::string::npos ? 0 : std::strtoll(v.c_str(), &end, 10);
-    const bool bytes_ok = colon != std::string::npos && end == v.c_str() + colon && bytes >= 1;
+    const bool bytes_ok = colon != std::string::npos && end == v.c_str() + colon && bytes >= 1 && bytes <= (1LL << 30);
     const double gbps = bytes_ok ? std::strtod(v.c_str() + colon + 1, &end) : 0;
     if (!bytes_ok || end != v.c_str() + v.size() || !(gbps > 0) || !std::isfinite(gbps))
-      return Status::Invalid("--paged-read-values", "'" + v + "'; expected BYTES:GBPS (a page's bytes >= 1, GB/s > 0)");
+      return Status::Invalid("--paged-read-values",
+                             "'" + v + "'; expected BYTES:GBPS (a page's bytes, 1 to 2^30; GB/s > 0)");
     if (!ceil) return Status::Invalid("--paged-read-values", "given with --no-ceilings; expected one of them");
     give_scattered_read(options, bytes, gbps);
   }
