@@ -1536,6 +1536,11 @@ struct StoredTile {
       for (std::int64_t e = 0; e < m; ++e) __builtin_prefetch(s0 + e * s_step, 0, 3);
     }
   }
+  struct PrefetchScales {  // (RowSource::locate's per-run hook)
+    ATTN_INLINE void operator()(const float* s0, std::int64_t m, std::int64_t s_step) const {
+      prefetch_scales(s0, m, s_step);
+    }
+  };
   // Once per block, before its first tile: every far row null.
   void start() {
     for (std::int64_t c = 0; c < BC; ++c) k_far[c] = v_far[c] = nullptr;
@@ -1578,21 +1583,11 @@ struct StoredTile {
                  });
       };
       fill(keys, j0, kr), fill(values, j0, vr);
-    } else {  // i8 rows' scales prefetched as their runs are walked (a walk of its own that only prefetched was
+    } else {  // i8 rows' scales prefetched as their runs are located (a walk of its own that only prefetched was
               // judged free of effects and deleted by GCC: the scales were never prefetched, and waiting for them
               // in prepare() was a fifth of a paged 8-bit decode, Zen 4)
-      const auto fill = [n](const RowSource<KVT>& src, std::int64_t j, Row* rows, const float** scales) {
-        src.runs(j, n, kScaled,
-                 [&](std::int64_t c, std::int64_t m, const KVT* r0, std::int64_t step, const float* s0,
-                     std::int64_t s_step) {
-                   for (std::int64_t e = 0; e < m; ++e) rows[c + e] = r0 + e * step;
-                   if constexpr (kScaled) {
-                     for (std::int64_t e = 0; e < m; ++e) scales[c + e] = s0 + e * s_step;
-                     prefetch_scales(s0, m, s_step);
-                   }
-                 });
-      };
-      fill(keys, j0, kr, kscales), fill(values, j0, vr, vscales);
+      keys.locate(j0, n, kr, kScaled ? kscales : nullptr, PrefetchScales{});
+      values.locate(j0, n, vr, kScaled ? vscales : nullptr, PrefetchScales{});
     }
   }
   // Ready to be used: i8 rows' scales loaded.

@@ -69,13 +69,18 @@ struct RowSource {
   }
 
   // rows[c] = where row j0 + c starts, and (quantised rows, when scales is given) scales[c] = where its (first)
-  // scale is.
-  void locate(std::int64_t j0, std::int64_t n, const T** rows, const float** scales = nullptr) const {
+  // scale is; then, per run with scales, on_scales(s0, m, s_step) (decode prefetches them there: in a walk of its
+  // own, with no other effect, GCC deleted the prefetches).
+  template <class OnScales = void (*)(const float*, std::int64_t, std::int64_t)>
+  void locate(std::int64_t j0, std::int64_t n, const T** rows, const float** scales = nullptr,
+              OnScales&& on_scales = nullptr) const {
     runs(j0, n, scales != nullptr,
          [&](std::int64_t c, std::int64_t m, const T* r0, std::int64_t step, const float* s0, std::int64_t s_step) {
            for (std::int64_t e = 0; e < m; ++e) rows[c + e] = r0 + e * step;
-           if (s0)
+           if (s0) {
              for (std::int64_t e = 0; e < m; ++e) scales[c + e] = s0 + e * s_step;
+             if constexpr (!std::is_pointer_v<std::decay_t<OnScales>>) on_scales(s0, m, s_step);
+           }
          });
   }
 
