@@ -262,18 +262,24 @@ TEST(PrefetchTuner, AlternatesThenKeepsTheFasterAndFollowsAChange) {
   }
   EXPECT_EQ(t.best(3), 128);
   EXPECT_EQ(t.best(4), 64);  // kinds are separate
-  for (int call = 0; call < 4 * T::kExploreEvery; ++call) {
+  int exploring = 0;
+  for (int call = 2 * T::kWarmup; call < 2 * T::kWarmup + 6 * T::kExploreEvery; ++call) {
     const T::Choice c = t.pick(3, big);
     ++counts[c.step == 128];
+    exploring += call % (call < T::kEarlyCalls ? T::kExploreEarly : T::kExploreEvery) == 0;
     t.record(3, c.step, big, seconds(c.step, 128));
   }
-  EXPECT_EQ(counts[0], 4);  // one exploring call in kExploreEvery
-  EXPECT_EQ(counts[1], 4 * T::kExploreEvery - 4);
-  for (int call = 0; call < 8 * T::kExploreEvery; ++call) {  // the machine changes: 64 is now the faster
+  EXPECT_EQ(counts[0], exploring);  // one call in 4 during the first 64, then one in 16, runs the other step
+  EXPECT_EQ(counts[0] + counts[1], 6 * T::kExploreEvery);
+  EXPECT_EQ(t.best(3), 128);  // the exploring calls were slower: no switch
+  // the machine changes: 64 is now the faster, and two exploring calls in a row beating 128's median switch
+  int until_switch = 0;
+  for (; t.best(3) == 128 && until_switch < 4 * T::kExploreEvery; ++until_switch) {
     const T::Choice c = t.pick(3, big);
     t.record(3, c.step, big, seconds(c.step, 64));
   }
   EXPECT_EQ(t.best(3), 64);
+  EXPECT_LE(until_switch, T::kWins * T::kExploreEvery);
   const T::Choice small = t.pick(3, big / 2);
   EXPECT_FALSE(small.timed);
   EXPECT_EQ(small.step, 64);
@@ -286,6 +292,34 @@ TEST(PrefetchTuner, AlternatesThenKeepsTheFasterAndFollowsAChange) {
   EXPECT_FALSE(t.pick(3, big).timed);
   EXPECT_EQ(t.set_fixed(7), 128);  // not a step: measure again
   EXPECT_EQ(t.fixed(), 0);
+}
+
+// A process whose first calls are all slow (its threads start, its inputs are read for the first time) may pick the
+// slower step from them; the exploring calls then correct it within a few of them, not after their window refills.
+// One lucky exploring call alone does not switch.
+TEST(PrefetchTuner, CorrectsAWrongFirstPickSoonAndIgnoresOneLuckyCall) {
+  using T = cpu::PrefetchTuner;
+  const std::int64_t big = T::kMinTimedBytes;
+  T t;
+  for (int call = 0; call < 2 * T::kWarmup; ++call) {  // both steps slow at first; 64 looks faster by chance
+    const T::Choice c = t.pick(1, big);
+    t.record(1, c.step, big, c.step == 64 ? 5.0e-3 : 5.1e-3);
+  }
+  ASSERT_EQ(t.best(1), 64);
+  int calls = 0;  // now 128 is truly faster: 2.9 ms against 3.4
+  for (; t.best(1) == 64 && calls < 200; ++calls) {
+    const T::Choice c = t.pick(1, big);
+    t.record(1, c.step, big, c.step == 128 ? 2.9e-3 : 3.4e-3);
+  }
+  EXPECT_EQ(t.best(1), 128);
+  EXPECT_LE(calls, T::kWins * T::kExploreEarly + T::kExploreEarly);  // within the first few exploring calls
+  // 64 explored: one call beats 128's median by luck, the next does not: no switch
+  for (int call = 0, lucky = 0; call < 3 * T::kExploreEvery; ++call) {
+    const T::Choice c = t.pick(1, big);
+    const bool first_explore = c.step == 64 && lucky++ == 0;
+    t.record(1, c.step, big, c.step == 128 ? 2.9e-3 : first_explore ? 2.0e-3 : 3.4e-3);
+    EXPECT_EQ(t.best(1), 128) << call;
+  }
 }
 
 TEST(Dispatch, Bf16PrefillRunsOnTheLevelsPairProducts) {

@@ -26,6 +26,7 @@ double PrefetchTuner::Arm::median() const {
 }
 
 std::int64_t PrefetchTuner::best_locked(const Kind& k) const {
+  if (k.current >= 0) return kSteps[k.current];
   if (k.arm[0].samples == 0 || k.arm[1].samples == 0) return kSteps[0];
   return k.arm[1].median() < k.arm[0].median() ? kSteps[1] : kSteps[0];
 }
@@ -36,17 +37,26 @@ PrefetchTuner::Choice PrefetchTuner::pick(int kind, std::int64_t bytes) {
   Kind& k = kinds_[clamp_kind(kind)];
   if (bytes < kMinTimedBytes) return {best_locked(k), false};  // (from cache: the step hardly matters)
   const std::int64_t call = k.calls++;
-  if (k.arm[0].samples < kWarmup || k.arm[1].samples < kWarmup) return {kSteps[call % 2], true};
-  const std::int64_t best = best_locked(k);
-  if (call % kExploreEvery == 0) return {best == kSteps[0] ? kSteps[1] : kSteps[0], true};
-  return {best, true};
+  if (k.current < 0) {
+    if (k.arm[0].samples < kWarmup || k.arm[1].samples < kWarmup) return {kSteps[call % 2], true};
+    k.current = index_of(best_locked(k));
+  }
+  const int every = call < kEarlyCalls ? kExploreEarly : kExploreEvery;
+  return {kSteps[call % every == 0 ? 1 - k.current : k.current], true};
 }
 
 void PrefetchTuner::record(int kind, std::int64_t step, std::int64_t bytes, double seconds) {
   if (fixed() || bytes <= 0 || !(seconds > 0)) return;
   std::lock_guard<std::mutex> lock(mu_);
-  Arm& a = kinds_[clamp_kind(kind)].arm[index_of(step)];
-  a.recent[a.samples % kWindow] = seconds / static_cast<double>(bytes);
+  Kind& k = kinds_[clamp_kind(kind)];
+  const int i = index_of(step);
+  Arm& a = k.arm[i];
+  const double per_byte = seconds / static_cast<double>(bytes);
+  if (k.current >= 0 && i != k.current) {  // an exploring call, against the calls around it
+    k.wins = per_byte < k.arm[k.current].median() ? k.wins + 1 : 0;
+    if (k.wins >= kWins) k.current = i, k.wins = 0;
+  }
+  a.recent[a.samples % kWindow] = per_byte;
   ++a.samples;
 }
 
