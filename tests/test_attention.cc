@@ -245,7 +245,8 @@ TEST(Dispatch, DecodePrefetchStepChangesNoBit) {
 }
 
 // The tuner's policy on synthetic timings: the first calls alternate the steps, then the faster runs with the other
-// every kExploreEvery-th call, a change of which is faster is followed, short calls are not timed, a fixed step wins.
+// one call in kExploreEarly and later one in kExploreEvery, a change of which is faster is followed after kWins
+// exploring calls, short calls are not timed, a fixed step wins.
 TEST(PrefetchTuner, AlternatesThenKeepsTheFasterAndFollowsAChange) {
   using T = cpu::PrefetchTuner;
   const std::int64_t big = T::kMinTimedBytes;
