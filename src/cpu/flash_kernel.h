@@ -120,7 +120,7 @@ void kv_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::i
 // (Last: d1 = Dk). The micro-kernel with A = K rows.
 template <int QV, int R, bool Last>
 inline void scores_step(const float* qt, const float* const* k, std::int64_t d0, std::int64_t d1, float* st,
-                        std::int64_t c0, V mult) {
+                        std::int64_t c0, const float* mult) {
   mma<R, QV, mk::Init::zero, Last, kDotChunk>(mk::RowPtrs{k, c0}, qt, BR, d1, st + c0 * BR, BR, nullptr, mult, d0);
 }
 
@@ -137,7 +137,7 @@ inline void pv_step(const float* pt, const float* const* vrows, std::int64_t col
 // again for each step of keys, its loads the score product's hottest stall. The same sums in the same order.
 template <int QV>
 inline void scores(const float* qt, const float* const* k, std::int64_t dk, std::int64_t cols, float mult, float* st) {
-  const V m = Vec::set1(mult);
+  const float* m = &mult;
   for (std::int64_t d0 = 0; d0 < dk; d0 += kDotChunk) {
     const std::int64_t d1 = std::min(dk, d0 + kDotChunk);
     const auto chunk = [&](auto last) {
