@@ -920,8 +920,10 @@ def cascade_main(args, attn, threads, md_path, info):
              f"{r0['prefix']}-key shared prefix and {r0['own']} own keys each, pages of {r0['page']}, "
              f"{threads} threads on {info.get('cpu') or info.get('brand') or 'this CPU'} (best level {info.get('best_isa', '?')}); median of "
              "the timed runs, both in one process on the same inputs (their outputs checked to agree there). The "
-             "plain decode reads the prefix once per sequence, the cascade once for the batch; the cascade's "
-             "ceiling is AMX bf16 where the CPU has it, else the FMA one.\n\n")
+             "plain decode reads the prefix once per sequence, the cascade once for the batch; the cascade is "
+             "judged against the peak of the instructions its prefix product runs (" +
+             ", ".join(sorted({f"{r['dtype']}: {r.get('compute_ceiling', 'AMX bf16 or FMA')}" for r in rows})) +
+             ").\n\n")
     text += "| dtype | plain paged ms | plain GB/s (% of read ceiling) | cascade ms | cascade GFLOP/s (% of ceiling) | speed-up (plain ms / cascade ms) |\n"
     text += "|---|---:|---:|---:|---:|---:|\n"
     for r in rows:
