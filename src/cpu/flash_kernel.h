@@ -60,6 +60,7 @@ struct Workspace {
   AlignedVector<float> q, k, v, st, o, m, l, alpha, kh, vh;
   std::vector<unsigned char> have;
   std::int64_t head = -1;
+  std::int64_t read_head = -1;  // the KV head of this thread's last lane-major block (flash_block: NextRows)
   std::int64_t k_step = 64;  // decode's prefetch step over the far K rows (set per call: cpu/prefetch_tuner.h)
   const float* krows[BC];
   const float* vrows[BC];
@@ -115,59 +116,6 @@ void kv_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::i
   for (std::int64_t c = 0; c < cols; ++c) ws.krows[c] = ws.kh.data() + (j0 + c) * dk, ws.vrows[c] = ws.vh.data() + (j0 + c) * dv;
 }
 
-// Sᵀ[c][·] (+)= Σ_{d0 <= d < d1} K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and QV·W query lanes: one chunk of
-// kDotChunk dims of the sums (see mma; d0 > 0: added to Sᵀ), times mult (the call's score units) when it is the last
-// (Last: d1 = Dk). The micro-kernel with A = K rows.
-template <int QV, int R, bool Last>
-inline void scores_step(const float* qt, const float* const* k, std::int64_t d0, std::int64_t d1, float* st,
-                        std::int64_t c0, const float* mult) {
-  mma<R, QV, mk::Init::zero, Last, kDotChunk>(mk::RowPtrs{k, c0}, qt, BR, d1, st + c0 * BR, BR, nullptr, mult, d0);
-}
-
-// Oᵀ[d][·] = α·Oᵀ[d][·] + Σ_c V[c][d] Pᵀ[c][·] for value dims d0 .. d0+R-1 (the online-softmax rescale of the
-// accumulator folded into its load). The micro-kernel with A = V rows indexed by key.
-template <int QV, int R>
-inline void pv_step(const float* pt, const float* const* vrows, std::int64_t cols, const V* alpha, float* ot,
-                    std::int64_t d0) {
-  mma<R, QV, mk::Init::load_scaled, false>(mk::RowsByK{vrows, d0}, pt, BR, cols, ot + d0 * BR, BR, alpha);
-}
-
-// Sᵀ = mult · K Qᵀ over `cols` keys, a chunk of kDotChunk dims at a time over every key of the tile: the chunk's
-// rows of Qᵀ (8 KiB at 64 lanes) stay in L1, where the whole Qᵀ (32 KiB at Dk = 128, all of a 32 KiB L1) was read
-// again for each step of keys, its loads the score product's hottest stall. The same sums in the same order.
-template <int QV>
-inline void scores(const float* qt, const float* const* k, std::int64_t dk, std::int64_t cols, float mult, float* st) {
-  const float* m = &mult;
-  for (std::int64_t d0 = 0; d0 < dk; d0 += kDotChunk) {
-    const std::int64_t d1 = std::min(dk, d0 + kDotChunk);
-    const auto chunk = [&](auto last) {
-      std::int64_t c = 0;
-      for (; c + RK <= cols; c += RK) scores_step<QV, RK, decltype(last)::value>(qt, k, d0, d1, st, c, m);
-      for (; c + RT <= cols; c += RT) scores_step<QV, RT, decltype(last)::value>(qt, k, d0, d1, st, c, m);
-      for (; c < cols; ++c) scores_step<QV, 1, decltype(last)::value>(qt, k, d0, d1, st, c, m);
-    };
-    if (d1 < dk) chunk(std::false_type{});
-    else chunk(std::true_type{});
-  }
-}
-
-// Oᵀ = α·Oᵀ + Vᵀ Pᵀ over `cols` keys.
-template <int QV>
-inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64_t dv, std::int64_t cols,
-                          const float* alpha, float* ot) {
-  V a[QV];
-  for (int v = 0; v < QV; ++v) a[v] = Vec::load(alpha + v * W);
-  std::int64_t d = 0;
-  for (; d + RD <= dv; d += RD) pv_step<QV, RD>(pt, vrows, cols, a, ot, d);
-  for (; d + RT <= dv; d += RT) pv_step<QV, RT>(pt, vrows, cols, a, ot, d);
-  for (; d < dv; ++d) pv_step<QV, 1>(pt, vrows, cols, a, ot, d);
-}
-
-// Row-major forms for blocks of few lanes (decode): with NL <= 8 lanes, vectors run along the head
-// dimension instead of across lanes, so no lane of a vector is wasted. K and V rows are read in their
-// storage type (fp32, bf16, f16, i8, or i4 through Q4Row) and widened in registers: decode is bound by the bytes of
-// K and V. R, the type of a row: a pointer to its stored values, or a Q4Row.
-
 // A row far ahead of the keys in use, which is only prefetched: its first byte (null for none). Whatever the row type,
 // 8 bytes (a 4-bit tile's far rows as Q4Rows of 32 bytes were 4 KiB of its tables' 8, each line holding a quarter
 // of what was read of it).
@@ -202,6 +150,69 @@ ATTN_INLINE void prefetch_rows(const FarRow* far, std::int64_t c, std::int64_t n
       for (std::int64_t off = first; off < to; off += step)
         __builtin_prefetch(static_cast<const char*>(far[g]) + off, 0, 1);
 }
+
+// Sᵀ[c][·] (+)= Σ_{d0 <= d < d1} K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and QV·W query lanes: one chunk of
+// kDotChunk dims of the sums (see mma; d0 > 0: added to Sᵀ), times mult (the call's score units) when it is the last
+// (Last: d1 = Dk). The micro-kernel with A = K rows.
+template <int QV, int R, bool Last>
+inline void scores_step(const float* qt, const float* const* k, std::int64_t d0, std::int64_t d1, float* st,
+                        std::int64_t c0, const float* mult) {
+  mma<R, QV, mk::Init::zero, Last, kDotChunk>(mk::RowPtrs{k, c0}, qt, BR, d1, st + c0 * BR, BR, nullptr, mult, d0);
+}
+
+// Oᵀ[d][·] = α·Oᵀ[d][·] + Σ_c V[c][d] Pᵀ[c][·] for value dims d0 .. d0+R-1 (the online-softmax rescale of the
+// accumulator folded into its load). The micro-kernel with A = V rows indexed by key.
+template <int QV, int R>
+inline void pv_step(const float* pt, const float* const* vrows, std::int64_t cols, const V* alpha, float* ot,
+                    std::int64_t d0) {
+  mma<R, QV, mk::Init::load_scaled, false>(mk::RowsByK{vrows, d0}, pt, BR, cols, ot + d0 * BR, BR, alpha);
+}
+
+// Sᵀ = mult · K Qᵀ over `cols` keys, a chunk of kDotChunk dims at a time over every key of the tile: the chunk's
+// rows of Qᵀ (8 KiB at 64 lanes) stay in L1, where the whole Qᵀ (32 KiB at Dk = 128, all of a 32 KiB L1) was read
+// again for each step of keys, its loads the score product's hottest stall. The same sums in the same order.
+template <int QV>
+inline void scores(const float* qt, const float* const* k, std::int64_t dk, std::int64_t cols, float mult, float* st,
+                   const FarRow* next_k = nullptr, std::int64_t next_k_bytes = 0) {
+  const float* m = &mult;
+  for (std::int64_t d0 = 0; d0 < dk; d0 += kDotChunk) {
+    const std::int64_t d1 = std::min(dk, d0 + kDotChunk);
+    const FarRow* pk = d0 == 0 ? next_k : nullptr;
+    const auto chunk = [&](auto last) {
+      std::int64_t c = 0;
+      for (; c + RK <= cols; c += RK)
+        prefetch_rows(pk, c, RK, 0, next_k_bytes), scores_step<QV, RK, decltype(last)::value>(qt, k, d0, d1, st, c, m);
+      for (; c + RT <= cols; c += RT)
+        prefetch_rows(pk, c, RT, 0, next_k_bytes), scores_step<QV, RT, decltype(last)::value>(qt, k, d0, d1, st, c, m);
+      for (; c < cols; ++c)
+        prefetch_rows(pk, c, 1, 0, next_k_bytes), scores_step<QV, 1, decltype(last)::value>(qt, k, d0, d1, st, c, m);
+      prefetch_rows(pk, cols, BC - cols, 0, next_k_bytes);  // (a next tile longer than this one)
+    };
+    if (d1 < dk) chunk(std::false_type{});
+    else chunk(std::true_type{});
+  }
+}
+
+// Oᵀ = α·Oᵀ + Vᵀ Pᵀ over `cols` keys.
+template <int QV>
+inline void accumulate_pv(const float* pt, const float* const* vrows, std::int64_t dv, std::int64_t cols,
+                          const float* alpha, float* ot, const FarRow* next_v = nullptr, std::int64_t vb = 0) {
+  V a[QV];
+  for (int v = 0; v < QV; ++v) a[v] = Vec::load(alpha + v * W);
+  std::int64_t d = 0;  // (each step prefetches bytes [d, d + R) of the next V rows; not through a lambda: GCC
+                       // judged one that only prefetched free of effects and deleted its calls)
+  for (; d + RD <= dv; d += RD)
+    prefetch_rows(next_v, 0, BC, d * vb, (d + RD) * vb), pv_step<QV, RD>(pt, vrows, cols, a, ot, d);
+  for (; d + RT <= dv; d += RT)
+    prefetch_rows(next_v, 0, BC, d * vb, (d + RT) * vb), pv_step<QV, RT>(pt, vrows, cols, a, ot, d);
+  for (; d < dv; ++d) prefetch_rows(next_v, 0, BC, d * vb, (d + 1) * vb), pv_step<QV, 1>(pt, vrows, cols, a, ot, d);
+}
+
+// Row-major forms for blocks of few lanes (decode): with NL <= 8 lanes, vectors run along the head
+// dimension instead of across lanes, so no lane of a vector is wasted. K and V rows are read in their
+// storage type (fp32, bf16, f16, i8, or i4 through Q4Row) and widened in registers: decode is bound by the bytes of
+// K and V. R, the type of a row: a pointer to its stored values, or a Q4Row.
+
 
 // A factor per key for a packed vector of W / NL keys (rows of NL lanes: rows_step_packed): lane i·NL + r holds
 // f[i], the factor of the vector's key i.
@@ -1639,19 +1650,54 @@ void start_block(const core::Problem& p, const Lanes& lanes, Workspace& ws) {
   std::fill(ws.l.begin(), ws.l.end(), 0.0f);
 }
 
+// The next tile's K and V rows of a lane-major (prefill) block, prefetched into L2 while this tile computes (the
+// score loop's first chunk the K rows of its keys, each P·V step the V rows' slice of its value dims), where they
+// will be read from their storage (fp32 rows in place, or rows the thread's head cache has not widened yet) and
+// likely come from memory (flash_block: a KV head's first block on a thread, or rows past kPrefetchTilesBytes).
+// Without it the first block of each KV head waited on its rows: X1's shape (32 heads of 128 queries over 1,024
+// keys, d64, fp32), one thread of a Zen 4 VM, 77 GFLOP/s against 96.5 with the heads sharing one KV head's rows;
+// with it 90.7-91.1, and X1 at 2 threads 71-72 % of the FMA peak where it was 54-59 %. Null lists: nothing to
+// prefetch (4-bit rows are widened into the head cache first).
+inline constexpr std::int64_t kPrefetchTilesBytes = std::int64_t{512} << 10;
+template <class KVT>
+struct NextRows {
+  FarRow k[BC], v[BC];
+  std::int64_t k_bytes = 0, value_bytes = 0;
+  bool any = false;
+  NextRows(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, const Workspace& ws,
+           bool from_memory) {
+    if (!from_memory || cols <= 0 || RowSource<KVT>::kI4) return;
+    if (!ws.have.empty() && ws.head == lanes.b * p.Hkv + lanes.hk && ws.have[static_cast<std::size_t>(j0)]) return;
+    const auto fill = [&](const RowSource<KVT>& src, FarRow* rows) {
+      std::fill(rows, rows + BC, nullptr);
+      src.runs(j0, cols, false, [&](std::int64_t c, std::int64_t m, const KVT* r0, std::int64_t step, const float*,
+                                    std::int64_t) {
+        for (std::int64_t e = 0; e < m; ++e) rows[c + e] = r0 + e * step;
+      });
+    };
+    fill(key_rows<KVT>(p, lanes.b, lanes.hk), k), fill(value_rows<KVT>(p, lanes.b, lanes.hk), v);
+    k_bytes = p.Dk * static_cast<std::int64_t>(sizeof(KVT));
+    value_bytes = static_cast<std::int64_t>(sizeof(KVT));
+    any = true;
+  }
+};
+
 // One tile of a lane-major (prefill) block: both products are the micro-kernel over fp32 rows.
 template <int QV, class KVT, class Variant>
 void lanes_step(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::int64_t cols, bool interior,
-                const Units& u, Workspace& ws) {
+                const Units& u, Workspace& ws, std::int64_t next_j0 = 0, std::int64_t next_cols = 0,
+                bool from_memory = false) {
+  const NextRows<KVT> next(p, lanes, next_j0, next_cols, ws, from_memory);
   kv_tile<KVT>(p, lanes, j0, cols, ws);                                                         // K, V tiles
-  scores<QV>(ws.q.data(), ws.krows, p.Dk, cols, u.dot, ws.st.data());                          // Sᵀ = K Qᵀ
+  scores<QV>(ws.q.data(), ws.krows, p.Dk, cols, u.dot, ws.st.data(), next.any ? next.k : nullptr, next.k_bytes);
   const bool hidden = finish_scores<QV, Variant>(p, lanes, j0, cols, interior, ws.st.data());  // units, masks
   softmax_tile<QV, Variant>(p, lanes, j0, cols, false, ws.krows, nullptr, u, ws);             // Pᵀ; m, l
   drop_weights<Variant>(p, lanes, j0, cols, ws.st.data());                                     // dropout
   if (hidden && !rows_finite(ws.vrows, cols, p.Dv))
     pv_attended<Variant>(p, lanes, j0, cols, ws.st.data(), ws.vrows, ws.alpha.data(), ws.o.data(), BR, 1);
   else
-    accumulate_pv<QV>(ws.st.data(), ws.vrows, p.Dv, cols, ws.alpha.data(), ws.o.data());        // Oᵀ = α·Oᵀ + Vᵀ Pᵀ
+    accumulate_pv<QV>(ws.st.data(), ws.vrows, p.Dv, cols, ws.alpha.data(), ws.o.data(),         // Oᵀ = α·Oᵀ + Vᵀ Pᵀ
+                      next.any ? next.v : nullptr, next.value_bytes);
 }
 
 // One block of lanes over keys [kv_lo, kv_hi) only (all keys, or one split of them): leaves the
@@ -1666,8 +1712,16 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
   const Units u = units<Variant>(p);
   const RowSource<KVT> krows = key_rows<KVT>(p, lanes.b, lanes.hk), vrows = value_rows<KVT>(p, lanes.b, lanes.hk);
   if constexpr (NL == 0) {
+    // The next tile's rows are prefetched where they likely come from memory: in the first block of a KV head on this
+    // thread, or when the block's rows are more than L2 holds beside its other data (kPrefetchTilesBytes).
+    const std::int64_t head = lanes.b * p.Hkv + lanes.hk;
+    const std::int64_t row_bytes_kv = (p.Dk + p.Dv) * static_cast<std::int64_t>(sizeof(KVT));
+    const bool from_memory = ws.read_head != head || (keys.visible_hi - keys.visible_lo) * row_bytes_kv > kPrefetchTilesBytes;
+    ws.read_head = head;
     for (std::int64_t t = 0; t < keys.tiles; ++t)
-      lanes_step<QV, KVT, Variant>(p, lanes, keys.j0(t), keys.cols(t), keys.interior(t), u, ws);
+      lanes_step<QV, KVT, Variant>(p, lanes, keys.j0(t), keys.cols(t), keys.interior(t), u, ws,
+                                   t + 1 < keys.tiles ? keys.j0(t + 1) : 0, t + 1 < keys.tiles ? keys.cols(t + 1) : 0,
+                                   from_memory);
   } else if (krows.unit_stride() && vrows.unit_stride() && krows.scales_adjacent() && vrows.scales_adjacent()) {
     // bf16 Q, K and V on a level with pair products, where the dispatcher prefers them (cpu::bf16_dot_preferred)
     // (and bf16 Q over i8 K/V: the rows widened to bf16 exactly, their scales applied as the vector form does)
@@ -1920,7 +1974,7 @@ void merge_and_store(const core::Problem& p, const Plan& plan, const Lanes& lane
 template <class QT, class KVT, class Variant>
 void run_plan(const core::Problem& p, int threads, const Plan& plan, Scratch& sc, std::int64_t k_step = 64) {
   if (!(sc.shape == plan.shape)) sc.team.clear(), sc.shape = plan.shape;
-  for (Workspace& w : sc.team) w.head = -1;  // a kept workspace's cached rows are another call's
+  for (Workspace& w : sc.team) w.head = w.read_head = -1;  // a kept workspace's cached rows are another call's
   const auto make = [&](int) { return Workspace(plan.shape); };
   if (plan.splits == 1) {
     run_team(&sc.team, threads, plan.items, make, loop(plan.items, [&](std::int64_t it, Workspace& ws) {
