@@ -122,8 +122,8 @@ void kv_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::i
 using FarRow = const void*;
 
 // Prefetches bytes [from, to) (the cache lines starting there) of the rows far[c] .. far[c + n - 1] (null entries
-// skipped, a null list for none) into L2 (prefetcht2). The score loop prefetches the whole K rows far ahead of its
-// keys, a key group at a time; each pass of the P·V loop over the tile (a slice of value dims) the same slice of the V
+// skipped, a null list for none) into L2 (prefetcht2). (Prefill's lane-major tiles use it for the next tile's rows:
+// NextRows.) Decode's score loop prefetches the whole K rows far ahead of its keys, a key group at a time; each pass of the P·V loop over the tile (a slice of value dims) the same slice of the V
 // rows far ahead, a key pair at a time: spread over both loops and every pass, so that lines keep arriving whichever
 // runs (issued all at once before the scores the prefetches stalled on full miss buffers; with both lists in the
 // score loop the memory idled during P·V: the V rows moved to the first P·V pass made D2 bf16 1.11x as fast at 2
