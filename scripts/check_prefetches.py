@@ -11,6 +11,10 @@ must hold at least one prefetch instruction:
   StoredTile<signed char>          locating an 8-bit tile's rows prefetches their scales
   StoredTile<attn::core::q4x2>     locating a 4-bit tile's rows prefetches their block scales
   score_keys<                      the score loops prefetch the rows far ahead (prefetch_rows)
+  ::accumulate_pv<                 the prefill's P·V steps prefetch the next tile's V rows (NextRows; a lambda that
+                                   only prefetched them was deleted whole while it was written). The prefill's score
+                                   loop prefetches its K rows from a lambda of scores<>, which has no section of its
+                                   own, so it is not checked here.
 Only the sections named after such functions are disassembled (GCC gives each template function a section).
 
 usage: check_prefetches.py OBJDUMP OBJECT...     (ctest: isa.decode_prefetches_survive)
@@ -22,7 +26,7 @@ import subprocess
 import sys
 
 UNIT = re.compile(r"isa_([a-z0-9_]+)\.cc\.o$")
-NEEDS = ("StoredTile<signed char>", "StoredTile<attn::core::q4x2>", "score_keys<")
+NEEDS = ("StoredTile<signed char>", "StoredTile<attn::core::q4x2>", "score_keys<", "::accumulate_pv<")
 PREFETCH = re.compile(r"^\s+[0-9a-f]+:\s+prefetch")
 
 

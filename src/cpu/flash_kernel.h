@@ -1668,15 +1668,10 @@ struct NextRows {
            bool from_memory) {
     if (!from_memory || cols <= 0 || RowSource<KVT>::kI4) return;
     if (!ws.have.empty() && ws.head == lanes.b * p.Hkv + lanes.hk && ws.have[static_cast<std::size_t>(j0)]) return;
-    const auto fill = [&](const RowSource<KVT>& src, FarRow* rows) {
-      std::fill(rows, rows + BC, nullptr);
-      src.runs(j0, cols, false, [&](std::int64_t c, std::int64_t m, const KVT* r0, std::int64_t step, const float*,
-                                    std::int64_t) {
-        for (std::int64_t e = 0; e < m; ++e) rows[c + e] = r0 + e * step;
-      });
-    };
-    fill(key_rows<KVT>(p, lanes.b, lanes.hk), k), fill(value_rows<KVT>(p, lanes.b, lanes.hk), v);
-    k_bytes = p.Dk * static_cast<std::int64_t>(sizeof(KVT));
+    std::fill(k, k + BC, nullptr), std::fill(v, v + BC, nullptr);
+    StoredTile<KVT>::locate_far(key_rows<KVT>(p, lanes.b, lanes.hk), j0, cols, k);  // (decode's far rows' walk)
+    StoredTile<KVT>::locate_far(value_rows<KVT>(p, lanes.b, lanes.hk), j0, cols, v);
+    k_bytes = row_bytes<const KVT*>(p.Dk);
     value_bytes = static_cast<std::int64_t>(sizeof(KVT));
     any = true;
   }
@@ -1715,7 +1710,7 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
     // The next tile's rows are prefetched where they likely come from memory: in the first block of a KV head on this
     // thread, or when the block's rows are more than L2 holds beside its other data (kPrefetchTilesBytes).
     const std::int64_t head = lanes.b * p.Hkv + lanes.hk;
-    const std::int64_t row_bytes_kv = (p.Dk + p.Dv) * static_cast<std::int64_t>(sizeof(KVT));
+    const std::int64_t row_bytes_kv = row_bytes<const KVT*>(p.Dk) + row_bytes<const KVT*>(p.Dv);
     const bool from_memory = ws.read_head != head || (keys.visible_hi - keys.visible_lo) * row_bytes_kv > kPrefetchTilesBytes;
     ws.read_head = head;
     for (std::int64_t t = 0; t < keys.tiles; ++t)
