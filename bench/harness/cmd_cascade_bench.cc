@@ -118,9 +118,30 @@ Status cascade_bench(const CascadeArgs& a, std::ostream& out) {
     }
     return Status::Ok();
   };
-  std::vector<double> plain_ms, cascade_ms;
+  // The cascade's two parts timed alone through the public entry point (where its time goes): every query of the
+  // batch against the prefix's pages, [1, Hq, B, D] over q's memory (the problem the cascade forms), and each
+  // sequence against its own pages. Their sum against the cascade's time is the cost of its gather and merge.
+  TensorView q_all = tq;
+  q_all.shape = {1, Hq, B, D};
+  q_all.strides = {0, D, Hq * D, 1};
+  std::vector<unsigned char> out_part(q.size());
+  TensorView o_all = q_all;
+  o_all.data = out_part.data();
+  const std::int32_t prefix_len32 = static_cast<std::int32_t>(a.prefix);
+  const auto prefix_only = [&] {
+    return attention_paged(q_all, tk, tv, TensorView::contiguous(prefix_table.data(), DType::i32, {1, prefix_pages}),
+                           TensorView::contiguous(&prefix_len32, DType::i32, {1}), o_all, p);
+  };
+  const auto suffix_only = [&] {
+    return attention_paged(tq, tk, tv, TensorView::contiguous(own_table.data(), DType::i32, {B, own_pages}),
+                           TensorView::contiguous(own_lens.data(), DType::i32, {B}),
+                           TensorView::contiguous(out_part.data(), dt, {B, Hq, 1, D}), p);
+  };
+  std::vector<double> plain_ms, cascade_ms, prefix_ms, suffix_ms;
   if (Status s = timed(plain, &plain_ms); !s) return s;
   if (Status s = timed(cascade, &cascade_ms); !s) return s;
+  if (Status s = timed(prefix_only, &prefix_ms); !s) return s;
+  if (Status s = timed(suffix_only, &suffix_ms); !s) return s;
   // The two outputs agree: within two units in the last place of the output's dtype at the output's size.
   double diff = 0, size = 0;
   const TensorView flat_p = TensorView::contiguous(out_plain.data(), dt, {B * Hq * D});
@@ -140,20 +161,17 @@ Status cascade_bench(const CascadeArgs& a, std::ostream& out) {
   const double plain_gbps = kv_bytes / (t_plain * 1e-3) / 1e9;
   const double flops = 4.0 * static_cast<double>(B * Hq) * static_cast<double>(a.prefix + a.own) * static_cast<double>(D);
   const double cascade_gflops = flops / (t_cascade * 1e-3) / 1e9;
+  const double t_prefix = median(prefix_ms), t_suffix = median(suffix_ms);
+  const double prefix_gflops = 4.0 * static_cast<double>(B * Hq * a.prefix * D) / (t_prefix * 1e-3) / 1e9;
+  const double suffix_gbps = 2.0 * static_cast<double>(B * Hkv * a.own * D * static_cast<std::int64_t>(es)) / (t_suffix * 1e-3) / 1e9;
   // The cascade's compute is its prefix product: judged against the peak of the instructions its kernel runs (AMX
   // bf16, the bf16 dot product, or fp32 FMAs), named by describing the prefix problem as the cascade forms it: every
   // query row of the batch, [1, Hq, B, D] over q's memory, against the prefix's pages.
   std::string prefix_kernel;
   {
-    TensorView qv = tq;
-    qv.shape = {1, Hq, B, D};
-    qv.strides = {0, D, Hq * D, 1};
-    TensorView ov = qv;
-    ov.data = out_cascade.data();
-    const std::int32_t prefix_len = static_cast<std::int32_t>(a.prefix);
     KernelInfo info;
-    if (describe_attention_paged(qv, tk, tv, TensorView::contiguous(prefix_table.data(), DType::i32, {1, prefix_pages}),
-                                 TensorView::contiguous(&prefix_len, DType::i32, {1}), ov, p, std::nullopt, &info))
+    if (describe_attention_paged(q_all, tk, tv, TensorView::contiguous(prefix_table.data(), DType::i32, {1, prefix_pages}),
+                                 TensorView::contiguous(&prefix_len32, DType::i32, {1}), o_all, p, std::nullopt, &info))
       prefix_kernel = info.kernel;
   }
   const bool on_amx = prefix_kernel == "amx" && ceil.amx_bf16_gflops > 0;
@@ -168,7 +186,8 @@ Status cascade_bench(const CascadeArgs& a, std::ostream& out) {
         .add("plain_gbps", plain_gbps).add("read_gbps", ceil.read_gbps).add("cascade_gflops", cascade_gflops)
         .add("compute_ceiling_gflops", compute_ceiling).add("compute_ceiling", ceiling_name)
         .add("prefix_kernel", prefix_kernel).add("max_difference", diff).add("outputs_agree", agree)
-        .add("plain_trials_ms", plain_ms).add("cascade_trials_ms", cascade_ms);
+        .add("prefix_ms", t_prefix).add("prefix_gflops", prefix_gflops).add("suffix_ms", t_suffix)
+        .add("suffix_gbps", suffix_gbps).add("plain_trials_ms", plain_ms).add("cascade_trials_ms", cascade_ms);
     out << j.str() << "\n";
   } else {
     out << "cascade decode: B " << B << ", heads " << Hq << "/" << Hkv << ", d " << D << ", shared prefix " << a.prefix
@@ -179,6 +198,15 @@ Status cascade_bench(const CascadeArgs& a, std::ostream& out) {
     out << line;
     std::snprintf(line, sizeof line, "  cascade             %9.3f ms  %7.1f GFLOP/s  (%3.0f%% of the %.0f GFLOP/s %s ceiling)\n",
                   t_cascade, cascade_gflops, 100 * cascade_gflops / compute_ceiling, compute_ceiling, ceiling_name);
+    out << line;
+    std::snprintf(line, sizeof line, "    its prefix alone  %9.3f ms  %7.1f GFLOP/s  (%3.0f%%; every query against the shared pages)\n",
+                  t_prefix, prefix_gflops, 100 * prefix_gflops / compute_ceiling);
+    out << line;
+    std::snprintf(line, sizeof line, "    its suffix alone  %9.3f ms  %7.1f GB/s  (%3.0f%%; each sequence against its own pages)\n",
+                  t_suffix, suffix_gbps, 100 * suffix_gbps / ceil.read_gbps);
+    out << line;
+    std::snprintf(line, sizeof line, "    gather and merge  %9.3f ms  (the cascade's time less its two parts)\n",
+                  t_cascade - t_prefix - t_suffix);
     out << line;
     std::snprintf(line, sizeof line, "  speed-up (plain time / cascade time): %.2fx (%s); outputs agree: %s (max |difference| %.2e)\n",
                   t_plain / t_cascade, t_plain > t_cascade ? "the cascade is faster" : "the cascade is not faster",
