@@ -19,6 +19,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
 #include "cpu/prefetch_tuner.h"
+#include "cpu/schedule.h"
 
 namespace attn::test {
 namespace {
@@ -321,6 +322,34 @@ TEST(PrefetchTuner, CorrectsAWrongFirstPickSoonAndIgnoresOneLuckyCall) {
     t.record(1, c.step, big, c.step == 128 ? 2.9e-3 : first_explore ? 2.0e-3 : 3.4e-3);
     EXPECT_EQ(t.best(1), 128) << call;
   }
+}
+
+// loop_ahead (decode's blocks): every item runs exactly once, on whichever thread; the `next` an item is told is
+// the item its thread runs right after it (or -1), so a block may prefetch its successor's rows; with more threads
+// than items left, no thread holds an item another is free to take.
+TEST(Schedule, LoopAheadRunsEachItemOnceAndTellsEachTheItemItsThreadRunsNext) {
+  for (const int threads : {1, 2, 3, 8})
+    for (const std::int64_t items : {0, 1, 2, 7, 113}) {
+      SCOPED_TRACE("threads " + std::to_string(threads) + ", items " + std::to_string(items));
+      std::vector<std::int64_t> runs(static_cast<std::size_t>(items), 0), told(static_cast<std::size_t>(items), -2);
+      std::vector<std::vector<std::int64_t>> order(static_cast<std::size_t>(threads));
+      std::vector<cpu::NoWorkspace> team;
+      cpu::run_team(&team, threads, items, [](int) { return cpu::NoWorkspace{}; },
+                    cpu::loop_ahead(items, [&](std::int64_t it, std::int64_t next, cpu::NoWorkspace&) {
+                      ++runs[static_cast<std::size_t>(it)];  // (each item's slot is written by one thread)
+                      told[static_cast<std::size_t>(it)] = next;
+                      order[static_cast<std::size_t>(omp_get_thread_num())].push_back(it);
+                    }));
+      for (std::int64_t it = 0; it < items; ++it) EXPECT_EQ(runs[static_cast<std::size_t>(it)], 1) << "item " << it;
+      for (const auto& seq : order)
+        for (std::size_t k = 0; k < seq.size(); ++k) {
+          const std::int64_t next = told[static_cast<std::size_t>(seq[k])];
+          if (next >= 0) {
+            ASSERT_LT(k + 1, seq.size()) << "item " << seq[k] << " was told " << next << " but was its thread's last";
+            EXPECT_EQ(seq[k + 1], next) << "item " << seq[k];
+          }
+        }
+    }
 }
 
 TEST(Dispatch, Bf16PrefillRunsOnTheLevelsPairProducts) {

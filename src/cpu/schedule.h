@@ -15,9 +15,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <new>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace attn::cpu {
@@ -47,21 +49,32 @@ inline int team_size(int threads, std::int64_t tasks) {
 }
 
 // How a loop's items are shared out: `dynamic`, one at a time to whichever thread is free (items of uneven
-// cost); `even`, in contiguous equal shares (items of equal cost, or a fixed order of merges).
-enum class Spread : bool { dynamic, even };
+// cost); `even`, in contiguous equal shares (items of equal cost, or a fixed order of merges); `ahead` (loop_ahead),
+// one at a time as `dynamic`, but each thread claims its next item before it runs the current one, and the loop's
+// function learns it, so an item can prefetch what its thread reads next (decode's blocks: the next block's first
+// K/V rows, which its own tiles cannot reach in time). A thread claims ahead only while more items are unclaimed than
+// the team has threads, so the last items still go to whichever thread is free first.
+enum class Spread : unsigned char { dynamic, even, ahead };
 
 // One loop of a run: fn(item, workspace) for items [0, items). With `wait` false the team does not wait for the
 // loop to finish before the next one starts (the next must not read what this one writes).
+// A Spread::ahead loop's function is fn(item, next, workspace), `next` the item the thread runs after this one
+// (-1: none claimed yet).
 template <class Fn>
 struct Loop {
   std::int64_t items;
   Fn fn;
   Spread spread = Spread::dynamic;
   bool wait = true;
+  mutable std::atomic<std::int64_t> claimed{0};  // Spread::ahead: items claimed so far, by any thread
 };
 template <class Fn>
 Loop<Fn> loop(std::int64_t items, Fn fn, Spread spread = Spread::dynamic, bool wait = true) {
   return {items, fn, spread, wait};
+}
+template <class Fn>
+Loop<Fn> loop_ahead(std::int64_t items, Fn fn) {
+  return {items, fn, Spread::ahead, true};
 }
 
 // A thread's setup for a run, made on entry to the region and destroyed on exit (the AMX kernel's tile
@@ -78,15 +91,24 @@ namespace detail {
 
 template <class WS, class Fn>
 void run_loop(const Loop<Fn>& l, WS& ws, int& failed) {
-  const auto body = [&](std::int64_t it) {
+  const auto body = [&](auto... it) {
     try {
-      l.fn(it, ws);
+      l.fn(it..., ws);
     } catch (...) {
 #pragma omp atomic write
       failed = 1;
     }
   };
-  if (l.spread == Spread::dynamic) {
+  if constexpr (std::is_invocable_v<const Fn&, std::int64_t, std::int64_t, WS&>) {  // Spread::ahead
+    const std::int64_t team = omp_get_num_threads();
+    std::int64_t it = l.claimed.fetch_add(1, std::memory_order_relaxed);
+    while (it < l.items) {
+      std::int64_t next = -1;
+      if (l.claimed.load(std::memory_order_relaxed) + team < l.items) next = l.claimed.fetch_add(1, std::memory_order_relaxed);
+      body(it, next < l.items ? next : std::int64_t{-1});
+      it = next >= 0 ? next : l.claimed.fetch_add(1, std::memory_order_relaxed);
+    }
+  } else if (l.spread == Spread::dynamic) {
 #pragma omp for schedule(dynamic) nowait
     for (std::int64_t it = 0; it < l.items; ++it) body(it);
   } else {  // thread t of T takes items [t·n/T, (t+1)·n/T)
