@@ -1524,11 +1524,13 @@ struct StoredTile {
   }
 
   // The rows that follow a block's last key as far rows: the first keys of the block its thread runs next
-  // (Workspace::next), [lo, hi) of that block's KV head. `keys` null: none.
+  // (Workspace::next), [lo, hi) of that block's KV head, reached `shift` keys sooner than the prefetch distance
+  // would (a block shorter than the distance: shift = distance - its keys, so each of its tiles prefetches the
+  // next block's tile at the same place rather than keys past the next block's start). `keys` null: none.
   struct After {
     const RowSource<KVT>* keys = nullptr;
     const RowSource<KVT>* values = nullptr;
-    std::int64_t lo = 0, hi = 0;
+    std::int64_t lo = 0, hi = 0, shift = 0;
   };
   // Rows j0 .. j0+n-1, and as the far rows those from j_far up to j_end (none when j_far >= j_end; located
   // without their scales: only their bytes are prefetched), continued past j_end into `after`'s keys. The far rows
@@ -1541,7 +1543,7 @@ struct StoredTile {
     std::int64_t n_far = std::clamp<std::int64_t>(j_end - j_far, 0, n);
     if (n_far > 0) locate_far(keys, j_far, n_far, k_far), locate_far(values, j_far, n_far, v_far);
     if (after.keys && n_far < n) {  // column n_far is key j_far + n_far >= j_end: the next block's key lo + that - j_end
-      const std::int64_t j = after.lo + std::max<std::int64_t>(j_far - j_end, 0);
+      const std::int64_t j = after.lo + std::max<std::int64_t>(j_far + n_far - j_end - after.shift, 0);
       const std::int64_t m = std::clamp<std::int64_t>(after.hi - j, 0, n - n_far);
       if (m > 0) locate_far(*after.keys, j, m, k_far + n_far), locate_far(*after.values, j, m, v_far + n_far);
       n_far += m;
@@ -1762,8 +1764,10 @@ void flash_block(const core::Problem& p, const Lanes& lanes, std::int64_t kv_lo,
     const bool go_on = !keys.backwards && ws.next.b >= 0;
     const RowSource<KVT> next_k = go_on ? key_rows<KVT>(p, ws.next.b, ws.next.hk) : krows;
     const RowSource<KVT> next_v = go_on ? value_rows<KVT>(p, ws.next.b, ws.next.hk) : vrows;
+    const std::int64_t shift = std::max<std::int64_t>(far - (keys.visible_hi - keys.visible_lo), 0);
     const typename StoredTile<KVT>::After after =
-        go_on ? typename StoredTile<KVT>::After{&next_k, &next_v, ws.next.lo, ws.next.hi} : typename StoredTile<KVT>::After{};
+        go_on ? typename StoredTile<KVT>::After{&next_k, &next_v, ws.next.lo, ws.next.hi, shift}
+              : typename StoredTile<KVT>::After{};
     const auto locate = [&](StoredTile<KVT>& tl, std::int64_t t) {
       tl.locate(krows, vrows, keys.j0(t), keys.cols(t), keys.j0(t) + far, far_end, after);
     };
