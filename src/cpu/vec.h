@@ -67,6 +67,21 @@ struct Vec {
       v[i] = _mm512_add_ps(_mm512_shuffle_ps(v[i], v[i + 2], 0x44), _mm512_shuffle_ps(v[i], v[i + 2], 0xEE));
     return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xDD));
   }
+  // v[i][j] becomes v[j][i] (W x W, in registers: unpacks, in-lane shuffles, then 128-bit block shuffles).
+  ATTN_INLINE static void transpose(T* v) {
+    T t[16];
+    for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(v[i], v[i + 1]), t[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
+    for (int i = 0; i < 16; i += 4) {
+      v[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44), v[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+      v[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44), v[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int h = 0; h < 16; h += 8)
+      for (int k = 0; k < 4; ++k)
+        t[h + k] = _mm512_shuffle_f32x4(v[h + k], v[h + k + 4], 0x88),
+        t[h + k + 4] = _mm512_shuffle_f32x4(v[h + k], v[h + k + 4], 0xDD);
+    for (int k = 0; k < 8; ++k)
+      v[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88), v[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xDD);
+  }
 };
 
 #elif defined(ATTN_VEC_AVX2)
@@ -124,6 +139,17 @@ struct Vec {
     for (int i = 0; i < 2; ++i)
       v[i] = _mm256_add_ps(_mm256_shuffle_ps(v[i], v[i + 2], 0x44), _mm256_shuffle_ps(v[i], v[i + 2], 0xEE));
     return _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], 0x88), _mm256_shuffle_ps(v[0], v[1], 0xDD));
+  }
+  // v[i][j] becomes v[j][i] (W x W, in registers).
+  ATTN_INLINE static void transpose(T* v) {
+    T t[8], u[8];
+    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]), t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+    for (int i = 0; i < 8; i += 4) {
+      u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44), u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+      u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44), u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; ++k)
+      v[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20), v[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
   }
 };
 
@@ -186,6 +212,8 @@ struct Vec {
       v[i] = _mm_add_ps(_mm_shuffle_ps(v[i], v[i + 2], 0x44), _mm_shuffle_ps(v[i], v[i + 2], 0xEE));
     return _mm_add_ps(_mm_shuffle_ps(v[0], v[1], 0x88), _mm_shuffle_ps(v[0], v[1], 0xDD));
   }
+  // v[i][j] becomes v[j][i] (W x W, in registers).
+  ATTN_INLINE static void transpose(T* v) { _MM_TRANSPOSE4_PS(v[0], v[1], v[2], v[3]); }
 };
 
 #else
