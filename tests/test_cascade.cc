@@ -216,6 +216,35 @@ TEST_P(Cascade, MatchesFp64ReferenceOverTheConcatenatedKeys) {
 INSTANTIATE_TEST_SUITE_P(Cases, Cascade, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<CascadeCase>& i) { return i.param.name(); });
 
+// The cascade keeps its gathered rows and partial results between calls (the caller's Workspace, else the thread's):
+// a call after calls of other shapes gives the bits of a call with a fresh Workspace.
+TEST(Cascade, ScratchKeptBetweenCallsGivesTheSameBits) {
+  const CascadeCase big{4, 8, 2, 2, 64, 16, 64, {1, 16, 17, 40}, DType::bf16, Causal::bottom_right, 0, true};
+  const CascadeCase small{3, 8, 2, 1, 64, 16, 113, {7, 0, 31}, DType::f32};
+  Built bb = build(big, 5), bs = build(small, 6);
+  const auto bytes_of = [](const CascadeCase& c, Built& b) {
+    std::vector<unsigned char> o(static_cast<const unsigned char*>(b.out.data()),
+                                 static_cast<const unsigned char*>(b.out.data()) + c.B * c.Hq * c.Sq * c.D * dtype_size(c.dtype));
+    o.insert(o.end(), reinterpret_cast<const unsigned char*>(b.lse.data()),
+             reinterpret_cast<const unsigned char*>(b.lse.data() + b.lse.size()));
+    return o;
+  };
+  Workspace fresh;
+  Params p = params_of(big, bb);
+  p.workspace = &fresh;
+  ASSERT_TRUE(run_cascade(big, bb, p).ok());
+  const std::vector<unsigned char> want = bytes_of(big, bb);
+  Workspace kept;
+  for (Workspace* ws : {&kept, static_cast<Workspace*>(nullptr)}) {
+    Params ps = params_of(small, bs), pb = params_of(big, bb);
+    ps.workspace = pb.workspace = ws;
+    ASSERT_TRUE(run_cascade(big, bb, pb).ok());
+    ASSERT_TRUE(run_cascade(small, bs, ps).ok());
+    ASSERT_TRUE(run_cascade(big, bb, pb).ok());
+    EXPECT_EQ(bytes_of(big, bb), want) << (ws ? "a caller's Workspace" : "the thread's kept scratch");
+  }
+}
+
 // Every refusal names its parameter, and the outputs keep their poison.
 TEST(CascadeErrors, RefusalsNameTheParameterAndWriteNothing) {
   const CascadeCase c{2, 4, 2, 2, 16, 8, 20, {3, 5}, DType::f32, Causal::bottom_right};
