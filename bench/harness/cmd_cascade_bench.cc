@@ -8,7 +8,9 @@
 // inputs; their outputs must agree (max |difference| within two units of a bf16/f16 output's last place at its
 // size; 2^-15 of it for f32, whose two results sum in different orders),
 // and the median of --reps timed runs of each is reported, with the plain decode's bytes per second against the
-// measured streaming-read ceiling and the cascade's FLOP/s against the FMA (or AMX) ceiling.
+// measured streaming-read ceiling and the cascade's FLOP/s against the ceiling of its prefix kernel (AMX bf16, the
+// bf16 dot product or FMA); then the cascade's two parts timed alone through attention_paged (the shared prefix for
+// every query, each sequence's own pages), so that what is left of its time is its gather and merge.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
