@@ -548,8 +548,10 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
         softmax_row<ExpDegree>(s, k0, k1, c, dvp, ws.state[r0 + r], ws.o.data() + (r0 + r) * dvp,
                                ws.pb.data() + r * BC, z);
         for (std::int64_t e = 0; e < pf_per && pf_row < n_next; ++e, ++pf_row) {
-          for (std::int64_t l = 0; l < k_lines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(ws.next_k[pf_row]) + 64 * l, 0, 1);
-          for (std::int64_t l = 0; l < v_lines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(ws.next_v[pf_row]) + 64 * l, 0, 1);
+          const auto* kr = reinterpret_cast<const char*>(ws.next_k[pf_row]);
+          const auto* vr = reinterpret_cast<const char*>(ws.next_v[pf_row]);
+          for (std::int64_t l = 0; l < k_lines; ++l) __builtin_prefetch(kr + 64 * l, 0, 1);
+          for (std::int64_t l = 0; l < v_lines; ++l) __builtin_prefetch(vr + 64 * l, 0, 1);
         }
       }
       if (hidden && v_finite < 0) v_finite = v_rows_finite(ws.rows, cols, dvp);
