@@ -198,8 +198,7 @@ struct Workspace {
   std::int64_t dkp, dvp;
   AlignedVector<std::uint16_t> q, kr, kp, vr, vp, pb, zero;  // kr, vr: staging for strided or padded K/V rows
   const std::uint16_t* rows[BC];
-  const std::uint16_t* next_k[BC];  // the next tile's K and V rows (prefetched while a tile computes)
-  const std::uint16_t* next_v[BC];
+  FarRow next_k[BC], next_v[BC];  // the next tile's K and V rows (prefetched while a tile computes)
   AlignedVector<float> o, s;
   std::vector<core::RowState> state;
   std::vector<std::int64_t> head, row;
@@ -518,10 +517,10 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
     // where they are at most kNextTileBytes (wider rows, MLA's 576 + 512 values, would crowd the packed tiles out of
     // L2: its decodes ran 2-6 % slower with them). Packing a tile waited on its rows: the cascade's prefix
     // product (64 query rows per item over 4,096 keys from 16-key pages, d128) took 0.93 of the time with them.
-    const std::int64_t k_lines = (p.Dk * 2 + 63) / 64, v_lines = (p.Dv * 2 + 63) / 64;
+    const std::int64_t k_bytes = p.Dk * 2, v_bytes = p.Dv * 2;
     const std::int64_t n_next =
-        BC * (k_lines + v_lines) * 64 <= kNextTileBytes ? std::clamp<std::int64_t>(vis_hi - j0 - BC, 0, BC) : 0;
-    if (n_next > 0) keys.locate(j0 + BC, n_next, ws.next_k), values.locate(j0 + BC, n_next, ws.next_v);
+        BC * (k_bytes + v_bytes) <= kNextTileBytes ? std::clamp<std::int64_t>(vis_hi - j0 - BC, 0, BC) : 0;
+    if (n_next > 0) keys.locate_far(j0 + BC, n_next, ws.next_k), values.locate_far(j0 + BC, n_next, ws.next_v);
     std::int64_t pf_row = 0;  // next tile's rows prefetched so far
     const std::int64_t pf_per = (n_next + blocks * RB - 1) / (blocks * RB);
     for (std::int64_t k = 0; k < blocks; ++k) {
@@ -547,12 +546,10 @@ void run_item(const core::Problem& p, const Plan& plan, std::int64_t item, Works
           p.dropout.factors(b, ws.head[r0 + r], ws.row[r0 + r], j0 + k0, k1 - k0, zbuf + k0, 1), z = zbuf;
         softmax_row<ExpDegree>(s, k0, k1, c, dvp, ws.state[r0 + r], ws.o.data() + (r0 + r) * dvp,
                                ws.pb.data() + r * BC, z);
-        for (std::int64_t e = 0; e < pf_per && pf_row < n_next; ++e, ++pf_row) {
-          const auto* kr = reinterpret_cast<const char*>(ws.next_k[pf_row]);
-          const auto* vr = reinterpret_cast<const char*>(ws.next_v[pf_row]);
-          for (std::int64_t l = 0; l < k_lines; ++l) __builtin_prefetch(kr + 64 * l, 0, 1);
-          for (std::int64_t l = 0; l < v_lines; ++l) __builtin_prefetch(vr + 64 * l, 0, 1);
-        }
+        const std::int64_t pf = std::min(pf_per, n_next - pf_row);
+        if (pf > 0)
+          prefetch_rows(ws.next_k, pf_row, pf, 0, k_bytes), prefetch_rows(ws.next_v, pf_row, pf, 0, v_bytes);
+        pf_row += std::max<std::int64_t>(pf, 0);
       }
       if (hidden && v_finite < 0) v_finite = v_rows_finite(ws.rows, cols, dvp);
       if (hidden && !v_finite) {  // O += P V over attended pairs only

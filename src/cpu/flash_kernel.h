@@ -121,41 +121,6 @@ void kv_tile(const core::Problem& p, const Lanes& lanes, std::int64_t j0, std::i
   for (std::int64_t c = 0; c < cols; ++c) ws.krows[c] = ws.kh.data() + (j0 + c) * dk, ws.vrows[c] = ws.vh.data() + (j0 + c) * dv;
 }
 
-// A row far ahead of the keys in use, which is only prefetched: its first byte (null for none). Whatever the row type,
-// 8 bytes (a 4-bit tile's far rows as Q4Rows of 32 bytes were 4 KiB of its tables' 8, each line holding a quarter
-// of what was read of it).
-using FarRow = const void*;
-
-// Prefetches bytes [from, to) (the cache lines starting there) of the rows far[c] .. far[c + n - 1] (null entries
-// skipped, a null list for none) into L2 (prefetcht2). (Prefill's lane-major tiles use it for the next tile's rows:
-// NextRows.) Decode's score loop prefetches the whole K rows far ahead of its keys, a key group at a time; each pass of the P·V loop over the tile (a slice of value dims) the same slice of the V
-// rows far ahead, a key pair at a time: spread over both loops and every pass, so that lines keep arriving whichever
-// runs (issued all at once before the scores the prefetches stalled on full miss buffers; with both lists in the
-// score loop the memory idled during P·V: the V rows moved to the first P·V pass made D2 bf16 1.11x as fast at 2
-// threads, then spread over every pass 1.4x; Zen 5, bench/results_zen5_decode_i4pairs.md). step: the bytes between
-// prefetches. P·V prefetches every line of its slice; the score loop every line of the K rows or one line in two
-// (128, each 128-byte pair's first line, the L2's adjacent-line prefetcher bringing the other), as the process's
-// measurement finds faster (cpu/prefetch_tuner.h, Workspace::k_step): on the same kind of VM one line in two ran D1-D3
-// from fp32, bf16 and fp16 caches 1.16-1.66x as fast in hours when every line was slow
-// (bench/results_zen5_decode_prefetch_step.md), every line 1.16-1.5x as fast as one in two on another day
-// (bench/results_zen4_prefetch_tuner.md); one line in two of the V slices too was slower in both. Always inlined: as a
-// function of its own GCC finds it free of side effects (a prefetch is not one) and deletes its calls, every
-// prefetch with them (measured: decode 25-35 % slower until this was seen).
-ATTN_INLINE void prefetch_rows(const FarRow* far, std::int64_t c, std::int64_t n, std::int64_t from, std::int64_t to,
-                               std::int64_t step = 64) {
-  if (!far) return;
-  const std::int64_t first = (from + step - 1) & ~(step - 1);
-  if (first < to && to - first <= step) {  // one line a row (a 4-bit P·V pass at d128): no loop per row
-    for (std::int64_t g = c; g < c + n; ++g)
-      if (far[g]) __builtin_prefetch(static_cast<const char*>(far[g]) + first, 0, 1);
-    return;
-  }
-  for (std::int64_t g = c; g < c + n; ++g)
-    if (far[g])
-      for (std::int64_t off = first; off < to; off += step)
-        __builtin_prefetch(static_cast<const char*>(far[g]) + off, 0, 1);
-}
-
 // Sᵀ[c][·] (+)= Σ_{d0 <= d < d1} K[c][d] Qᵀ[d][·] for keys c0 .. c0+R-1 and QV·W query lanes: one chunk of
 // kDotChunk dims of the sums (see mma; d0 > 0: added to Sᵀ), times mult (the call's score units) when it is the last
 // (Last: d1 = Dk). The micro-kernel with A = K rows.
@@ -1541,11 +1506,11 @@ struct StoredTile {
     cols = n;
     locate_rows(keys, values, j0, n, k, v, ks_at, vs_at);
     std::int64_t n_far = std::clamp<std::int64_t>(j_end - j_far, 0, n);
-    if (n_far > 0) locate_far(keys, j_far, n_far, k_far), locate_far(values, j_far, n_far, v_far);
+    if (n_far > 0) keys.locate_far(j_far, n_far, k_far), values.locate_far(j_far, n_far, v_far);
     if (after.keys && n_far < n) {  // column n_far is key j_far + n_far >= j_end: the next block's key lo + that - j_end
       const std::int64_t j = after.lo + std::max<std::int64_t>(j_far + n_far - j_end - after.shift, 0);
       const std::int64_t m = std::clamp<std::int64_t>(after.hi - j, 0, n - n_far);
-      if (m > 0) locate_far(*after.keys, j, m, k_far + n_far), locate_far(*after.values, j, m, v_far + n_far);
+      if (m > 0) after.keys->locate_far(j, m, k_far + n_far), after.values->locate_far(j, m, v_far + n_far);
       n_far += m;
     }
     for (std::int64_t c = n_far; c < far_null_from; ++c) k_far[c] = v_far[c] = nullptr;
@@ -1577,13 +1542,6 @@ struct StoredTile {
   void start() {
     for (std::int64_t c = 0; c < BC; ++c) k_far[c] = v_far[c] = nullptr;
     far_null_from = 0;
-  }
-  // far[c] = where row j + c starts, for c < n.
-  static void locate_far(const RowSource<KVT>& src, std::int64_t j, std::int64_t n, FarRow* far) {
-    src.runs(j, n, false, [far](std::int64_t c, std::int64_t m, const KVT* r0, std::int64_t step, const float*,
-                                std::int64_t) {
-      for (std::int64_t e = 0; e < m; ++e) far[c + e] = r0 + e * step;
-    });
   }
   static void locate_rows(const RowSource<KVT>& keys, const RowSource<KVT>& values, std::int64_t j0, std::int64_t n,
                           Row* kr, Row* vr, [[maybe_unused]] const float** kscales,
@@ -1729,8 +1687,8 @@ struct NextRows {
     if (!from_memory || cols <= 0 || RowSource<KVT>::kI4) return;
     if (!ws.have.empty() && ws.head == lanes.b * p.Hkv + lanes.hk && ws.have[static_cast<std::size_t>(j0)]) return;
     std::fill(k, k + BC, nullptr), std::fill(v, v + BC, nullptr);
-    StoredTile<KVT>::locate_far(key_rows<KVT>(p, lanes.b, lanes.hk), j0, cols, k);  // (decode's far rows' walk)
-    StoredTile<KVT>::locate_far(value_rows<KVT>(p, lanes.b, lanes.hk), j0, cols, v);
+    key_rows<KVT>(p, lanes.b, lanes.hk).locate_far(j0, cols, k);  // (decode's far rows' walk)
+    value_rows<KVT>(p, lanes.b, lanes.hk).locate_far(j0, cols, v);
     k_bytes = row_bytes<const KVT*>(p.Dk);
     value_bytes = static_cast<std::int64_t>(sizeof(KVT));
     any = true;
@@ -1976,8 +1934,8 @@ void store_lanes(const core::Problem& p, const Lanes& lanes, const float* ot, st
         Vec::transpose(x);  // x[i]: lane r0 + i's dims d0 .. d0 + W - 1
         for (std::int64_t i = 0; i < nw; ++i) {
           const V y = li[i] == 0.0f ? Vec::zero() : Vec::mul(x[i], Vec::set1(factor[i]));  // core::finish_output
-          if (out_f32 || std::is_same_v<QT, float>) {
-            Vec::store((out_f32 ? out_f32 : reinterpret_cast<float*>(out)) + at[i] + d0, y);
+          if (out_f32) {  // (always, for an fp32 problem)
+            Vec::store(out_f32 + at[i] + d0, y);
           } else {
             alignas(64) float tmp[W];
             Vec::store(tmp, y);

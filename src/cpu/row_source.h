@@ -22,6 +22,41 @@ struct RowBlock {
   std::int64_t ld;
 };
 
+// A row far ahead of the keys in use, which is only prefetched: its first byte (null for none). Whatever the row type,
+// 8 bytes (a 4-bit tile's far rows as Q4Rows of 32 bytes were 4 KiB of its tables' 8, each line holding a quarter
+// of what was read of it).
+using FarRow = const void*;
+
+// Prefetches bytes [from, to) (the cache lines starting there) of the rows far[c] .. far[c + n - 1] (null entries
+// skipped, a null list for none) into L2 (prefetcht2). (Prefill's lane-major tiles use it for the next tile's rows,
+// flash_kernel.h's NextRows, and the bf16 pair-product kernel for its next tile's, flash_amx.cc.) Decode's score loop prefetches the whole K rows far ahead of its keys, a key group at a time; each pass of the P·V loop over the tile (a slice of value dims) the same slice of the V
+// rows far ahead, a key pair at a time: spread over both loops and every pass, so that lines keep arriving whichever
+// runs (issued all at once before the scores the prefetches stalled on full miss buffers; with both lists in the
+// score loop the memory idled during P·V: the V rows moved to the first P·V pass made D2 bf16 1.11x as fast at 2
+// threads, then spread over every pass 1.4x; Zen 5, bench/results_zen5_decode_i4pairs.md). step: the bytes between
+// prefetches. P·V prefetches every line of its slice; the score loop every line of the K rows or one line in two
+// (128, each 128-byte pair's first line, the L2's adjacent-line prefetcher bringing the other), as the process's
+// measurement finds faster (cpu/prefetch_tuner.h, Workspace::k_step): on the same kind of VM one line in two ran D1-D3
+// from fp32, bf16 and fp16 caches 1.16-1.66x as fast in hours when every line was slow
+// (bench/results_zen5_decode_prefetch_step.md), every line 1.16-1.5x as fast as one in two on another day
+// (bench/results_zen4_prefetch_tuner.md); one line in two of the V slices too was slower in both. Always inlined: as a
+// function of its own GCC finds it free of side effects (a prefetch is not one) and deletes its calls, every
+// prefetch with them (measured: decode 25-35 % slower until this was seen).
+ATTN_INLINE void prefetch_rows(const FarRow* far, std::int64_t c, std::int64_t n, std::int64_t from, std::int64_t to,
+                               std::int64_t step = 64) {
+  if (!far) return;
+  const std::int64_t first = (from + step - 1) & ~(step - 1);
+  if (first < to && to - first <= step) {  // one line a row (a 4-bit P·V pass at d128): no loop per row
+    for (std::int64_t g = c; g < c + n; ++g)
+      if (far[g]) __builtin_prefetch(static_cast<const char*>(far[g]) + first, 0, 1);
+    return;
+  }
+  for (std::int64_t g = c; g < c + n; ++g)
+    if (far[g])
+      for (std::int64_t off = first; off < to; off += step)
+        __builtin_prefetch(static_cast<const char*>(far[g]) + off, 0, 1);
+}
+
 // The rows of head hk of batch b of one tensor of a validated problem (K or V, through the page table when the cache
 // is paged; or Q, dO: never paged). T: the storage type.
 template <class T>
@@ -66,6 +101,14 @@ struct RowSource {
       m = std::min(n - c, pg.page_size - slot);
       run(c, m, pg.table[b * pg.table_stride[0] + page * pg.table_stride[1]], slot);
     }
+  }
+
+  // far[c] = where row j0 + c starts, for c < n: rows only prefetched (prefetch_rows), located without their scales.
+  void locate_far(std::int64_t j0, std::int64_t n, FarRow* far) const {
+    runs(j0, n, false, [far](std::int64_t c, std::int64_t m, const T* r0, std::int64_t step, const float*,
+                             std::int64_t) {
+      for (std::int64_t e = 0; e < m; ++e) far[c + e] = r0 + e * step;
+    });
   }
 
   // rows[c] = where row j0 + c starts, and (quantised rows, when scales is given) scales[c] = where its (first)
